@@ -1,0 +1,12 @@
+// The subcommands of the kiln program, one per file of cli/.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace kiln::cli {
+
+using Args = std::vector<std::string>;
+
+int run_info(const Args& args);
+
+}  // namespace kiln::cli

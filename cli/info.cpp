@@ -1,0 +1,53 @@
+// `kiln info [--json]`: version, build options, devices with their memory, threads and BLAS.
+#include <omp.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "kiln/core/device_info.h"
+#include "kiln/io/json.h"
+
+namespace kiln::cli {
+
+int run_info(const Args& args) {
+  bool as_json = false;
+  ArgParser p("info", "Print kiln's version, build options, the devices it sees (with memory), its\n"
+                      "thread count and the BLAS library in use.");
+  p.flag("--json", &as_json, "print one JSON object instead of text");
+  if (!p.parse(args)) return 0;
+
+  std::vector<DeviceInfo> devices = list_devices();
+  json::Value doc = json::Value::object();
+  doc["version"] = KILN_VERSION;
+  doc["build_type"] = KILN_BUILD_TYPE;
+  doc["cuda_built"] = cuda_built();
+  doc["blas"] = KILN_BLAS_NAME;
+  doc["threads"] = static_cast<int64_t>(omp_get_max_threads());
+  json::Value devs = json::Value::array();
+  for (const auto& d : devices) {
+    json::Value o = json::Value::object();
+    o["device"] = d.device.str();
+    o["name"] = d.name;
+    o["memory_total_bytes"] = d.memory_total_bytes;
+    if (d.compute_capability) o["compute_capability"] = *d.compute_capability;
+    devs.push_back(std::move(o));
+  }
+  doc["devices"] = std::move(devs);
+  if (as_json) {
+    std::printf("%s\n", doc.dump().c_str());
+    return 0;
+  }
+  std::printf("kiln %s (%s build, CUDA %s)\n", KILN_VERSION, KILN_BUILD_TYPE, cuda_built() ? "on" : "off");
+  std::printf("threads: %d   BLAS: %s\n", omp_get_max_threads(), KILN_BLAS_NAME);
+  std::printf("devices:\n");
+  for (const auto& d : devices)
+    std::printf("  %-8s %-32s %8.1f GiB%s\n", d.device.str().c_str(), d.name.c_str(),
+                static_cast<double>(d.memory_total_bytes) / (1024.0 * 1024 * 1024),
+                d.compute_capability ? (" sm_" + *d.compute_capability).c_str() : "");
+  if (!cuda_built()) std::printf("  (built without CUDA: configure with the 'cuda' preset for GPUs)\n");
+  return 0;
+}
+
+}  // namespace kiln::cli

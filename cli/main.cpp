@@ -1,0 +1,57 @@
+// kiln: the command-line program. Dispatches to one subcommand per file of cli/.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "kiln/core/error.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const std::vector<std::string>& args);
+};
+
+constexpr Command kCommands[] = {
+    {"info", "version, build options, devices, threads and BLAS", kiln::cli::run_info},
+};
+
+void print_usage() {
+  std::printf("kiln %s: train language models in less memory and less time\n\n", KILN_VERSION);
+  std::printf("usage: kiln <command> [options]   (kiln <command> --help for its options)\n\ncommands:\n");
+  for (const auto& c : kCommands) std::printf("  %-12s %s\n", c.name, c.summary);
+  std::printf("\n  --version    print the version and exit\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    print_usage();
+    return 0;
+  }
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    print_usage();
+    return 0;
+  }
+  if (args[0] == "--version") {
+    std::printf("kiln %s\n", KILN_VERSION);
+    return 0;
+  }
+  for (const auto& c : kCommands) {
+    if (args[0] == c.name) {
+      try {
+        return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
+      } catch (const kiln::Error& e) {
+        std::fprintf(stderr, "kiln %s: error: %s\n", c.name, e.what());
+        return 1;
+      }
+    }
+  }
+  std::fprintf(stderr, "kiln: unknown command '%s' (run 'kiln --help' for the list)\n", args[0].c_str());
+  return 2;
+}

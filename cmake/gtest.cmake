@@ -1,0 +1,20 @@
+# GoogleTest: the installed one (Debian's libgtest-dev) or, where none is installed (the GPU
+# machine), the sources named by KILN_GTEST_SOURCE_DIR or Debian's /usr/src/googletest.
+# Exposes kiln_gtest_main.
+find_package(GTest QUIET)
+add_library(kiln_gtest_main INTERFACE)
+if(GTest_FOUND)
+  target_link_libraries(kiln_gtest_main INTERFACE GTest::gtest GTest::gtest_main)
+else()
+  set(src "${KILN_GTEST_SOURCE_DIR}")
+  if(NOT src)
+    set(src /usr/src/googletest)
+  endif()
+  if(NOT EXISTS ${src}/CMakeLists.txt)
+    message(FATAL_ERROR "GoogleTest not found: install libgtest-dev or set KILN_GTEST_SOURCE_DIR")
+  endif()
+  set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
+  set(BUILD_GMOCK OFF CACHE BOOL "" FORCE)
+  add_subdirectory(${src} ${PROJECT_BINARY_DIR}/googletest EXCLUDE_FROM_ALL)
+  target_link_libraries(kiln_gtest_main INTERFACE gtest gtest_main)
+endif()

@@ -1,0 +1,248 @@
+// The backward engine: topological order over the graph reachable from the roots, gradients
+// summed per node input in a fixed order (so results are deterministic), leaves accumulated
+// through AccumulateGrad. Also grad mode, determinism flag and the Tensor autograd methods.
+#include <atomic>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/node.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<bool> g_deterministic{false};  // NOTE: process-wide switch, like torch.use_deterministic_algorithms
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool on) { t_grad_enabled = on; }
+bool deterministic() { return g_deterministic.load(); }
+void set_deterministic(bool on) { g_deterministic.store(on); }
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (!t.defined()) return;
+  tensor_ = t.detach();
+  version_ = t.version();
+}
+
+Tensor SavedTensor::get(const std::string& op) const {
+  if (tensor_.defined() && tensor_.version() != version_)
+    fail(op, " backward: a tensor saved for backward (shape ", tensor_.shape(),
+         ") was modified by an in-place operation: its version is ", tensor_.version(), ", it was ",
+         version_, " when saved. Clone it before modifying it in place.");
+  return tensor_;
+}
+
+std::vector<Tensor> FunctionNode::apply(const std::vector<Tensor>& grads) {
+  KILN_CHECK(!released_, name_, " backward: trying to backward through the graph a second time (its saved "
+             "tensors were freed); pass retain_graph=true to the first backward");
+  return fn_(grads);
+}
+
+void FunctionNode::release() {
+  fn_ = nullptr;
+  released_ = true;
+}
+
+std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
+  auto impl = leaf_.lock();
+  if (!impl) return {};
+  Tensor leaf(impl);
+  Tensor g = grads.at(0);
+  Tensor existing = leaf.grad();
+  if (!existing.defined()) {
+    // Own the gradient: never alias a tensor that other code may hold.
+    leaf.set_grad(g.contiguous().is_same(g) ? g.clone() : g.contiguous());
+  } else {
+    NoGradGuard ng;
+    existing.copy_(add(existing, g));
+  }
+  return {};
+}
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  if (!grad_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+static std::shared_ptr<Node> gradient_edge_node(const Tensor& t, int* input_nr) {
+  *input_nr = 0;
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  AutogradMeta* m = t.impl()->autograd.get();
+  if (m->grad_fn) {
+    *input_nr = m->output_nr;
+    return m->grad_fn;
+  }
+  auto acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    m->grad_accumulator = acc;
+  }
+  return acc;
+}
+
+void record(const std::string& op, const std::vector<Tensor>& inputs, const std::vector<Tensor*>& outputs,
+            BackwardFn backward) {
+  if (!any_requires_grad(inputs)) return;
+  auto node = std::make_shared<FunctionNode>(op, std::move(backward));
+  node->next.reserve(inputs.size());
+  for (const auto& in : inputs) {
+    Edge e;
+    e.node = gradient_edge_node(in, &e.input_nr);
+    node->next.push_back(std::move(e));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    Tensor& out = *outputs[i];
+    node->outputs.push_back({out.shape(), out.dtype(), out.device()});
+    auto& meta = out.impl()->autograd;
+    if (!meta) meta = std::make_unique<AutogradMeta>();
+    meta->requires_grad = true;
+    meta->grad_fn = node;
+    meta->output_nr = static_cast<int>(i);
+  }
+}
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  KILN_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
+  NoGradGuard no_grad;
+  // Collect the graph and count, for each node, how many edges lead into it.
+  std::vector<std::pair<std::shared_ptr<Node>, int>> root_edges;
+  for (const auto& r : roots) {
+    KILN_CHECK(r.requires_grad(), "backward: element 0 of tensors does not require grad and has no grad_fn");
+    int nr = 0;
+    root_edges.emplace_back(gradient_edge_node(r, &nr), nr);
+  }
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (auto& [n, nr] : root_edges)
+    if (seen.insert(n.get()).second) stack.push_back(n.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next) {
+      if (!e.node) continue;
+      dependencies[e.node.get()]++;
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  // Gradient buffers per node, one slot per output, filled in graph order.
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep;  // keeps nodes alive while queued
+  auto accumulate = [&](const std::shared_ptr<Node>& n, int slot, const Tensor& g) {
+    auto& buf = buffers[n.get()];
+    size_t nslots = std::max<size_t>(n->outputs.size(), 1);
+    if (buf.size() < nslots) buf.resize(nslots);
+    Tensor& b = buf[static_cast<size_t>(slot)];
+    b = b.defined() ? add(b, g) : g;
+    keep[n.get()] = n;
+  };
+  std::vector<std::shared_ptr<Node>> ready;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    auto& [n, nr] = root_edges[i];
+    accumulate(n, nr, grads[i]);
+  }
+  for (auto& [n, nr] : root_edges)
+    if (dependencies[n.get()] == 0 &&
+        std::find_if(ready.begin(), ready.end(), [&](auto& r) { return r.get() == n.get(); }) == ready.end())
+      ready.push_back(n);
+  while (!ready.empty()) {
+    std::shared_ptr<Node> n = ready.back();
+    ready.pop_back();
+    std::vector<Tensor> in = std::move(buffers[n.get()]);
+    buffers.erase(n.get());
+    // Zeros for outputs that received no gradient.
+    for (size_t i = 0; i < n->outputs.size(); ++i) {
+      if (i >= in.size()) in.resize(n->outputs.size());
+      if (!in[i].defined()) {
+        const auto& m = n->outputs[i];
+        in[i] = zeros(m.shape, m.dtype, m.device);
+      }
+    }
+    std::vector<Tensor> out = n->apply(in);
+    if (!retain_graph) n->release();
+    KILN_CHECK(out.empty() || out.size() == n->next.size(), n->name(), " backward returned ", out.size(),
+               " gradients for ", n->next.size(), " inputs");
+    for (size_t i = 0; i < out.size(); ++i) {
+      const Edge& e = n->next[i];
+      if (!e.node) continue;
+      if (out[i].defined()) accumulate(e.node, e.input_nr, out[i]);
+      if (--dependencies[e.node.get()] == 0) ready.push_back(e.node);
+    }
+    keep.erase(n.get());
+  }
+}
+
+// ---- Tensor's autograd methods ----
+
+bool Tensor::requires_grad() const {
+  const auto& m = impl()->autograd;
+  return m && m->requires_grad;
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  auto& m = impl()->autograd;
+  KILN_CHECK(!m || !m->grad_fn || on, "requires_grad_: cannot turn off requires_grad on a non-leaf tensor "
+             "(use detach())");
+  KILN_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating tensors can require grad, got ",
+             dtype_name(dtype()));
+  if (!m) m = std::make_unique<AutogradMeta>();
+  m->requires_grad = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const {
+  const auto& m = impl()->autograd;
+  return !m || !m->grad_fn;
+}
+
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
+  static const std::shared_ptr<Node> kNone;
+  const auto& m = impl()->autograd;
+  return m ? m->grad_fn : kNone;
+}
+
+Tensor Tensor::grad() const {
+  const auto& m = impl()->autograd;
+  return (m && m->grad) ? *m->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  auto& m = impl()->autograd;
+  if (!m) m = std::make_unique<AutogradMeta>();
+  if (!g.defined()) {
+    m->grad.reset();
+    return;
+  }
+  KILN_CHECK(g.shape() == shape(), "set_grad: gradient shape ", g.shape(), " differs from tensor shape ", shape());
+  m->grad = std::make_shared<Tensor>(g);
+}
+
+Tensor Tensor::detach() const {
+  auto impl2 = std::make_shared<TensorImpl>();
+  impl2->storage = impl()->storage;
+  impl2->shape = impl()->shape;
+  impl2->strides = impl()->strides;
+  impl2->offset = impl()->offset;
+  impl2->dtype = impl()->dtype;
+  return Tensor(std::move(impl2));
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  Tensor g = gradient;
+  if (!g.defined()) {
+    KILN_CHECK(numel() == 1, "backward: grad can be implicitly created only for scalar outputs (shape ", shape(), ")");
+    g = ones(shape(), dtype(), device());
+  }
+  KILN_CHECK(g.shape() == shape(), "backward: gradient shape ", g.shape(), " differs from output shape ", shape());
+  KILN_CHECK(g.dtype() == dtype() && g.device() == device(), "backward: gradient has dtype ", dtype_name(g.dtype()),
+             " on ", g.device().str(), ", output has ", dtype_name(dtype()), " on ", device().str());
+  run_backward({*this}, {g}, retain_graph);
+}
+
+}  // namespace kiln

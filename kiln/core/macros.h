@@ -1,0 +1,7 @@
+// Portability macros shared by host and device code.
+#pragma once
+#if defined(__CUDACC__)
+#define KILN_HD __host__ __device__ __forceinline__
+#else
+#define KILN_HD inline
+#endif

@@ -1,0 +1,18 @@
+// Storage allocation and release through the device's allocator.
+#include "kiln/core/storage.h"
+
+namespace kiln {
+
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  allocator_ = &allocator_for(device);
+  data_ = allocator_->allocate(nbytes);
+}
+
+Storage::Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> keepalive)
+    : data_(data), nbytes_(nbytes), device_(device), keepalive_(std::move(keepalive)) {}
+
+Storage::~Storage() {
+  if (allocator_) allocator_->deallocate(data_, nbytes_);
+}
+
+}  // namespace kiln

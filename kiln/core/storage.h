@@ -1,0 +1,41 @@
+// Storage: a block of bytes on one device, owned through an allocator or borrowed from
+// elsewhere (a memory-mapped file) with a keep-alive handle. Tensors share storages; the
+// version counter lives here so every view of the bytes sees in-place writes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kiln/core/allocator.h"
+#include "kiln/core/device.h"
+
+namespace kiln {
+
+class Storage {
+ public:
+  // Allocates nbytes on `device` through its allocator.
+  Storage(size_t nbytes, Device device);
+  // Borrows `data` (not freed by kiln); `keepalive` holds whatever owns it.
+  Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> keepalive);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  const Device& device() const { return device_; }
+  bool borrowed() const { return allocator_ == nullptr; }
+
+  uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  Allocator* allocator_ = nullptr;
+  std::shared_ptr<void> keepalive_;
+  uint64_t version_ = 0;
+};
+
+}  // namespace kiln

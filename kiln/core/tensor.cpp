@@ -1,0 +1,179 @@
+// Tensor layout helpers, construction, element access and printing.
+#include "kiln/core/tensor.h"
+
+#include <cmath>
+#include <functional>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "kiln/core/error.h"
+
+namespace kiln {
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    KILN_CHECK(d >= 0, "negative dimension in shape ", s);
+    KILN_CHECK(d == 0 || n <= std::numeric_limits<int64_t>::max() / d, "shape ", s, " has too many elements");
+    n *= d;
+  }
+  return n;
+}
+
+Strides contiguous_strides(const Shape& s) {
+  Strides st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(s[i], 1);
+  }
+  return st;
+}
+
+std::string shape_str(const Shape& s) { return detail::str_cat(s); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  check_device_available(device, "empty");
+  auto impl = std::make_shared<TensorImpl>();
+  int64_t n = shape_numel(shape);
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * itemsize(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape, const Strides& strides,
+                            int64_t offset, DType dtype) {
+  KILN_CHECK(shape.size() == strides.size(), "from_storage: shape ", shape, " and strides ", strides,
+             " differ in rank");
+  KILN_CHECK(offset >= 0, "from_storage: negative offset ", offset);
+  // The furthest element must lie inside the storage.
+  int64_t last = offset;
+  bool empty = false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    KILN_CHECK(shape[i] >= 0 && strides[i] >= 0, "from_storage: bad shape ", shape, " / strides ", strides);
+    if (shape[i] == 0) empty = true;
+    else last += (shape[i] - 1) * strides[i];
+  }
+  KILN_CHECK(empty || static_cast<size_t>(last + 1) * itemsize(dtype) <= storage->nbytes(),
+             "from_storage: view of shape ", shape, " at offset ", offset, " exceeds the storage of ",
+             storage->nbytes(), " bytes");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+static int64_t wrap_dim(int64_t d, int64_t rank, const char* what) {
+  int64_t w = d < 0 ? d + rank : d;
+  KILN_CHECK(w >= 0 && w < rank, what, ": dim ", d, " out of range for a tensor of rank ", rank);
+  return w;
+}
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  const auto& sh = shape();
+  const auto& st = strides();
+  for (size_t i = sh.size(); i-- > 0;) {
+    if (sh[i] == 1) continue;
+    if (st[i] != expected) return false;
+    expected *= sh[i];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  return static_cast<char*>(impl()->storage->data()) + impl()->offset * static_cast<int64_t>(itemsize(dtype()));
+}
+
+double Tensor::item() const {
+  KILN_CHECK(numel() == 1, "item: tensor of shape ", shape(), " has ", numel(), " elements, expected 1");
+  return to(kCPU).to(DType::f64).to_vector<double>()[0];
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor c = (device().is_cpu() ? *this : to(kCPU));
+  if (c.dtype() != dtype_of<T>) c = c.to(dtype_of<T>);
+  c = c.contiguous();
+  std::vector<T> out(static_cast<size_t>(c.numel()));
+  if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size() * sizeof(T));
+  return out;
+}
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<Half> Tensor::to_vector<Half>() const;
+template std::vector<BFloat16> Tensor::to_vector<BFloat16>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<int16_t> Tensor::to_vector<int16_t>() const;
+template std::vector<int8_t> Tensor::to_vector<int8_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+template <>
+std::vector<bool> Tensor::to_vector<bool>() const {
+  auto v = to(DType::u8).to_vector<uint8_t>();
+  return std::vector<bool>(v.begin(), v.end());
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "tensor(undefined)";
+  std::ostringstream o;
+  if (is_storage_only(dtype())) {
+    o << "tensor(<" << numel() << " " << dtype_name(dtype()) << " values>, shape=" << shape_str(shape()) << ")";
+    return o.str();
+  }
+  constexpr int64_t kEdge = 3;
+  std::vector<double> v = to(kCPU).to(DType::f64).to_vector<double>();
+  const Shape& sh = shape();
+  const bool integral = !is_floating(dtype());
+  auto fmt = [&](double x) {
+    std::ostringstream s;
+    if (integral) s << static_cast<int64_t>(x);
+    else s << std::setprecision(4) << x;
+    return s.str();
+  };
+  Strides cs = contiguous_strides(sh);
+  // Recursive print with elision of long dimensions.
+  std::function<void(size_t, int64_t, int)> rec = [&](size_t d, int64_t base, int indent) {
+    if (d == sh.size()) {
+      o << fmt(v[static_cast<size_t>(base)]);
+      return;
+    }
+    o << '[';
+    int64_t n = sh[d];
+    for (int64_t i = 0; i < n; ++i) {
+      if (n > 2 * kEdge && i == kEdge) {
+        o << "...";
+        i = n - kEdge - 1;
+        if (d + 1 < sh.size()) o << ",\n" << std::string(static_cast<size_t>(indent + 1), ' ');
+        else o << ", ";
+        continue;
+      }
+      rec(d + 1, base + i * cs[d], indent + 1);
+      if (i + 1 < n) {
+        if (d + 1 < sh.size()) o << ",\n" << std::string(static_cast<size_t>(indent + 1), ' ');
+        else o << ", ";
+      }
+    }
+    o << ']';
+  };
+  o << "tensor(";
+  rec(0, 0, 7);
+  o << ", shape=" << shape_str(sh) << ", dtype=" << dtype_name(dtype()) << ", device=" << device().str();
+  if (requires_grad()) o << ", requires_grad";
+  o << ")";
+  return o.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+}  // namespace kiln

@@ -1,0 +1,84 @@
+// Copies and conversions: contiguous, clone, to(dtype), to(device), and the in-place
+// copy_/fill_ (which bump the version counter and are refused on leaves that require grad).
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/node.h"
+#include "kiln/kernels/copy.h"
+#include "kiln/kernels/dispatch.h"
+#include "kiln/ops/ops.h"
+#include "kiln/ops/inplace.h"
+
+namespace kiln {
+
+void check_inplace(const Tensor& t, const char* op) {
+  KILN_CHECK(!(grad_enabled() && t.requires_grad() && t.is_leaf()), op,
+             ": a leaf tensor that requires grad is being used in an in-place operation "
+             "(wrap it in NoGradGuard, or use a copy)");
+  KILN_CHECK(!(grad_enabled() && t.requires_grad()), op,
+             ": in-place operations on tensors that are part of an autograd graph are not supported; "
+             "use the out-of-place op");
+  t.bump_version();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = Tensor::empty(shape(), dtype(), device());
+  KILN_DEVICE_CALL(device(), copy, out, *this);
+  record("clone", {*this}, out, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor out = Tensor::empty(shape(), target, device());
+  KILN_DEVICE_CALL(device(), copy, out, *this);
+  if (is_floating(target)) {
+    DType source = dtype();
+    record("to_dtype", {*this}, out, [source](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{g[0].to(source)};
+    });
+  }
+  return out;
+}
+
+Tensor Tensor::to(Device target) const {
+  if (target == device()) return *this;
+  check_device_available(target, "to");
+  Tensor src = contiguous();
+  Tensor out = Tensor::empty(shape(), dtype(), target);
+  if (numel() > 0) {
+#ifdef KILN_CUDA
+    if (device().is_cpu()) kernels::cuda::copy_host_to_device(out.data_ptr(), src.data_ptr(), nbytes(), target.index);
+    else if (target.is_cpu()) kernels::cuda::copy_device_to_host(out.data_ptr(), src.data_ptr(), nbytes(), device().index);
+    else kernels::cuda::copy_device_to_device(out.data_ptr(), target.index, src.data_ptr(), device().index, nbytes());
+#else
+    fail("to: cannot move a tensor from ", device().str(), " to ", target.str(), ": built without CUDA");
+#endif
+  }
+  Device source = device();
+  record("to_device", {*this}, out, [source](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{g[0].to(source)};
+  });
+  return out;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  KILN_CHECK(src.defined(), "copy_: source is undefined");
+  check_inplace(*this, "copy_");
+  Tensor s = src;
+  if (s.device() != device()) s = s.to(device());
+  if (s.shape() != shape()) s = s.expand(shape());
+  KILN_DEVICE_CALL(device(), copy, *this, s);
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  check_inplace(*this, "fill_");
+  KILN_DEVICE_CALL(device(), fill, *this, value);
+  return *this;
+}
+
+}  // namespace kiln

@@ -1,0 +1,72 @@
+// Factories: zeros/ones/full/arange/rand/randn/from_vector.
+#include <cmath>
+#include <cstring>
+
+#include "kiln/kernels/copy.h"
+#include "kiln/kernels/dispatch.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln {
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  KILN_DEVICE_CALL(device, fill, t, value);
+  return t;
+}
+Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
+Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
+
+Tensor arange(double start, double end, double step, DType dtype, Device device) {
+  KILN_CHECK(step != 0, "arange: step must be non-zero");
+  double count = std::ceil((end - start) / step);
+  int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
+  Tensor t = Tensor::empty({n}, dtype, device);
+  KILN_DEVICE_CALL(device, arange, t, start, step);
+  return t;
+}
+
+Tensor rand(const Shape& shape, Generator& gen, DType dtype, Device device) {
+  KILN_CHECK(is_floating(dtype), "rand: dtype must be floating, got ", dtype_name(dtype));
+  Tensor t = Tensor::empty(shape, dtype, device);
+  KILN_DEVICE_CALL(device, rand_uniform, t, gen.seed, gen.next_offset());
+  return t;
+}
+
+Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
+  KILN_CHECK(is_floating(dtype), "randn: dtype must be floating, got ", dtype_name(dtype));
+  Tensor t = Tensor::empty(shape, dtype, device);
+  KILN_DEVICE_CALL(device, rand_normal, t, gen.seed, gen.next_offset());
+  return t;
+}
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
+  KILN_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+             " values for shape ", shape, " (", shape_numel(shape), " elements)");
+  Tensor host = Tensor::empty(shape, dtype_of<T>, kCPU);
+  if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(T));
+  return device.is_cpu() ? host : host.to(device);
+}
+template Tensor from_vector(const std::vector<double>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<float>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<Half>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int64_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int32_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int16_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int8_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<uint8_t>&, const Shape&, Device);
+template <>
+Tensor from_vector(const std::vector<bool>& values, const Shape& shape, Device device) {
+  std::vector<uint8_t> b(values.begin(), values.end());
+  Tensor host = from_vector(b, shape, kCPU);
+  Tensor out = Tensor::empty(shape, DType::boolean, kCPU);
+  if (!b.empty()) std::memcpy(out.data_ptr(), b.data(), b.size());
+  return device.is_cpu() ? out : out.to(device);
+}
+
+}  // namespace kiln

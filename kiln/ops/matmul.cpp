@@ -1,0 +1,115 @@
+// matmul (numpy semantics, broadcast batch dims) and linear, with autograd. Operands whose
+// last two dims are a transposed contiguous matrix go to the gemm kernel without a copy.
+#include "kiln/autograd/node.h"
+#include "kiln/kernels/dispatch.h"
+#include "kiln/kernels/matmul.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln {
+namespace {
+
+struct Operand {
+  Tensor data;          // contiguous: [rows, cols] (broadcast) or [batch, rows, cols]
+  bool trans = false;   // data holds the transpose of the logical matrix
+  int64_t batch_stride = 0;
+};
+
+// Prepares x (logical [..., r, c], batch shape `batch`) for gemm.
+Operand prepare(const Tensor& x, const Shape& batch, int64_t batch_numel) {
+  Operand o;
+  const int64_t r = x.size(-2), c = x.size(-1);
+  bool has_batch = false;
+  for (int64_t d = 0; d + 2 < x.dim(); ++d)
+    if (x.shape()[static_cast<size_t>(d)] != 1) has_batch = true;
+  if (!has_batch) {
+    Tensor m = x.reshape({r, c});
+    if (!m.is_contiguous() && m.transpose(0, 1).is_contiguous()) {
+      o.data = m;
+      o.trans = true;
+    } else {
+      o.data = m.contiguous();
+    }
+    o.batch_stride = 0;
+    return o;
+  }
+  Shape full = batch;
+  full.push_back(r);
+  full.push_back(c);
+  o.data = x.expand(full).contiguous().reshape({batch_numel, r, c});
+  o.batch_stride = r * c;
+  return o;
+}
+
+Tensor matmul_raw(const Tensor& a, const Tensor& b) {
+  // a [..., m, k], b [..., k, n], both at least 2-D.
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  KILN_CHECK(b.size(-2) == k, "matmul: inner dimensions differ: a is ", a.shape(), ", b is ", b.shape());
+  Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcast_shapes(ba, bb, "matmul");
+  int64_t batch_numel = shape_numel(batch);
+  Operand oa = prepare(a.detach(), batch, batch_numel), ob = prepare(b.detach(), batch, batch_numel);
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  kernels::GemmArgs g;
+  g.batch = batch_numel;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.trans_a = oa.trans;
+  g.trans_b = ob.trans;
+  g.batch_stride_a = oa.batch_stride;
+  g.batch_stride_b = ob.batch_stride;
+  KILN_DEVICE_CALL(a.device(), gemm, g, out, oa.data, ob.data);
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  KILN_CHECK(a_in.defined() && b_in.defined(), "matmul: undefined tensor argument");
+  KILN_CHECK(a_in.dtype() == b_in.dtype(), "matmul: dtype mismatch: a is ", dtype_name(a_in.dtype()), ", b is ",
+             dtype_name(b_in.dtype()));
+  KILN_CHECK(a_in.device() == b_in.device(), "matmul: device mismatch: a is on ", a_in.device().str(), ", b is on ",
+             b_in.device().str());
+  KILN_CHECK(is_floating(a_in.dtype()), "matmul: expected floating tensors, got ", dtype_name(a_in.dtype()));
+  KILN_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: operands must have at least one dim (a is ", a_in.shape(),
+             ", b is ", b_in.shape(), ")");
+  // 1-D operands as numpy: a [k] → [1, k], b [k] → [k, 1], squeezed afterwards.
+  Tensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : a_in;
+  Tensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
+  Tensor y = matmul_raw(a, b);
+  if (any_requires_grad({a, b})) {
+    SavedTensor sa(a), sb(b);
+    bool ga = a.requires_grad(), gb = b.requires_grad();
+    Shape sha = a.shape(), shb = b.shape();
+    record("matmul", {a, b}, y, [=](const std::vector<Tensor>& g) {
+      Tensor gA, gB;
+      if (ga) gA = sum_to(matmul(g[0], sb.get("matmul").transpose(-1, -2)), sha);
+      if (gb) gB = sum_to(matmul(sa.get("matmul").transpose(-1, -2), g[0]), shb);
+      return std::vector<Tensor>{gA, gB};
+    });
+  }
+  if (a_in.dim() == 1) y = y.squeeze(-2);
+  if (b_in.dim() == 1) y = y.squeeze(-1);
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  KILN_CHECK(x.defined() && weight.defined(), "linear: undefined tensor argument");
+  KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out, in], got ", weight.shape());
+  KILN_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input features ", x.dim() ? x.size(-1) : 0,
+             " differ from weight's in_features ", weight.size(1), " (input ", x.shape(), ", weight ", weight.shape(), ")");
+  Shape out_shape = x.shape();
+  out_shape.back() = weight.size(0);
+  Tensor y = matmul(x.reshape({-1, weight.size(1)}), weight.t()).reshape(out_shape);
+  if (bias.defined()) {
+    KILN_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias must be [", weight.size(0), "], got ",
+               bias.shape());
+    y = add(y, bias);
+  }
+  return y;
+}
+
+}  // namespace kiln
