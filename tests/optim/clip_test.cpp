@@ -46,7 +46,7 @@ std::vector<std::vector<double>> grads_f64(const NamedTensors& ps) {
 TEST(ClipGradNorm, MatchesFloat64Reference) {
   for (double p : {2.0, 1.0, 3.0, static_cast<double>(INFINITY)}) {
     for (double max_norm : {1e9, 0.5}) {  // not clipped, clipped
-      SCOPED_TRACE("p=" + std::to_string(p) + " max_norm=" + std::to_string(max_norm));
+      SCOPED_TRACE(std::string("p=") + std::to_string(p) + std::string(" max_norm=") + std::to_string(max_norm));
       NamedTensors ps = with_grads(3, 0.1);
       ASSERT_FALSE(ps[2].second.grad().is_contiguous());
       auto before = grads_f64(ps);
@@ -61,7 +61,7 @@ TEST(ClipGradNorm, MatchesFloat64Reference) {
         std::vector<double> expect = before[i];
         if (coef < 1.0)
           for (double& x : expect) x *= coef;
-        expect_close(after[i], expect, 0, coef < 1.0 ? 2e-7 : 0.0, "grad " + std::to_string(i));
+        expect_close(after[i], expect, 0, coef < 1.0 ? 2e-7 : 0.0, std::string("grad ") + std::to_string(i));
       }
       if (coef < 1.0) {
         EXPECT_NEAR(ref_norm(after, p), max_norm, 1e-5 * max_norm);
@@ -81,7 +81,7 @@ TEST(ClipGradNorm, Bf16Gradients) {
   for (size_t i = 0; i < before.size(); ++i) {
     std::vector<double> expect = before[i];
     for (double& x : expect) x *= coef;
-    expect_close(after[i], expect, 0, 1.0 / 128, "bf16 grad " + std::to_string(i));
+    expect_close(after[i], expect, 0, 1.0 / 128, std::string("bf16 grad ") + std::to_string(i));
   }
 }
 

@@ -22,7 +22,9 @@ inline NamedTensors make_params(const std::vector<Shape>& shapes, uint64_t seed)
   for (size_t i = 0; i < shapes.size(); ++i) {
     Tensor p = randn(shapes[i], gen);
     p.requires_grad_();
-    ps.emplace_back("p" + std::to_string(i), p);
+    std::string name = "p";
+    name += std::to_string(i);  // (not "p" + to_string: g++ 12 -O3 warns falsely, -Wrestrict)
+    ps.emplace_back(name, p);
   }
   return ps;
 }

@@ -2,6 +2,7 @@
 // one fused grid-stride pass per parameter for AdamW and SGD, and per-chunk partial norms for
 // clip_grad_norm_ (one block per chunk, each thread summing a fixed strided subset in double,
 // then a fixed shared-memory tree), so results are bitwise reproducible run to run.
+// Launches on the device's stream, stream() of kernels/cuda/context.h (kiln::kernels::cuda).
 #include <cmath>
 
 #include "kiln/core/dtype.h"
@@ -86,7 +87,7 @@ void adamw(const AdamWStep& s, const Tensor& param, const Tensor& grad, const Te
            const Tensor& exp_avg_sq) {
   const int64_t n = param.numel();
   if (n == 0) return;
-  cudaStream_t st = kiln::cuda::stream(param.device().index);
+  cudaStream_t st = stream(param.device().index);
   dispatch_grad(grad.dtype(), "adamw", [&]<class G>() {
     adamw_kernel<G><<<static_cast<unsigned>(grid_for(n)), kThreads, 0, st>>>(
         s, param.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
@@ -98,7 +99,7 @@ void adamw(const AdamWStep& s, const Tensor& param, const Tensor& grad, const Te
 void sgd(const SgdStep& s, const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer) {
   const int64_t n = param.numel();
   if (n == 0) return;
-  cudaStream_t st = kiln::cuda::stream(param.device().index);
+  cudaStream_t st = stream(param.device().index);
   float* buf = momentum_buffer.defined() ? momentum_buffer.data<float>() : nullptr;
   dispatch_grad(grad.dtype(), "sgd", [&]<class G>() {
     sgd_kernel<G><<<static_cast<unsigned>(grid_for(n)), kThreads, 0, st>>>(
@@ -112,7 +113,7 @@ void grad_norm_partials(const Tensor& grad, double norm_type, const Tensor& part
   const int64_t chunks = norm_partials_count(n);
   if (chunks == 0) return;
   const int mode = std::isinf(norm_type) ? 3 : norm_type == 2.0 ? 1 : norm_type == 1.0 ? 2 : 0;
-  cudaStream_t st = kiln::cuda::stream(grad.device().index);
+  cudaStream_t st = stream(grad.device().index);
   dispatch_floating(grad.dtype(), "clip_grad_norm_", [&]<class T>() {
     norm_partials_kernel<T><<<static_cast<unsigned>(chunks), kThreads, 0, st>>>(
         static_cast<const T*>(grad.data_ptr()), n, norm_type, mode, partials.data<double>());
