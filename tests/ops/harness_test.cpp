@@ -18,7 +18,7 @@ TEST(Harness, CatchesDtypeDependentOutput) {
   // An op that is off by 0.1 in every dtype but f64.
   EXPECT_NONFATAL_FAILURE(check_op({"wrong output", {{{3}}}, [](const std::vector<Tensor>& in) {
                                       return in[0].dtype() == DType::f64 ? in[0] : add(in[0], 0.1);
-                                    }, {DType::f32}, false}),
+                                    }, {DType::f32}, false, false}),
                           "output");
 }
 
