@@ -64,13 +64,13 @@ std::string describe_unknown(const std::string& path) {
          "); kiln reads safetensors, Hugging Face sharded checkpoints and PyTorch zip checkpoints (torch.save)";
 }
 
-StoredTensors load_index(const std::string& index_path) {
+StoredTensors load_index(const std::string& index_path, Metadata* metadata) {
   ShardIndex idx = read_shard_index(index_path);
   StoredTensors out;
   std::set<std::string> seen;
   for (const auto& shard : idx.shards) {
     const std::string p = (std::filesystem::path(idx.dir) / shard).string();
-    StoredTensors part = load_stored(p);
+    StoredTensors part = load_stored(p, out.empty() ? metadata : nullptr);  // metadata of the first shard
     for (auto& s : part) {
       auto it = std::lower_bound(idx.weight_map.begin(), idx.weight_map.end(), std::make_pair(s.name, std::string()));
       KILN_CHECK(it != idx.weight_map.end() && it->first == s.name, index_path, ": shard ", shard, " holds tensor '",
@@ -97,7 +97,7 @@ StoredTensors load_stored(const std::string& path, Metadata* metadata) {
       if (metadata) *metadata = f.metadata();
       return f.tensors();
     }
-    case FileFormat::index_json: return load_index(path);
+    case FileFormat::index_json: return load_index(path, metadata);
     case FileFormat::folder: {
       const std::string inner = checkpoint_in_folder(path);
       KILN_CHECK(!is_directory(inner), path, ": no checkpoint in folder");
