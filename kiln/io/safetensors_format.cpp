@@ -35,12 +35,12 @@ const char* format_dtype_name(DType t) {
   fail("safetensors: kiln dtype ", dtype_name(t), " has no safetensors name");
 }
 
-uint64_t format_nbytes(const FormatDType& dt, uint64_t numel, std::string_view tensor) {
+uint64_t format_nbytes(const FormatDType& dt, uint64_t numel, std::string_view tensor, std::string_view file) {
   const uint64_t bits = static_cast<uint64_t>(dt.bits);
-  KILN_CHECK(numel <= std::numeric_limits<uint64_t>::max() / bits, "safetensors: tensor '", tensor,
+  KILN_CHECK(numel <= std::numeric_limits<uint64_t>::max() / bits, file, ": tensor '", tensor,
              "': size in bits overflows (rule: checked arithmetic)");
   const uint64_t total = numel * bits;
-  KILN_CHECK(total % 8 == 0, "safetensors: tensor '", tensor, "': ", numel, " elements of ", dt.name, " are ",
+  KILN_CHECK(total % 8 == 0, file, ": tensor '", tensor, "': ", numel, " elements of ", dt.name, " are ",
              total, " bits, not a whole number of bytes (rule: total bits must be a multiple of 8)");
   return total / 8;
 }
@@ -90,7 +90,7 @@ HeaderEntry parse_entry(const std::string& name, const json::Value& info, std::s
   e.end = as_count(offsets->as_array()[1], file, name, "data_offsets");
   KILN_CHECK(e.begin <= e.end, file, ": tensor '", name, "': data_offsets [", e.begin, ", ", e.end,
              "] end before begin (rule: data_offsets)");
-  const uint64_t nbytes = format_nbytes(*e.dtype, numel, name);
+  const uint64_t nbytes = format_nbytes(*e.dtype, numel, name, file);
   KILN_CHECK(e.end - e.begin == nbytes, file, ": tensor '", name, "': data_offsets [", e.begin, ", ", e.end,
              "] hold ", e.end - e.begin, " bytes but shape ", e.shape, " of ", e.dtype->name, " needs ", nbytes,
              " (rule: size matches shape x dtype)");

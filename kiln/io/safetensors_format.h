@@ -35,7 +35,8 @@ const FormatDType* find_format_dtype(std::string_view name);
 const char* format_dtype_name(DType t);
 // Bytes of `numel` elements of `dt`, or kiln::Error (naming `tensor`) on overflow or when the
 // total number of bits is not a multiple of 8 (F4 / F6 tensors with an odd element count).
-uint64_t format_nbytes(const FormatDType& dt, uint64_t numel, std::string_view tensor);
+uint64_t format_nbytes(const FormatDType& dt, uint64_t numel, std::string_view tensor,
+                       std::string_view file = "safetensors");
 // The alignment the writer gives a dtype: its element size, at least 1.
 inline uint64_t format_alignment(const FormatDType& dt) { return dt.bits >= 8 ? static_cast<uint64_t>(dt.bits / 8) : 1; }
 
