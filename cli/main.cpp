@@ -17,6 +17,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"info", "version, build options, devices, threads and BLAS", kiln::cli::run_info},
+    {"telemetry", "device memory, utilization, power, clocks, temperature", kiln::cli::run_telemetry},
 };
 
 void print_usage() {
