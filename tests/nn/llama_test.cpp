@@ -299,3 +299,23 @@ TEST(Generate, SameSeedSameTokens) {
   auto c = generate(m, {1, 2, 3}, o, [&](int32_t t) { streamed.push_back(t); });
   EXPECT_EQ(c, streamed);
 }
+
+TEST(MixedPrecision, Bf16LinearMatchesF32) {
+  // bf16 forward copies of f32 weights (kiln train --dtype bf16) need bf16 linear/matmul with
+  // transposed operands to agree with f32 (this caught a CPU gemm layout bug).
+  Generator g(1);
+  Tensor x = randn({2, 5, 8}, g), w = randn({6, 8}, g), up = randn({2, 5, 6}, g);
+  Tensor xb = x.to(DType::bf16).detach().requires_grad_(true), wb = w.to(DType::bf16).detach().requires_grad_(true);
+  Tensor yb = linear(xb, wb);
+  sum(mul(yb.to(DType::f32), up)).backward();
+  Tensor xf = x.to(DType::bf16).to(DType::f32).detach().requires_grad_(true);
+  Tensor wf = w.to(DType::bf16).to(DType::f32).detach().requires_grad_(true);
+  Tensor yf = linear(xf, wf);
+  sum(mul(yf, up)).backward();
+  auto close = [](const Tensor& a, const Tensor& b) {
+    return max_abs(sub(a.to(DType::f64), b.to(DType::f64))) / std::max(max_abs(b), 1e-6);
+  };
+  EXPECT_LT(close(yb, yf), 1e-2);
+  EXPECT_LT(close(xb.grad(), xf.grad()), 1e-2);
+  EXPECT_LT(close(wb.grad(), wf.grad()), 1e-2);
+}
