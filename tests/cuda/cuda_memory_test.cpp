@@ -94,7 +94,9 @@ TEST(CudaMemory, OutOfMemoryIsAnError) {
 
 TEST(CudaDevices, ListAndCount) {
   int n = cuda_device_count();
-  EXPECT_TRUE(cuda_built());
+  if (!cuda_built()) {
+    EXPECT_EQ(n, 0);  // the CPU-only build (runtime_stub.cpp)
+  }
   auto devs = list_cuda_devices();
   EXPECT_EQ(static_cast<int>(devs.size()), n);
   for (const auto& info : devs) {
