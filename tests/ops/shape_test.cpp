@@ -15,9 +15,6 @@ std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
 TEST(Views, ValuesFollowIndexArithmetic) {
   for (Device dev : test_devices()) {
     Tensor x = iota({3, 4, 5}, dev);  // x[i,j,k] = 20i + 5j + k
-    EXPECT_EQ(vals(x.slice(2, 1, 5, 2)), (std::vector<double>{1, 3, 6, 8, 11, 13, 16, 18, 21, 23, 26, 28,
-                                                              41, 43, 46, 48, 51, 53, 56, 58, 31, 33, 36, 38})
-                                             .size() == 24 ? vals(x.slice(2, 1, 5, 2)) : std::vector<double>{});
     Tensor s = x.slice(2, 1, 5, 2);
     ASSERT_EQ(s.shape(), (Shape{3, 4, 2}));
     auto sv = vals(s);
