@@ -28,6 +28,8 @@ void gemm_blas(const GemmArgs& g, T* out, const T* a, const T* b) {
 }
 
 Tensor as_f32(const Tensor& t) {
+  // Keep the memory order: a transposed operand (trans_a/trans_b) must stay transposed.
+  if (t.dim() == 2 && !t.is_contiguous()) return as_f32(t.transpose(0, 1)).transpose(0, 1);
   Tensor f = Tensor::empty(t.shape(), DType::f32, t.device());
   copy(f, t);
   return f;
