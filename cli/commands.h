@@ -8,5 +8,6 @@ namespace kiln::cli {
 using Args = std::vector<std::string>;
 
 int run_info(const Args& args);
+int run_bench(const Args& args);
 
 }  // namespace kiln::cli

@@ -17,6 +17,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"info", "version, build options, devices, threads and BLAS", kiln::cli::run_info},
+    {"bench", "benchmarks of the hot paths (JSON lines on stdout)", kiln::cli::run_bench},
 };
 
 void print_usage() {
