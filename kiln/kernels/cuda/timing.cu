@@ -5,7 +5,7 @@
 namespace kiln::kernels::cuda {
 
 double time_ms(int device, const std::function<void()>& f) {
-  cudaStream_t s = ::kiln::cuda::stream(device);
+  cudaStream_t s = stream(device);
   cudaEvent_t a, b;
   KILN_CUDA_CHECK(cudaEventCreate(&a));
   KILN_CUDA_CHECK(cudaEventCreate(&b));
@@ -20,6 +20,6 @@ double time_ms(int device, const std::function<void()>& f) {
   return ms;
 }
 
-void synchronize(int device) { KILN_CUDA_CHECK(cudaStreamSynchronize(::kiln::cuda::stream(device))); }
+void synchronize(int device) { KILN_CUDA_CHECK(cudaStreamSynchronize(stream(device))); }
 
 }  // namespace kiln::kernels::cuda
