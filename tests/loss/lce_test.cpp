@@ -389,6 +389,32 @@ TEST_P(Lce, ModuleOwnsItsWeight) {
   EXPECT_LE(max_diff(w64.grad(), head.weight().grad().to(kCPU).to(DType::f64)), 2e-5 * max_abs(w64.grad()));
 }
 
+TEST_P(Lce, Int32TargetsAndGradientFilter) {
+  Inputs in = make_inputs(1500, {33, 16}, 257, 0.1);
+  Tensor h = in.hidden.to(DType::f32).to(dev()), w = in.weight.to(DType::f32).to(dev());
+  LinearCrossEntropyOptions o;
+  o.chunk_tokens = 8;
+  Tensor base = linear_cross_entropy(h, w, in.target.to(dev()), o).loss;
+  Tensor i32 = linear_cross_entropy(h, w, in.target.to(DType::i32).to(dev()), o).loss;
+  EXPECT_EQ(base.item(), i32.item());
+  // The filter leaves the loss alone and moves the gradient by at most eps per dropped entry.
+  auto grad_w = [&](double eps) {
+    Tensor wl = w.detach().requires_grad_();
+    LinearCrossEntropyOptions of = o;
+    of.filter_eps = eps;
+    Tensor l = linear_cross_entropy(h, wl, in.target.to(dev()), of).loss;
+    l.backward();
+    return std::pair{l.item(), wl.grad().to(kCPU).to(DType::f64)};
+  };
+  auto [l0, g0] = grad_w(0.0);
+  auto [l1, g1] = grad_w(1e-3);
+  auto [l2, g2] = grad_w(0.5);
+  EXPECT_EQ(l0, l1);
+  const double bound = 1e-3 * max_abs(in.hidden) * 257 / 30.0;  // eps · |h| · dropped entries / divisor
+  EXPECT_LE(max_diff(g0, g1), bound);
+  EXPECT_GT(max_diff(g0, g2), 0.0);  // a large eps does drop entries
+}
+
 TEST_P(Lce, BadInputsNameTheProblem) {
   Inputs in = make_inputs(1400, {4, 8}, 10, 0.0);
   Tensor h = in.hidden.to(DType::f32).to(dev()), w = in.weight.to(DType::f32).to(dev());
