@@ -1,5 +1,6 @@
-// linear_cross_entropy_reference: the unfused loss composed from core ops (linear, tanh,
-// log-sum-exp, one-hot masks, sums), differentiable through their autograd. It materialises
+// linear_cross_entropy_reference: the unfused loss composed from core ops, differentiable
+// through their autograd: linear + kiln::cross_entropy when the options are ones cross_entropy
+// has; otherwise linear, tanh, log-sum-exp, one-hot masks and sums. It materialises
 // the N × V logits (and a few N × V temporaries): the baseline the fused op is measured and
 // tested against, in any floating dtype including f64. Options mean what they mean for the
 // fused op (kiln/loss/linear_cross_entropy.h); the formulas are in docs/loss.md.
@@ -17,6 +18,25 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const Tensor& hidden, co
   const int64_t d = hidden.size(-1), v = weight.size(0), n = target.numel();
   const DType in = hidden.dtype();
   const DType acc = in == DType::f64 ? DType::f64 : DType::f32;
+  if (o.softcap == 0.0 && o.z_loss == 0.0 && !o.weight.defined() && o.num_items == 0.0) {
+    // What the core ops do directly: linear, then kiln::cross_entropy on the logits.
+    Tensor logits = linear(hidden.reshape({n, d}), weight, o.bias);
+    CrossEntropyOptions ce;
+    ce.ignore_index = o.ignore_index;
+    ce.reduction = o.reduction;
+    ce.label_smoothing = o.label_smoothing;
+    LinearCrossEntropyResult r;
+    r.loss = cross_entropy(logits, target.reshape({n}), ce);
+    if (o.reduction == Reduction::none) r.loss = r.loss.view(target.shape());
+    NoGradGuard ng;
+    r.z_loss = zeros(r.loss.shape(), in, hidden.device());
+    if (o.return_lse) {
+      Tensor z = logits.detach().to(acc);
+      Tensor m = amax(z, {1}, true);
+      r.lse = add(log(sum(exp(sub(z, m)), {1})), m.view({n})).view(target.shape());
+    }
+    return r;
+  }
   Tensor logits = linear(hidden.reshape({n, d}), weight, o.bias);  // [N, V] in the input dtype
   Tensor z = logits.to(acc);
   if (o.softcap > 0.0) z = mul(tanh(mul(z, 1.0 / o.softcap)), o.softcap);
