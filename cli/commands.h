@@ -8,5 +8,8 @@ namespace kiln::cli {
 using Args = std::vector<std::string>;
 
 int run_info(const Args& args);
+int run_inspect(const Args& args);
+int run_convert(const Args& args);
+int run_telemetry(const Args& args);
 
 }  // namespace kiln::cli

@@ -17,6 +17,9 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"info", "version, build options, devices, threads and BLAS", kiln::cli::run_info},
+    {"inspect", "list a checkpoint's tensors, dtypes, shapes, bytes and metadata", kiln::cli::run_inspect},
+    {"convert", "convert a checkpoint (.pt/.bin, sharded, safetensors) to safetensors", kiln::cli::run_convert},
+    {"telemetry", "device memory, utilization, power, clocks, temperature", kiln::cli::run_telemetry},
 };
 
 void print_usage() {
