@@ -106,8 +106,19 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v) {
   if (const json::Value* x = v.find("head_dim"); x && x->is_integer())
     KILN_CHECK(x->as_int() * c.num_attention_heads == c.hidden_size, "config.json: head_dim=", x->as_int(),
                " differs from hidden_size/num_attention_heads (not supported)");
-  if (const json::Value* x = v.find("rope_scaling"); x && !x->is_null())
-    fail("config.json: rope_scaling is not supported");
+  // RoPE parameters: transformers 4.x writes rope_theta (+ rope_scaling, null or a dict);
+  // 5.x writes rope_parameters {rope_type, rope_theta}. Only the default rope type is supported.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const json::Value* x = v.find(key);
+    if (!x || x->is_null()) continue;
+    KILN_CHECK(x->is_object(), "config.json: ", key, " must be an object or null");
+    std::string type = "default";
+    if (const json::Value* t = x->find("rope_type"); t && t->is_string()) type = t->as_string();
+    else if (const json::Value* t2 = x->find("type"); t2 && t2->is_string()) type = t2->as_string();
+    KILN_CHECK(type == "default", "config.json: ", key, " rope_type '", type,
+               "' is not supported (kiln implements the default RoPE)");
+    if (const json::Value* th = x->find("rope_theta"); th && th->is_number()) c.rope_theta = th->as_double();
+  }
   c.validate();
   return c;
 }
