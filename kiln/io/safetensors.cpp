@@ -64,16 +64,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
   f.file_ = MappedFile::open(path);
-  const uint64_t size = f.file_->size();
-  KILN_CHECK(size >= 8, path, ": file of ", size, " bytes is too short for a safetensors header (rule: 8-byte length)");
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | f.file_->data()[i];
-  KILN_CHECK(n <= kMaxSafetensorsHeader, path, ": header length ", n, " exceeds the limit of ",
-             kMaxSafetensorsHeader, " bytes (rule: header length)");
-  KILN_CHECK(n <= size - 8, path, ": header length ", n, " exceeds the file's ", size - 8,
-             " bytes after the length (rule: header length)");
-  f.header_size_ = n;
-  f.header_ = parse_safetensors_header(f.file_->bytes(8, n), size - 8 - n, path);
+  f.header_ = parse_safetensors_file(f.file_->bytes(0, f.file_->size()), &f.header_size_, path);
   return f;
 }
 
