@@ -27,10 +27,14 @@ void gemm_blas(const GemmArgs& g, T* out, const T* a, const T* b) {
   }
 }
 
+// An f32 copy with the same memory layout as `t` (gemm operands may be a transposed
+// contiguous matrix: a plain contiguous copy would silently transpose them).
 Tensor as_f32(const Tensor& t) {
-  // Keep the memory order: a transposed operand (trans_a/trans_b) must stay transposed.
-  if (t.dim() == 2 && !t.is_contiguous()) return as_f32(t.transpose(0, 1)).transpose(0, 1);
   Tensor f = Tensor::empty(t.shape(), DType::f32, t.device());
+  if (!t.is_contiguous()) {
+    Tensor base = Tensor::empty({t.numel()}, DType::f32, t.device());
+    f = Tensor::from_storage(base.storage(), t.shape(), t.strides(), 0, DType::f32);
+  }
   copy(f, t);
   return f;
 }

@@ -1,0 +1,41 @@
+// `kiln convert IN OUT.safetensors [--shard-size 5GB]`: converts anything kiln::io::load reads
+// (safetensors, sharded index or folder, PyTorch zip checkpoint) to safetensors. Raw dtypes and
+// metadata are copied through unchanged. With --shard-size, OUT is a folder that receives a
+// Hugging Face sharded checkpoint (model-0000k-of-0000n.safetensors + index).
+#include <cstdio>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "kiln/core/error.h"
+#include "kiln/io/load.h"
+#include "kiln/io/sharded.h"
+
+namespace kiln::cli {
+
+int run_convert(const Args& args) {
+  std::string in, out, shard_size;
+  ArgParser p("convert", "Convert a checkpoint (safetensors, sharded index or folder, PyTorch .pt/.bin zip) to\n"
+                         "safetensors. Writes atomically; tensors stream one at a time.");
+  p.positional("IN", &in, "checkpoint file, index or folder");
+  p.positional("OUT", &out, "output .safetensors file (a folder with --shard-size)");
+  p.option("--shard-size", &shard_size, "SIZE", "write a sharded checkpoint into folder OUT, shards of at most SIZE (e.g. 5GB)");
+  p.epilog("examples:\n  kiln convert pytorch_model.bin model.safetensors\n  kiln convert ckpt/ out/ --shard-size 5GB");
+  if (!p.parse(args)) return 0;
+  io::Metadata metadata;
+  io::StoredTensors tensors = io::load_stored(in, &metadata);
+  uint64_t total = 0;
+  for (const auto& t : tensors) total += t.nbytes();
+  if (p.given("--shard-size")) {
+    const int64_t max = parse_bytes(shard_size);
+    KILN_CHECK(max > 0, "convert: --shard-size must be positive, got '", shard_size, "'");
+    auto files = io::save_sharded(out, tensors, static_cast<uint64_t>(max), metadata);
+    std::printf("%s: %zu tensors, %llu bytes in %zu file(s)\n", out.c_str(), tensors.size(),
+                static_cast<unsigned long long>(total), files.size());
+    return 0;
+  }
+  io::save_safetensors(out, tensors, metadata);
+  std::printf("%s: %zu tensors, %llu bytes\n", out.c_str(), tensors.size(), static_cast<unsigned long long>(total));
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,68 @@
+// `kiln inspect FILE [--json]`: lists the tensors of any checkpoint kiln::io::load reads
+// (dtype, shape, bytes), its metadata and totals. FILE may be a safetensors file, a sharded
+// checkpoint's index or folder, or a PyTorch zip checkpoint. Raw dtypes (F4, U32, ...) show too.
+#include <cstdio>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "kiln/io/json.h"
+#include "kiln/io/load.h"
+
+namespace kiln::cli {
+
+int run_inspect(const Args& args) {
+  std::string path;
+  bool as_json = false;
+  ArgParser p("inspect", "List the tensors of a checkpoint: names, dtypes, shapes, bytes, metadata and totals.\n"
+                         "FILE: safetensors, a sharded index (model.safetensors.index.json) or folder, or a\n"
+                         "PyTorch zip checkpoint (.pt/.bin, read without running its pickle).");
+  p.positional("FILE", &path, "checkpoint file or folder");
+  p.flag("--json", &as_json, "print one JSON object instead of a table");
+  if (!p.parse(args)) return 0;
+
+  const io::FileFormat format = io::sniff_format(path);
+  io::Metadata metadata;
+  io::StoredTensors tensors = io::load_stored(path, &metadata);
+  uint64_t total_bytes = 0, total_elements = 0;
+  json::Value list = json::Value::array();
+  for (const auto& t : tensors) {
+    const uint64_t nb = t.nbytes();
+    total_bytes += nb;
+    total_elements += static_cast<uint64_t>(shape_numel(t.shape));
+    if (as_json) {
+      json::Value o = json::Value::object();
+      o["name"] = t.name;
+      o["dtype"] = t.dtype;
+      json::Value sh = json::Value::array();
+      for (int64_t d : t.shape) sh.push_back(d);
+      o["shape"] = std::move(sh);
+      o["bytes"] = nb;
+      o["raw"] = t.raw();
+      list.push_back(std::move(o));
+    }
+  }
+  if (as_json) {
+    json::Value doc = json::Value::object();
+    doc["file"] = path;
+    doc["format"] = io::format_name(format);
+    json::Value md = json::Value::object();
+    for (const auto& [k, v] : metadata) md[k] = v;
+    doc["metadata"] = std::move(md);
+    doc["tensors"] = std::move(list);
+    doc["total_tensors"] = static_cast<int64_t>(tensors.size());
+    doc["total_elements"] = total_elements;
+    doc["total_bytes"] = total_bytes;
+    std::printf("%s\n", doc.dump().c_str());
+    return 0;
+  }
+  std::printf("%s: %s, %zu tensors, %llu elements, %llu bytes\n", path.c_str(), io::format_name(format),
+              tensors.size(), static_cast<unsigned long long>(total_elements),
+              static_cast<unsigned long long>(total_bytes));
+  for (const auto& [k, v] : metadata) std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
+  for (const auto& t : tensors)
+    std::printf("  %-48s %-12s %-24s %14llu%s\n", t.name.c_str(), t.dtype.c_str(), shape_str(t.shape).c_str(),
+                static_cast<unsigned long long>(t.nbytes()), t.raw() ? "  (raw bytes)" : "");
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,103 @@
+// safetensors round trips through kiln's writer and reader: every kiln dtype, scalars,
+// zero-size tensors, metadata, non-contiguous inputs, views of the mapping.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "kiln/io/safetensors.h"
+#include "kiln/ops/ops.h"
+#include "tests/io/io_test_util.h"
+
+namespace kiln::io {
+namespace {
+
+TEST(Safetensors, RoundTripEveryKilnDType) {
+  TempDir dir;
+  Generator gen(1234);
+  TensorMap in;
+  for (const auto& fd : format_dtypes()) {
+    if (!fd.kiln) continue;
+    Tensor t = random_bytes_tensor({3, 7}, *fd.kiln, gen);
+    in.emplace_back(std::string("t_") + fd.name, t);
+  }
+  in.emplace_back("scalar", scalar_tensor(2.5, DType::f32));
+  in.emplace_back("empty", zeros({0, 5}, DType::f16));
+  in.emplace_back("odd", randn({129}, gen, DType::bf16));
+  Metadata meta{{"format", "pt"}, {"note", "ünï"}};
+  save_safetensors(dir.file("a.safetensors"), in, meta);
+  Metadata got_meta;
+  TensorMap out = load_safetensors(dir.file("a.safetensors"), &got_meta);
+  EXPECT_EQ(got_meta, meta);
+  ASSERT_EQ(out.size(), in.size());
+  for (const auto& [name, t] : in) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == name; });
+    ASSERT_NE(it, out.end()) << name;
+    expect_bitwise_equal(t, it->second, name);
+  }
+  for (size_t i = 1; i < out.size(); ++i) EXPECT_LT(out[i - 1].first, out[i].first);
+}
+
+TEST(Safetensors, LoadedTensorsAreViewsOfTheMapping) {
+  TempDir dir;
+  Generator gen(7);
+  Tensor a = randn({64, 33}, gen);
+  save_safetensors(dir.file("v.safetensors"), TensorMap{{"a", a}});
+  TensorMap out = load_safetensors(dir.file("v.safetensors"));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].second.storage()->borrowed());
+  // Writing to a view must not change the file (copy-on-write mapping).
+  out[0].second.fill_(0.0);
+  TensorMap again = load_safetensors(dir.file("v.safetensors"));
+  expect_bitwise_equal(a, again[0].second, "a");
+}
+
+TEST(Safetensors, NonContiguousInputsAreWrittenRowMajor) {
+  TempDir dir;
+  Generator gen(9);
+  Tensor a = randn({5, 7}, gen, DType::f64);
+  Tensor at = a.t();
+  save_safetensors(dir.file("t.safetensors"), TensorMap{{"at", at}});
+  TensorMap out = load_safetensors(dir.file("t.safetensors"));
+  expect_bitwise_equal(at.contiguous(), out[0].second, "at");
+}
+
+TEST(Safetensors, HeaderIsPaddedAndTensorsAligned) {
+  TempDir dir;
+  Generator gen(3);
+  TensorMap in{{"b", randn({3}, gen, DType::f16)}, {"a", randn({3}, gen, DType::f64)},
+               {"c", random_bytes_tensor({5}, DType::u8, gen)}, {"d", randn({2}, gen, DType::f32)}};
+  save_safetensors(dir.file("p.safetensors"), in);
+  SafetensorsFile f = SafetensorsFile::open(dir.file("p.safetensors"));
+  EXPECT_EQ(f.header_bytes() % 8, 0u);
+  for (const auto& e : f.entries()) EXPECT_EQ(e.begin % format_alignment(*e.dtype), 0u) << e.name;
+  // Descending alignment: f64 first, then f32, f16, u8.
+  std::vector<std::pair<uint64_t, std::string>> by_offset;
+  for (const auto& e : f.entries()) by_offset.emplace_back(e.begin, e.name);
+  std::sort(by_offset.begin(), by_offset.end());
+  EXPECT_EQ(by_offset[0].second, "a");
+  EXPECT_EQ(by_offset[1].second, "d");
+  EXPECT_EQ(by_offset[2].second, "b");
+  EXPECT_EQ(by_offset[3].second, "c");
+}
+
+TEST(Safetensors, WriterRefusesDuplicatesAndLeavesNoFile) {
+  TempDir dir;
+  TensorMap in{{"x", zeros({2})}, {"x", zeros({3})}};
+  EXPECT_THROW(save_safetensors(dir.file("d.safetensors"), in), Error);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("d.safetensors")));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 0);
+}
+
+TEST(Safetensors, SaveReplacesAtomically) {
+  TempDir dir;
+  save_safetensors(dir.file("r.safetensors"), TensorMap{{"x", ones({4})}});
+  save_safetensors(dir.file("r.safetensors"), TensorMap{{"y", zeros({2})}});
+  TensorMap out = load_safetensors(dir.file("r.safetensors"));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].first, "y");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1);
+}
+
+}  // namespace
+}  // namespace kiln::io
