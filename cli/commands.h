@@ -10,5 +10,11 @@ using Args = std::vector<std::string>;
 int run_info(const Args& args);
 int run_inspect(const Args& args);
 int run_convert(const Args& args);
+int run_telemetry(const Args& args);
+int run_bench(const Args& args);
+int run_train(const Args& args);
+int run_eval(const Args& args);
+int run_generate(const Args& args);
+int run_tokenizer(const Args& args);
 
 }  // namespace kiln::cli

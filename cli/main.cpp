@@ -19,6 +19,12 @@ constexpr Command kCommands[] = {
     {"info", "version, build options, devices, threads and BLAS", kiln::cli::run_info},
     {"inspect", "list a checkpoint's tensors, dtypes, shapes, bytes and metadata", kiln::cli::run_inspect},
     {"convert", "convert a checkpoint (.pt/.bin, sharded, safetensors) to safetensors", kiln::cli::run_convert},
+    {"telemetry", "device memory, utilization, power, clocks, temperature", kiln::cli::run_telemetry},
+    {"bench", "benchmarks of the hot paths (JSON lines on stdout)", kiln::cli::run_bench},
+    {"train", "train a Llama-style model (no arguments: a small demo run)", kiln::cli::run_train},
+    {"eval", "loss and perplexity of a checkpoint, or its logits for given ids", kiln::cli::run_eval},
+    {"generate", "sample text from a checkpoint (KV cache, streaming)", kiln::cli::run_generate},
+    {"tokenizer", "train a SentencePiece tokenizer (BPE or unigram)", kiln::cli::run_tokenizer},
 };
 
 void print_usage() {

@@ -39,7 +39,8 @@ void record_selecting_view(const char* op, const Tensor& input, Tensor& out, std
 
 // Strides for viewing a tensor of (shape, strides) as new_shape, if possible without a copy.
 std::optional<Strides> view_strides(const Shape& shape, const Strides& strides, const Shape& new_shape) {
-  if (shape_numel(shape) == 0) return contiguous_strides(new_shape);
+  // Empty or one-element tensors (incl. 0-dim scalars) can take any shape.
+  if (shape_numel(shape) <= 1) return contiguous_strides(new_shape);
   // Group old dims into contiguous chunks, then map new dims onto them (as ATen computeStride).
   Strides out(new_shape.size());
   int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;

@@ -5,19 +5,10 @@
 #include <cstring>
 
 #include "kiln/core/rng.h"
+#include "kiln/kernels/cast.h"
 #include "kiln/kernels/cpu/loops.h"
 
 namespace kiln::kernels::cpu {
-
-namespace {
-template <class D, class S>
-inline D cast_value(S s) {
-  if constexpr (std::is_same_v<D, S>) return s;
-  else if constexpr (std::is_same_v<D, bool>) return static_cast<acc_t<S>>(s) != acc_t<S>(0);
-  else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) return D(static_cast<float>(static_cast<acc_t<S>>(s)));
-  else return static_cast<D>(static_cast<acc_t<S>>(s));
-}
-}  // namespace
 
 void copy(const Tensor& dst, const Tensor& src) {
   KILN_CHECK(dst.shape() == src.shape(), "copy: shapes ", dst.shape(), " and ", src.shape(), " differ");

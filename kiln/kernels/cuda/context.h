@@ -7,13 +7,15 @@
 
 #include <cstddef>
 
-namespace kiln::cuda {
+// Namespace kiln::kernels::cuda (not kiln::cuda: that name is the function kiln::cuda(int)
+// of core/device.h, and a namespace of the same name does not compile next to it).
+namespace kiln::kernels::cuda {
 
 // Throws kiln::Error naming `what` (and the CUDA error string) when e != cudaSuccess.
 void check(cudaError_t e, const char* what);
-#define KILN_CUDA_CHECK(expr) ::kiln::cuda::check((expr), #expr)
+#define KILN_CUDA_CHECK(expr) ::kiln::kernels::cuda::check((expr), #expr)
 // Checks the last kernel launch.
-#define KILN_CUDA_CHECK_LAUNCH(name) ::kiln::cuda::check(cudaGetLastError(), name)
+#define KILN_CUDA_CHECK_LAUNCH(name) ::kiln::kernels::cuda::check(cudaGetLastError(), name)
 
 struct DeviceContext {
   int device = 0;
@@ -29,4 +31,4 @@ struct DeviceContext {
 DeviceContext& context(int device);
 inline cudaStream_t stream(int device) { return context(device).stream; }
 
-}  // namespace kiln::cuda
+}  // namespace kiln::kernels::cuda

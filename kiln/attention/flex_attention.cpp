@@ -1,0 +1,167 @@
+// flex_attention front end: argument checks, kernel parameters, the run-time mask selection
+// (MaskSpec / AnyBlockMask) and the explicit instantiations for the library's masks.
+#include "kiln/attention/flex_attention.h"
+
+#include <cstdlib>
+
+namespace kiln::attention {
+namespace detail {
+
+void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& layout) {
+  KILN_CHECK(q.defined() && k.defined() && v.defined(), "flex_attention: q, k and v must be defined");
+  KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "flex_attention: q, k, v must be 4-D [B, H, L, E], got ",
+             shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
+  KILN_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "flex_attention: q, k, v dtypes differ: ",
+             dtype_name(q.dtype()), ", ", dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
+  KILN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16 || q.dtype() == DType::f16,
+             "flex_attention: dtype ", dtype_name(q.dtype()), " is not supported (expected f32, bf16 or f16)");
+  KILN_CHECK(q.device() == k.device() && q.device() == v.device(), "flex_attention: q, k, v on different devices");
+  KILN_CHECK(layout.kv_num_blocks.defined(), "flex_attention: the block mask is empty (not built)");
+  KILN_CHECK(layout.device() == q.device(), "flex_attention: block mask on ", layout.device().str(),
+             " but q on ", q.device().str());
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), E = q.size(3);
+  const int64_t Hkv = k.size(1), S = k.size(2);
+  KILN_CHECK(k.size(0) == B && v.size(0) == B, "flex_attention: batch sizes differ: q ", B, ", k ", k.size(0), ", v ",
+             v.size(0));
+  KILN_CHECK(v.size(1) == Hkv && v.size(2) == S, "flex_attention: k ", shape_str(k.shape()), " and v ",
+             shape_str(v.shape()), " disagree on heads or length");
+  KILN_CHECK(k.size(3) == E, "flex_attention: q head dim ", E, " != k head dim ", k.size(3));
+  KILN_CHECK(Hkv >= 1 && Hq % Hkv == 0, "flex_attention: query heads ", Hq, " must be a multiple of kv heads ", Hkv);
+  KILN_CHECK(layout.q_len == L && layout.kv_len == S, "flex_attention: block mask built for L=", layout.q_len,
+             ", S=", layout.kv_len, " but q has L=", L, ", k has S=", S);
+  KILN_CHECK(layout.batch == 1 || layout.batch == B, "flex_attention: block mask batch ", layout.batch,
+             " must be 1 or ", B);
+  KILN_CHECK(layout.heads == 1 || layout.heads == Hq, "flex_attention: block mask heads ", layout.heads,
+             " must be 1 or ", Hq);
+  KILN_CHECK(L < (int64_t{1} << 31) && S < (int64_t{1} << 31), "flex_attention: lengths must fit int32");
+}
+
+Tensor last_dim_contiguous(const Tensor& t) {
+  return (t.size(3) <= 1 || t.stride(3) == 1) ? t : t.contiguous();
+}
+
+kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& l,
+                                double scale) {
+  kernels::FlexParams p;
+  p.B = q.size(0);
+  p.Hq = q.size(1);
+  p.L = q.size(2);
+  p.E = q.size(3);
+  p.Hkv = k.size(1);
+  p.S = k.size(2);
+  p.Ev = v.size(3);
+  p.scale = static_cast<float>(scale);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  for (int d = 0; d < 3; ++d) {
+    p.q_st[d] = q.stride(d);
+    p.k_st[d] = k.stride(d);
+    p.v_st[d] = v.stride(d);
+  }
+  p.kv_num = l.kv_num_blocks.data<int32_t>();
+  p.kv_idx = l.kv_indices.data<int32_t>();
+  p.fkv_num = l.full_kv_num_blocks.data<int32_t>();
+  p.fkv_idx = l.full_kv_indices.data<int32_t>();
+  p.q_num = l.q_num_blocks.data<int32_t>();
+  p.q_idx = l.q_indices.data<int32_t>();
+  p.fq_num = l.full_q_num_blocks.data<int32_t>();
+  p.fq_idx = l.full_q_indices.data<int32_t>();
+  p.Bm = l.batch;
+  p.Hm = l.heads;
+  p.nQ = l.num_q_blocks;
+  p.nKV = l.num_kv_blocks;
+  p.QB = l.q_block;
+  p.KB = l.kv_block;
+  p.nk1 = l.kv_indices.size(3);
+  p.nq1 = l.q_indices.size(3);
+  return p;
+}
+
+}  // namespace detail
+
+MaskSpec parse_mask_spec(const std::string& text, int64_t seq_len, Device device) {
+  MaskSpec s;
+  auto number = [&](const std::string& tail) {
+    char* end = nullptr;
+    long long n = std::strtoll(tail.c_str(), &end, 10);
+    KILN_CHECK(!tail.empty() && end && *end == '\0' && n >= 1, "mask '", text,
+               "': expected a positive integer after ':', got '", tail, "'");
+    return static_cast<int64_t>(n);
+  };
+  if (text == "none") {
+    s.kind = MaskSpec::Kind::none;
+  } else if (text == "causal") {
+    s.kind = MaskSpec::Kind::causal;
+  } else if (text.rfind("window:", 0) == 0) {
+    s.kind = MaskSpec::Kind::sliding_window;
+    s.window = number(text.substr(7));
+  } else if (text.rfind("document:", 0) == 0) {
+    s.kind = MaskSpec::Kind::document;
+    const int64_t n = number(text.substr(9));
+    std::vector<int32_t> ids(static_cast<size_t>(seq_len));
+    for (int64_t i = 0; i < seq_len; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i / n);
+    s.document_ids = from_vector(ids, {seq_len}, device);
+  } else {
+    fail("mask '", text, "' is not one of none, causal, window:W, document:N");
+  }
+  return s;
+}
+
+AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_len, Device device) {
+  AnyBlockMask m;
+  m.spec = spec;
+  const int64_t bs = spec.block_size;
+  switch (spec.kind) {
+    case MaskSpec::Kind::none: m.layout = create_block_mask(NoMask{}, 1, 1, q_len, kv_len, bs, bs).layout; break;
+    case MaskSpec::Kind::causal: m.layout = create_block_mask(Causal{}, 1, 1, q_len, kv_len, bs, bs).layout; break;
+    case MaskSpec::Kind::sliding_window:
+      KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31), "sliding window: window must be >= 1, got ",
+                 spec.window);
+      m.layout = create_block_mask(SlidingWindow{static_cast<int>(spec.window)}, 1, 1, q_len, kv_len, bs, bs).layout;
+      break;
+    case MaskSpec::Kind::document: {
+      KILN_CHECK(spec.document_ids.defined() && spec.document_ids.dim() == 1 &&
+                     spec.document_ids.size(0) >= std::max(q_len, kv_len),
+                 "document mask: document_ids must be i32 [>= ", std::max(q_len, kv_len), "]");
+      m.document_ids_cpu = spec.document_ids.to(DType::i32).to(kCPU).contiguous();
+      m.spec.document_ids = spec.document_ids.to(DType::i32).to(device).contiguous();
+      const int32_t* ids = m.document_ids_cpu.data<int32_t>();
+      m.layout = create_block_mask(DocumentCausal{Causal{}, Document{ids, ids}}, 1, 1, q_len, kv_len, bs, bs).layout;
+      break;
+    }
+  }
+  if (!device.is_cpu()) m.layout = m.layout.to(device);
+  return m;
+}
+
+FlexResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AnyBlockMask& mask,
+                          const FlexOptions& options) {
+  switch (mask.spec.kind) {
+    case MaskSpec::Kind::none: return flex_attention(q, k, v, NoScoreMod{}, BlockMask<NoMask>{{}, mask.layout}, options);
+    case MaskSpec::Kind::causal:
+      return flex_attention(q, k, v, NoScoreMod{}, BlockMask<Causal>{{}, mask.layout}, options);
+    case MaskSpec::Kind::sliding_window:
+      return flex_attention(q, k, v, NoScoreMod{},
+                            BlockMask<SlidingWindow>{SlidingWindow{static_cast<int>(mask.spec.window)}, mask.layout},
+                            options);
+    case MaskSpec::Kind::document: {
+      const Tensor& ids = q.device().is_cpu() ? mask.document_ids_cpu : mask.spec.document_ids;
+      const int32_t* p = ids.data<int32_t>();
+      return flex_attention(q, k, v, NoScoreMod{},
+                            BlockMask<DocumentCausal>{DocumentCausal{Causal{}, Document{p, p}}, mask.layout}, options);
+    }
+  }
+  fail("flex_attention: unknown mask kind");
+}
+
+#define KILN_FLEX_INSTANTIATE(SM, MM)                                                         \
+  template FlexResult flex_attention<SM, MM>(const Tensor&, const Tensor&, const Tensor&, SM, \
+                                             const BlockMask<MM>&, const FlexOptions&);
+KILN_FLEX_INSTANTIATE(NoScoreMod, NoMask)
+KILN_FLEX_INSTANTIATE(NoScoreMod, Causal)
+KILN_FLEX_INSTANTIATE(NoScoreMod, SlidingWindow)
+KILN_FLEX_INSTANTIATE(NoScoreMod, DocumentCausal)
+KILN_FLEX_INSTANTIATE(NoScoreMod, PrefixLM)
+
+}  // namespace kiln::attention

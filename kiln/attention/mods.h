@@ -1,0 +1,150 @@
+// FlexAttention modifiers: score_mod and mask_mod functors with host+device call operators,
+// the C++20 concepts that check them, and the library (noop, causal, sliding window, document,
+// prefix LM, ALiBi, softcap, learnable relative-position bias, and_masks / or_masks).
+//
+// NOTE [flex mods]
+// - mask_mod(b, h, q_idx, kv_idx) -> bool: true keeps the pair. b and h are the query's batch
+//   and (query) head indices; q_idx/kv_idx are absolute positions (top-left aligned, as PyTorch).
+// - score_mod(score, b, h, q_idx, kv_idx) -> score', templated on the value type (float in the
+//   kernels, double in the reference). score is already scaled (scale * q·k), as in PyTorch.
+//   Every score_mod also gives dscore(score, ...) = d score' / d score, which the backward
+//   multiplies in (the C++ counterpart of PyTorch's traced derivative).
+// - A score_mod with a learnable tensor (RelativePositionBias) declares kLearnable and
+//   bias_index(): the backward accumulates d loss / d score' into grad[bias_index] in a fixed
+//   order (deterministic). The front end binds the tensor (options.bias) to the functor.
+// Functors hold raw pointers (device pointers for CUDA) to their tables; the caller keeps the
+// tables alive while the attention and its backward run.
+#pragma once
+#include <math.h>
+
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+
+#include "kiln/core/macros.h"
+
+namespace kiln::attention {
+
+template <class T> KILN_HD T tanh_t(T x) {
+  if constexpr (sizeof(T) == 4) return ::tanhf(x);
+  else return ::tanh(x);
+}
+
+template <class M>
+concept MaskMod = std::copy_constructible<M> && requires(const M& m, int b, int h, int q, int kv) {
+  { m(b, h, q, kv) } -> std::convertible_to<bool>;
+};
+
+template <class S>
+concept ScoreMod = std::copy_constructible<S> && requires(const S& s, float xf, double xd, int i) {
+  { s(xf, i, i, i, i) } -> std::convertible_to<float>;
+  { s(xd, i, i, i, i) } -> std::convertible_to<double>;
+  { s.dscore(xf, i, i, i, i) } -> std::convertible_to<float>;
+  { s.dscore(xd, i, i, i, i) } -> std::convertible_to<double>;
+};
+
+// A score_mod with a learnable table: score' = f(score) + table[bias_index(...)].
+template <class S>
+concept LearnableScoreMod = ScoreMod<S> && S::kLearnable && requires(const S& s, int i) {
+  { s.bias_index(i, i, i, i) } -> std::convertible_to<int64_t>;
+};
+
+template <class S> inline constexpr bool is_learnable_v = false;
+template <LearnableScoreMod S> inline constexpr bool is_learnable_v<S> = true;
+
+// ---- mask mods ----
+struct NoMask {  // every pair kept
+  KILN_HD bool operator()(int, int, int, int) const { return true; }
+};
+struct Causal {  // q_idx >= kv_idx
+  KILN_HD bool operator()(int, int, int q, int kv) const { return q >= kv; }
+};
+struct SlidingWindow {  // causal, and at most `window` tokens back (the query included)
+  int window = 256;
+  KILN_HD bool operator()(int, int, int q, int kv) const { return q >= kv && q - kv < window; }
+};
+struct PrefixLM {  // the first `prefix` tokens are seen by everyone; causal after
+  int prefix = 0;
+  KILN_HD bool operator()(int, int, int q, int kv) const { return kv < prefix || q >= kv; }
+};
+// Packed documents: keeps pairs in the same document (ids per position, int32, q and kv side;
+// the same pointer when L == S). Combine with Causal via and_masks for causal packing.
+struct Document {
+  const int32_t* q_doc = nullptr;
+  const int32_t* kv_doc = nullptr;
+  KILN_HD bool operator()(int, int, int q, int kv) const { return q_doc[q] == kv_doc[kv]; }
+};
+
+template <MaskMod A, MaskMod B>
+struct AndMask {
+  A a;
+  B b;
+  KILN_HD bool operator()(int bi, int h, int q, int kv) const { return a(bi, h, q, kv) && b(bi, h, q, kv); }
+};
+template <MaskMod A, MaskMod B>
+struct OrMask {
+  A a;
+  B b;
+  KILN_HD bool operator()(int bi, int h, int q, int kv) const { return a(bi, h, q, kv) || b(bi, h, q, kv); }
+};
+template <MaskMod A, MaskMod B> AndMask<A, B> and_masks(A a, B b) { return {a, b}; }
+template <MaskMod A, MaskMod B> OrMask<A, B> or_masks(A a, B b) { return {a, b}; }
+template <MaskMod A, MaskMod B, MaskMod C, MaskMod... R>
+auto and_masks(A a, B b, C c, R... r) { return and_masks(and_masks(a, b), c, r...); }
+template <MaskMod A, MaskMod B, MaskMod C, MaskMod... R>
+auto or_masks(A a, B b, C c, R... r) { return or_masks(or_masks(a, b), c, r...); }
+
+// Causal + same document (the trainer's "document" mask and the bench's document:N).
+using DocumentCausal = AndMask<Causal, Document>;
+
+// ---- score mods ----
+struct NoScoreMod {
+  template <class T> KILN_HD T operator()(T s, int, int, int, int) const { return s; }
+  template <class T> KILN_HD T dscore(T, int, int, int, int) const { return T(1); }
+};
+// ALiBi: score + slope[h] * (kv_idx - q_idx); slopes per query head (f32).
+struct Alibi {
+  const float* slopes = nullptr;
+  template <class T> KILN_HD T operator()(T s, int, int h, int q, int kv) const {
+    return s + static_cast<T>(slopes[h]) * static_cast<T>(kv - q);
+  }
+  template <class T> KILN_HD T dscore(T, int, int, int, int) const { return T(1); }
+};
+// The geometric ALiBi slopes of the paper for `heads` heads, written to out[0..heads).
+inline void alibi_slopes(int heads, float* out) {
+  double start = std::pow(2.0, -8.0 / heads);
+  for (int h = 0; h < heads; ++h) out[h] = static_cast<float>(std::pow(start, h + 1));
+}
+// Soft-capping (Gemma 2): cap * tanh(score / cap).
+struct Softcap {
+  float cap = 50.0f;
+  template <class T> KILN_HD T operator()(T s, int, int, int, int) const {
+    return static_cast<T>(cap) * tanh_t(s / static_cast<T>(cap));
+  }
+  template <class T> KILN_HD T dscore(T s, int, int, int, int) const {
+    T t = tanh_t(s / static_cast<T>(cap));
+    return T(1) - t * t;
+  }
+};
+// Learnable relative-position bias: score + bias[h, kv_idx - q_idx + (L - 1)], the table being
+// f32 [H, L + S - 1] (2S - 1 when L == S), H the query heads. Bound by the front end from
+// FlexOptions::bias; its gradient is computed deterministically.
+struct RelativePositionBias {
+  static constexpr bool kLearnable = true;
+  const float* bias = nullptr;
+  int64_t row = 0;     // L + S - 1
+  int64_t offset = 0;  // L - 1
+  KILN_HD int64_t bias_index(int, int h, int q, int kv) const {
+    return static_cast<int64_t>(h) * row + (static_cast<int64_t>(kv) - q) + offset;
+  }
+  template <class T> KILN_HD T operator()(T s, int b, int h, int q, int kv) const {
+    return s + static_cast<T>(bias[bias_index(b, h, q, kv)]);
+  }
+  template <class T> KILN_HD T dscore(T, int, int, int, int) const { return T(1); }
+};
+
+static_assert(MaskMod<NoMask> && MaskMod<Causal> && MaskMod<SlidingWindow> && MaskMod<Document> &&
+              MaskMod<PrefixLM> && MaskMod<DocumentCausal>);
+static_assert(ScoreMod<NoScoreMod> && ScoreMod<Alibi> && ScoreMod<Softcap> && LearnableScoreMod<RelativePositionBias>);
+
+}  // namespace kiln::attention

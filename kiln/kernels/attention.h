@@ -1,0 +1,35 @@
+// Kernel entry points of FlexAttention. The mods are template parameters, so the CPU bodies are
+// templates (kernels/cpu/attention_impl.h, instantiated by the front end or explicitly in
+// kernels/cpu/attention.cpp); the CUDA bodies are explicit instantiations in
+// kernels/cuda/attention*.cu for the library's mods.
+//
+// FlexParams carries raw pointers and strides (elements) of q [B,Hq,L,E], k [B,Hkv,S,E],
+// v [B,Hkv,S,Ev] (last dim contiguous, any b/h/seq strides), the contiguous outputs, the lse
+// (f32, natural log, -inf on fully masked rows) and the block layout.
+#pragma once
+#include <cstdint>
+
+namespace kiln::kernels {
+
+struct FlexParams {
+  int64_t B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, E = 0, Ev = 0;
+  float scale = 1.0f;
+  const void *q = nullptr, *k = nullptr, *v = nullptr;
+  int64_t q_st[3] = {0, 0, 0}, k_st[3] = {0, 0, 0}, v_st[3] = {0, 0, 0};  // b, h, seq strides
+  void* out = nullptr;        // [B, Hq, L, Ev] contiguous, input dtype
+  float* lse = nullptr;       // [B, Hq, L] contiguous
+  // backward
+  const void* dout = nullptr;  // [B, Hq, L, Ev] contiguous, input dtype
+  const float* dlse = nullptr; // [B, Hq, L] or null
+  float* delta = nullptr;      // workspace [B, Hq, L]
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // contiguous, input dtype
+  float* dbias = nullptr;       // learnable table gradient [Hq, bias_row] (f32) or null
+  float* dbias_partial = nullptr;  // workspace [B, Hq, nQ, bias_row] for the fixed-order reduction
+  int64_t bias_row = 0;
+  // block layout (see kiln/attention/block_mask.h)
+  const int32_t *kv_num = nullptr, *kv_idx = nullptr, *fkv_num = nullptr, *fkv_idx = nullptr;
+  const int32_t *q_num = nullptr, *q_idx = nullptr, *fq_num = nullptr, *fq_idx = nullptr;
+  int64_t Bm = 1, Hm = 1, nQ = 0, nKV = 0, QB = 128, KB = 128, nk1 = 1, nq1 = 1;
+};
+
+}  // namespace kiln::kernels

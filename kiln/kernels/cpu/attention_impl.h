@@ -1,0 +1,394 @@
+// CPU FlexAttention bodies (templates over the storage type T and the mods).
+//
+// Forward: one task per (b, h, q-block): online softmax over the block's kv tiles (partial tiles
+// evaluate the mask_mod, full tiles skip it, empty tiles are never visited), f32 math.
+// Backward, FlashAttention-2 style with recomputation and one owner per output (bitwise
+// deterministic, no atomics):
+//   dQ pass, one task per (b, h, q-block): recompute P from the saved lse, dP = dO·Vᵀ,
+//     dS = P ∘ (dP − Δ) ∘ score_mod', dQ = scale · dS·K (and the learnable bias's per-task
+//     partial row, reduced afterwards over (b, q-block) in a fixed order);
+//   dK/dV pass, one task per (b, h_kv, kv-block) over the transposed lists and the query heads
+//     of its GQA group: dV = Pᵀ·dO, dK = scale · dSᵀ·Q.
+// Extra memory per thread is O(block · (E + Ev + block)); inner loops run over contiguous
+// f32 rows (`omp simd`), exp is a vectorisable polynomial (fast_expf).
+#pragma once
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kiln/attention/mods.h"
+#include "kiln/core/dtype.h"
+#include "kiln/kernels/attention.h"
+
+namespace kiln::kernels::cpu {
+
+// exp(x) for x <= ~88 with ~2 ulp error; exactly 0 for x < -87.3 (and for -inf). Branch-free,
+// so loops over it vectorise.
+inline float fast_expf(float x) {
+  const bool tiny = x < -87.3f;
+  x = std::min(x, 88.0f);
+  x = std::max(x, -87.3f);
+  float t = x * 1.44269504088896341f;
+  float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float s = std::bit_cast<float>(e);
+  return tiny ? 0.0f : p * s;
+}
+
+namespace flex_detail {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <class T>
+inline void load_row(float* dst, const T* src, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    for (int64_t e = 0; e < n; ++e) dst[e] = static_cast<float>(src[e]);
+  }
+}
+template <class T>
+inline void store_row(T* dst, const float* src, int64_t n) {
+  for (int64_t e = 0; e < n; ++e) dst[e] = static_cast<T>(src[e]);
+}
+// dst[e * ld + j] = src row j, element e (a transposed tile of nrows rows).
+template <class T>
+inline void load_transposed(float* dst, int64_t ld, const T* src, int64_t row_stride, int64_t nrows, int64_t n) {
+  for (int64_t j = 0; j < nrows; ++j) {
+    const T* r = src + j * row_stride;
+    for (int64_t e = 0; e < n; ++e) dst[e * ld + j] = static_cast<float>(r[e]);
+  }
+}
+// s[i * ld + j] = sum_e a[i * n + e] * bt[e * ld + j] for i < m, j < nk.
+inline void tile_abt(float* s, int64_t ld, const float* a, int64_t m, int64_t n, const float* bt, int64_t nk) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* si = s + i * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < nk; ++j) si[j] = 0.0f;
+    const float* ai = a + i * n;
+    for (int64_t e = 0; e < n; ++e) {
+      const float ae = ai[e];
+      const float* b = bt + e * ld;
+#pragma omp simd
+      for (int64_t j = 0; j < nk; ++j) si[j] += ae * b[j];
+    }
+  }
+}
+// acc[r * n + :] += sum_c w[r * ld + c] * x[c * n + :] (w indexed by (row, col)).
+inline void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* ar = acc + r * n;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float wc = w[r * ld + c];
+      if (wc == 0.0f) continue;
+      const float* xc = x + c * n;
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) ar[e] += wc * xc[e];
+    }
+  }
+}
+// acc[c * n + :] += sum_r w[r * ld + c] * x[r * n + :] (the transposed product).
+inline void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float wc = w[r * ld + c];
+      if (wc == 0.0f) continue;
+      float* ac = acc + c * n;
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) ac[e] += wc * xr[e];
+    }
+  }
+}
+
+struct Geo {
+  const FlexParams& p;
+  int64_t mask_row(int64_t b, int64_t h) const { return ((p.Bm == 1 ? 0 : b) * p.Hm + (p.Hm == 1 ? 0 : h)); }
+};
+
+// Scores of one tile after the score_mod and the mask: s holds raw scale·q·k on entry; on exit
+// x (−inf where masked). raw (optional) keeps the scaled pre-mod score for score_mod'.
+template <class SM, class MM>
+inline void apply_mods(float* s, int64_t ld, float* raw, int64_t nq, int64_t nk, int64_t i0, int64_t j0, int b, int h,
+                       float scale, const SM& sm, const MM& mm, bool partial) {
+  for (int64_t i = 0; i < nq; ++i) {
+    float* si = s + i * ld;
+    const int qi = static_cast<int>(i0 + i);
+    if constexpr (std::is_same_v<SM, attention::NoScoreMod>) {
+#pragma omp simd
+      for (int64_t j = 0; j < nk; ++j) si[j] *= scale;
+      if (raw) std::memcpy(raw + i * ld, si, static_cast<size_t>(nk) * sizeof(float));
+    } else {
+      for (int64_t j = 0; j < nk; ++j) {
+        const float r = si[j] * scale;
+        if (raw) raw[i * ld + j] = r;
+        si[j] = sm(r, b, h, qi, static_cast<int>(j0 + j));
+      }
+    }
+    if (partial)
+      for (int64_t j = 0; j < nk; ++j)
+        if (!mm(b, h, qi, static_cast<int>(j0 + j))) si[j] = kNegInf;
+  }
+}
+
+}  // namespace flex_detail
+
+template <class T, class SM, class MM>
+void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
+  using namespace flex_detail;
+  const int64_t QB = p.QB, KB = p.KB, E = p.E, Ev = p.Ev, G = p.Hq / p.Hkv;
+  const int64_t tasks = p.B * p.Hq * p.nQ;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  T* out = static_cast<T*>(p.out);
+#pragma omp parallel if (tasks > 1)
+  {
+    std::vector<float> qf(QB * E), kt(E * KB), vf(KB * Ev), s(QB * KB), acc(QB * Ev), m(QB), l(QB);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t qb = t % p.nQ, h = (t / p.nQ) % p.Hq, b = t / (p.nQ * p.Hq), hk = h / G;
+      const int64_t i0 = qb * QB, nq = std::min(QB, p.L - i0);
+      for (int64_t i = 0; i < nq; ++i) load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.0f);
+      const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
+      const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
+      const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
+      for (int pass = 0; pass < 2; ++pass) {
+        const bool partial = pass == 0;
+        const int32_t cnt = partial ? p.kv_num[row] : p.fkv_num[row];
+        const int32_t* idx = (partial ? p.kv_idx : p.fkv_idx) + row * p.nk1;
+        for (int32_t c = 0; c < cnt; ++c) {
+          const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
+          load_transposed(kt.data(), KB, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+          for (int64_t j = 0; j < nk; ++j) load_row(&vf[j * Ev], vbase + (j0 + j) * p.v_st[2], Ev);
+          tile_abt(s.data(), KB, qf.data(), nq, E, kt.data(), nk);
+          apply_mods(s.data(), KB, nullptr, nq, nk, i0, j0, static_cast<int>(b), static_cast<int>(h), p.scale, sm, mm,
+                     partial);
+          for (int64_t i = 0; i < nq; ++i) {
+            float* si = &s[i * KB];
+            float mx = kNegInf;
+            for (int64_t j = 0; j < nk; ++j) mx = std::max(mx, si[j]);
+            const float mnew = std::max(m[i], mx);
+            if (mnew == kNegInf) {  // everything masked so far
+#pragma omp simd
+              for (int64_t j = 0; j < nk; ++j) si[j] = 0.0f;
+              continue;
+            }
+            const float alpha = fast_expf(m[i] - mnew);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < nk; ++j) {
+              si[j] = fast_expf(si[j] - mnew);
+              sum += si[j];
+            }
+            l[i] = l[i] * alpha + sum;
+            m[i] = mnew;
+            if (alpha != 1.0f) {
+              float* ai = &acc[i * Ev];
+#pragma omp simd
+              for (int64_t e = 0; e < Ev; ++e) ai[e] *= alpha;
+            }
+          }
+          tile_ax(acc.data(), Ev, s.data(), KB, nq, vf.data(), nk);
+        }
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t o = (b * p.Hq + h) * p.L + i0 + i;
+        float* ai = &acc[i * Ev];
+        if (l[i] > 0.0f) {
+          const float inv = 1.0f / l[i];
+          for (int64_t e = 0; e < Ev; ++e) ai[e] *= inv;
+          p.lse[o] = m[i] + std::log(l[i]);
+        } else {
+          std::fill(ai, ai + Ev, 0.0f);
+          p.lse[o] = kNegInf;
+        }
+        store_row(out + o * Ev, ai, Ev);
+      }
+    }
+  }
+}
+
+// Recomputes a tile's dS (the gradient w.r.t. the scaled raw score, already multiplied by
+// score_mod'); s holds scale·q·k... on entry (unscaled dot products), dp = dO·Vᵀ.
+// On exit s = P (masked: 0), dp = dS_raw. If dbias_row: dbias_row[idx - h*row] += dX.
+template <class SM, class MM>
+inline void flex_tile_grad(float* s, float* dp, float* raw, int64_t ld, int64_t nq, int64_t nk, int64_t i0, int64_t j0,
+                           int b, int h, const FlexParams& p, const float* lse, const float* delta, const SM& sm,
+                           const MM& mm, bool partial, float* dbias_row) {
+  using namespace flex_detail;
+  apply_mods(s, ld, raw, nq, nk, i0, j0, b, h, p.scale, sm, mm, partial);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* si = s + i * ld;
+    float* di = dp + i * ld;
+    const float li = lse[i], dl = delta[i];
+    if (li == kNegInf) {
+      for (int64_t j = 0; j < nk; ++j) si[j] = di[j] = 0.0f;
+      continue;
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < nk; ++j) {
+      const float pj = fast_expf(si[j] - li);
+      si[j] = pj;
+      di[j] = pj * (di[j] - dl);
+    }
+    if constexpr (attention::is_learnable_v<SM>) {
+      if (dbias_row) {
+        const int64_t base = static_cast<int64_t>(h) * p.bias_row;
+        for (int64_t j = 0; j < nk; ++j)
+          dbias_row[sm.bias_index(b, h, static_cast<int>(i0 + i), static_cast<int>(j0 + j)) - base] += di[j];
+      }
+    }
+    if constexpr (std::is_same_v<SM, attention::NoScoreMod>) {
+#pragma omp simd
+      for (int64_t j = 0; j < nk; ++j) di[j] *= p.scale;
+    } else {
+      for (int64_t j = 0; j < nk; ++j)
+        di[j] *= p.scale * sm.dscore(raw[i * ld + j], b, h, static_cast<int>(i0 + i), static_cast<int>(j0 + j));
+    }
+  }
+}
+
+template <class T, class SM, class MM>
+void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
+  using namespace flex_detail;
+  const int64_t QB = p.QB, KB = p.KB, E = p.E, Ev = p.Ev, G = p.Hq / p.Hkv;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  const T* out = static_cast<const T*>(p.out);
+  const T* dout = static_cast<const T*>(p.dout);
+  const bool learn = attention::is_learnable_v<SM> && p.dbias != nullptr;
+  const int64_t rows = p.B * p.Hq * p.L;
+  // Δ = rowsum(dO ∘ O) − dlse
+#pragma omp parallel for schedule(static) if (rows > 256)
+  for (int64_t r = 0; r < rows; ++r) {
+    float d = 0.0f;
+    for (int64_t e = 0; e < Ev; ++e) d += static_cast<float>(dout[r * Ev + e]) * static_cast<float>(out[r * Ev + e]);
+    p.delta[r] = d - (p.dlse ? p.dlse[r] : 0.0f);
+  }
+  // ---- dQ pass ----
+  const int64_t qtasks = p.B * p.Hq * p.nQ;
+  T* dq = static_cast<T*>(p.dq);
+#pragma omp parallel if (qtasks > 1)
+  {
+    std::vector<float> qf(QB * E), dof(QB * Ev), kt(E * KB), kf(KB * E), vt(Ev * KB), s(QB * KB), dp(QB * KB),
+        raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QB * KB), acc(QB * E);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < qtasks; ++t) {
+      const int64_t qb = t % p.nQ, h = (t / p.nQ) % p.Hq, b = t / (p.nQ * p.Hq), hk = h / G;
+      const int64_t i0 = qb * QB, nq = std::min(QB, p.L - i0);
+      const int64_t o = (b * p.Hq + h) * p.L + i0;
+      for (int64_t i = 0; i < nq; ++i) {
+        load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
+        load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float* dbias_row = nullptr;
+      if (learn) {
+        dbias_row = p.dbias_partial + t * p.bias_row;
+        std::fill(dbias_row, dbias_row + p.bias_row, 0.0f);
+      }
+      const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
+      const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
+      const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
+      for (int pass = 0; pass < 2; ++pass) {
+        const bool partial = pass == 0;
+        const int32_t cnt = partial ? p.kv_num[row] : p.fkv_num[row];
+        const int32_t* idx = (partial ? p.kv_idx : p.fkv_idx) + row * p.nk1;
+        for (int32_t c = 0; c < cnt; ++c) {
+          const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
+          load_transposed(kt.data(), KB, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+          load_transposed(vt.data(), KB, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+          for (int64_t j = 0; j < nk; ++j) load_row(&kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
+          tile_abt(s.data(), KB, qf.data(), nq, E, kt.data(), nk);
+          tile_abt(dp.data(), KB, dof.data(), nq, Ev, vt.data(), nk);
+          flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KB, nq, nk, i0, j0,
+                         static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
+                         dbias_row);
+          tile_ax(acc.data(), E, dp.data(), KB, nq, kf.data(), nk);
+        }
+      }
+      for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &acc[i * E], E);
+    }
+  }
+  // ---- dK/dV pass ----
+  const int64_t ktasks = p.B * p.Hkv * p.nKV;
+  T* dk = static_cast<T*>(p.dk);
+  T* dv = static_cast<T*>(p.dv);
+#pragma omp parallel if (ktasks > 1)
+  {
+    std::vector<float> qf(QB * E), dof(QB * Ev), kt(E * KB), vt(Ev * KB), s(QB * KB), dp(QB * KB),
+        raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QB * KB), dka(KB * E), dva(KB * Ev);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ktasks; ++t) {
+      const int64_t kb = t % p.nKV, hk = (t / p.nKV) % p.Hkv, b = t / (p.nKV * p.Hkv);
+      const int64_t j0 = kb * KB, nk = std::min(KB, p.S - j0);
+      const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
+      const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
+      load_transposed(kt.data(), KB, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+      load_transposed(vt.data(), KB, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+      std::fill(dka.begin(), dka.end(), 0.0f);
+      std::fill(dva.begin(), dva.end(), 0.0f);
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        const int64_t col = Geo{p}.mask_row(b, h) * p.nKV + kb;
+        for (int pass = 0; pass < 2; ++pass) {
+          const bool partial = pass == 0;
+          const int32_t cnt = partial ? p.q_num[col] : p.fq_num[col];
+          const int32_t* idx = (partial ? p.q_idx : p.fq_idx) + col * p.nq1;
+          for (int32_t c = 0; c < cnt; ++c) {
+            const int64_t i0 = static_cast<int64_t>(idx[c]) * QB, nq = std::min(QB, p.L - i0);
+            const int64_t o = (b * p.Hq + h) * p.L + i0;
+            for (int64_t i = 0; i < nq; ++i) {
+              load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
+              load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
+            }
+            tile_abt(s.data(), KB, qf.data(), nq, E, kt.data(), nk);
+            tile_abt(dp.data(), KB, dof.data(), nq, Ev, vt.data(), nk);
+            flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KB, nq, nk, i0, j0,
+                           static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
+                           nullptr);
+            tile_atx(dva.data(), Ev, s.data(), KB, nq, dof.data(), nk);
+            tile_atx(dka.data(), E, dp.data(), KB, nq, qf.data(), nk);
+          }
+        }
+      }
+      const int64_t ob = (b * p.Hkv + hk) * p.S + j0;
+      for (int64_t j = 0; j < nk; ++j) {
+        store_row(dk + (ob + j) * E, &dka[j * E], E);
+        store_row(dv + (ob + j) * Ev, &dva[j * Ev], Ev);
+      }
+    }
+  }
+  // ---- learnable bias: reduce the per-(b, h, q-block) partial rows in a fixed order ----
+  if (learn) {
+    const int64_t R = p.bias_row;
+#pragma omp parallel for schedule(static) if (p.Hq * R > 4096)
+    for (int64_t x = 0; x < p.Hq * R; ++x) {
+      const int64_t h = x / R, r = x % R;
+      float sum = 0.0f;
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t qb = 0; qb < p.nQ; ++qb) sum += p.dbias_partial[((b * p.Hq + h) * p.nQ + qb) * R + r];
+      p.dbias[x] = sum;
+    }
+  }
+}
+
+}  // namespace kiln::kernels::cpu

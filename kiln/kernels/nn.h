@@ -1,0 +1,46 @@
+// Kernel entry points of the neural-network ops (front ends in kiln/ops/nn*.cpp; bodies in
+// cpu/nn.cpp and cuda/nn.cu). Every tensor argument is contiguous (the front ends make it so);
+// 16-bit inputs compute in f32 (f64 on CPU), statistics (rstd, lse, per-row loss) are f32, or
+// f64 for f64 inputs. All reductions run in a fixed order: results are bitwise reproducible.
+#pragma once
+#include <cstdint>
+
+#include "kiln/core/tensor.h"
+
+namespace kiln::kernels {
+
+#define KILN_NN_KERNELS                                                                                     \
+  /* First position p with ids[p] outside [lo, hi) and ids[p] != ignore, or -1 (ids i64/i32). */           \
+  int64_t first_out_of_range(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore);                    \
+  /* out [N, d] = weight [V, d] rows at ids [N] (ids already range-checked). */                            \
+  void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids);                       \
+  /* dweight [V, d] (fully written) = sum over positions n with ids[n] == v of grad[n] (fixed order). */    \
+  void embedding_backward(const Tensor& dweight, const Tensor& grad, const Tensor& ids);                    \
+  /* x, out [rows, d]; weight [d]; rstd [rows] (f32, f64 for f64 x) = 1/sqrt(mean(x^2) + eps). */          \
+  void rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,      \
+                        double eps);                                                                        \
+  /* dx [rows, d]; dweight [d] (weight dtype, undefined to skip). */                                        \
+  void rms_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy, const Tensor& x,        \
+                         const Tensor& weight, const Tensor& rstd);                                         \
+  /* x, out [rows, T, D]; cos, sin f32 [T, D]: out = x*cos + rotate_half(x)*sin, or with transpose */    \
+  /* its adjoint (the backward): out_c = x_c*cos_c + (c < D/2 ? x_{c+D/2}*sin_{c+D/2} : -x_{c-D/2}*sin_{c-D/2}) */ \
+  void rotary(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose);   \
+  /* logits [N, C], target [N]; loss, lse [N] (f32, f64 for f64 logits). Ignored rows: loss 0. */         \
+  void cross_entropy_forward(const Tensor& loss, const Tensor& lse, const Tensor& logits,                  \
+                             const Tensor& target, int64_t ignore_index, double label_smoothing);           \
+  /* dlogits [N, C] = scale[n] * (softmax - (1-ls)*onehot - ls/C); 0 on ignored rows. scale like lse. */   \
+  void cross_entropy_backward(const Tensor& dlogits, const Tensor& scale, const Tensor& logits,            \
+                              const Tensor& target, const Tensor& lse, int64_t ignore_index,                \
+                              double label_smoothing);                                                      \
+  /* keep [n] (bool) = uniform(philox_element(seed, offset, i).v[0]) >= p. */                               \
+  void dropout_mask(const Tensor& keep, uint64_t seed, uint64_t offset, double p);
+
+namespace cpu {
+KILN_NN_KERNELS
+}  // namespace cpu
+namespace cuda {
+KILN_NN_KERNELS
+}  // namespace cuda
+#undef KILN_NN_KERNELS
+
+}  // namespace kiln::kernels

@@ -1,0 +1,76 @@
+// cross_entropy (the unfused reference loss, PyTorch semantics: ignore_index, reduction,
+// label_smoothing) with a fused row kernel forward and backward, and parse_reduction.
+#include <string>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/node.h"
+#include "kiln/kernels/dispatch.h"
+#include "kiln/kernels/nn.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln {
+
+Reduction parse_reduction(const std::string& s) {
+  if (s == "none") return Reduction::none;
+  if (s == "mean") return Reduction::mean;
+  if (s == "sum") return Reduction::sum;
+  fail("parse_reduction: unknown reduction '", s, "' (expected none, mean or sum)");
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o) {
+  KILN_CHECK(logits.defined() && target.defined(), "cross_entropy: undefined tensor argument");
+  KILN_CHECK(logits.dim() == 2, "cross_entropy: logits must be 2-D [N, C], got shape ", logits.shape());
+  KILN_CHECK(is_floating(logits.dtype()), "cross_entropy: logits must be floating, got ", dtype_name(logits.dtype()));
+  KILN_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,
+             "cross_entropy: target must be i64 or i32, got ", dtype_name(target.dtype()));
+  KILN_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), "cross_entropy: target shape ", target.shape(),
+             " does not match logits shape ", logits.shape(), " (expected [", logits.size(0), "])");
+  KILN_CHECK(logits.device() == target.device(), "cross_entropy: device mismatch: logits are on ",
+             logits.device().str(), ", target is on ", target.device().str());
+  KILN_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0,
+             "cross_entropy: label_smoothing must be in [0, 1], got ", o.label_smoothing);
+  const int64_t n = logits.size(0), c = logits.size(1);
+  KILN_CHECK(c > 0 || n == 0, "cross_entropy: logits have 0 classes");
+  Tensor tc = target.contiguous();
+  int64_t bad = KILN_DEVICE_CALL(tc.device(), first_out_of_range, tc, 0, c, o.ignore_index);
+  if (bad >= 0)
+    fail("cross_entropy: target[", bad, "]=", static_cast<int64_t>(tc.select(0, bad).item()), " out of range [0, ",
+         c, ") (ignore_index=", o.ignore_index, ")");
+  const DType sd = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor lc = logits.detach().contiguous();
+  Tensor rows = Tensor::empty({n}, sd, logits.device());
+  Tensor lse = Tensor::empty({n}, sd, logits.device());
+  Tensor out, count;
+  {
+    NoGradGuard ng;
+    if (n > 0)
+      KILN_DEVICE_CALL(lc.device(), cross_entropy_forward, rows, lse, lc, tc, o.ignore_index, o.label_smoothing);
+    if (o.reduction == Reduction::mean)
+      count = sum(ne(tc, full({}, static_cast<double>(o.ignore_index), tc.dtype(), tc.device())).to(sd));
+    if (o.reduction == Reduction::none) out = rows.to(logits.dtype());
+    else if (o.reduction == Reduction::sum) out = sum(rows).to(logits.dtype());
+    else out = div(sum(rows), count).to(logits.dtype());
+    if (out.is_same(rows)) out = rows.detach();
+  }
+  if (any_requires_grad({logits})) {
+    SavedTensor sl(lc), st(tc), se(lse);
+    Reduction red = o.reduction;
+    int64_t ignore = o.ignore_index;
+    double ls = o.label_smoothing;
+    record("cross_entropy", {logits}, out, [=](const std::vector<Tensor>& g) {
+      Tensor gs = g[0].to(sd);
+      Tensor scale = red == Reduction::none ? gs.contiguous()
+                     : red == Reduction::sum ? gs.expand({n}).contiguous()
+                                             : div(gs, count).expand({n}).contiguous();
+      Tensor xl = sl.get("cross_entropy");
+      Tensor dl = Tensor::empty(xl.shape(), xl.dtype(), xl.device());
+      if (dl.numel() > 0)
+        KILN_DEVICE_CALL(dl.device(), cross_entropy_backward, dl, scale, xl, st.get("cross_entropy"),
+                         se.get("cross_entropy"), ignore, ls);
+      return std::vector<Tensor>{dl};
+    });
+  }
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,28 @@
+// clip_grad_norm_: the total norm of the gradients of a list of parameters, and in-place
+// scaling of those gradients when it exceeds max_norm, as torch.nn.utils.clip_grad_norm_.
+// The norm is computed in double in a fixed order (per gradient, fixed-size chunks, then a
+// host sum in parameter order), so it is bitwise reproducible whatever the thread count.
+// Parameters without a gradient are skipped.
+#pragma once
+#include <vector>
+
+#include "kiln/optim/optimizer.h"
+
+namespace kiln::optim {
+
+struct ClipGradOptions {
+  double norm_type = 2.0;           // p > 0, or INFINITY for the max norm
+  // A non-finite total norm (NaN or inf gradients): throw kiln::Error when true; when false
+  // (the default) the gradients are left UNCHANGED and the non-finite norm is returned, so the
+  // caller can skip the step. (torch instead multiplies the gradients by NaN or 0.)
+  bool error_if_nonfinite = false;
+};
+
+// Returns the total norm before clipping. When max_norm / (norm + 1e-6) < 1 every gradient
+// is multiplied by that coefficient (rounded to f32), as torch.
+double clip_grad_norm_(const NamedTensors& params, double max_norm, const ClipGradOptions& options = {});
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const ClipGradOptions& options = {});
+// The total norm of the gradients alone (no clipping).
+double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
+
+}  // namespace kiln::optim

@@ -1,0 +1,71 @@
+// SGD: hyper-parameter checks and the per-parameter step scalars, then the fused kernel.
+#include "kiln/optim/sgd.h"
+
+#include <cmath>
+
+#include "kiln/kernels/dispatch.h"
+#include "kiln/kernels/optim.h"
+
+namespace kiln::optim {
+namespace {
+
+void check_sgd(double momentum, double dampening, bool nesterov, const char* op) {
+  KILN_CHECK(std::isfinite(momentum) && momentum >= 0.0, op, ": momentum=", momentum, " must be finite and >= 0");
+  KILN_CHECK(std::isfinite(dampening), op, ": dampening=", dampening, " must be finite");
+  KILN_CHECK(!nesterov || (momentum > 0.0 && dampening == 0.0), op,
+             ": nesterov needs momentum > 0 and dampening == 0 (got momentum=", momentum, ", dampening=", dampening,
+             ")");
+}
+
+std::vector<std::string> sgd_buffers(double momentum) {
+  if (momentum != 0.0) return {"momentum_buffer"};
+  return {};
+}
+
+}  // namespace
+
+SGD::SGD(NamedTensors params, const SgdOptions& o)
+    : Optimizer("sgd", std::move(params), o.lr, o.weight_decay, o.decay, sgd_buffers(o.momentum)),
+      momentum_(o.momentum), dampening_(o.dampening), nesterov_(o.nesterov) {
+  check_sgd(momentum_, dampening_, nesterov_, "sgd");
+}
+
+void SGD::update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& buffers, double weight_decay,
+                 int64_t step) {
+  kernels::SgdStep s;
+  s.lr = static_cast<float>(lr());
+  s.weight_decay = static_cast<float>(weight_decay);
+  s.momentum = static_cast<float>(momentum_);
+  s.one_minus_dampening = static_cast<float>(1.0 - dampening_);
+  s.nesterov = nesterov_;
+  s.first = step == 1;
+  Tensor buf = buffers.empty() ? Tensor() : buffers[0];
+  KILN_DEVICE_CALL(param.device(), sgd, s, param, grad, buf);
+}
+
+void SGD::save_hyperparameters(json::Value& out) const {
+  out["momentum"] = momentum_;
+  out["dampening"] = dampening_;
+  out["nesterov"] = nesterov_;
+}
+
+void SGD::load_hyperparameters(const json::Value& in) {
+  auto find = [&](const char* key) -> const json::Value& {
+    const json::Value* v = in.find(key);
+    KILN_CHECK(v != nullptr, "sgd load_state_dict: scalars have no '", key, "'");
+    return *v;
+  };
+  const double momentum = find("momentum").as_double("momentum");
+  const double dampening = find("dampening").as_double("dampening");
+  const bool nesterov = find("nesterov").as_bool("nesterov");
+  check_sgd(momentum, dampening, nesterov, "sgd load_state_dict");
+  // The buffers were fixed at construction: a state with(out) momentum cannot be loaded into an
+  // optimizer without(with) it.
+  KILN_CHECK((momentum != 0.0) == (momentum_ != 0.0), "sgd load_state_dict: the state has momentum=", momentum,
+             ", this optimizer momentum=", momentum_, " (one of them keeps no momentum buffer)");
+  momentum_ = momentum;
+  dampening_ = dampening;
+  nesterov_ = nesterov;
+}
+
+}  // namespace kiln::optim

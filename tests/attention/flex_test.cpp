@@ -1,0 +1,463 @@
+// FlexAttention tests: block-mask builder vs the element mask, the float64 reference vs finite
+// differences, the CPU kernels vs the reference (output, lse, dq, dk, dv, d bias) for every mod
+// and mask alone and combined, GQA, L != S, odd lengths, fully masked rows, bf16, bitwise
+// determinism, non-contiguous inputs, the run-time MaskSpec path, bad input, and (with a GPU)
+// the CUDA kernels and builder vs the CPU ones.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kiln/attention/flex_attention.h"
+#include "kiln/attention/reference.h"
+#include "kiln/autograd/node.h"
+#include "kiln/core/device.h"
+
+using namespace kiln;
+using namespace kiln::attention;
+
+namespace {
+
+// A mask with fully masked rows: kv at least 3 behind the query (rows 0..2 see nothing).
+struct Behind3 {
+  KILN_HD bool operator()(int, int, int q, int kv) const { return kv <= q - 3; }
+};
+// Odd per-(b, h) pattern: head parity selects even/odd kv positions, plus the diagonal.
+struct OddPattern {
+  KILN_HD bool operator()(int b, int h, int q, int kv) const { return ((kv + h + b) % 2 == 0) || q == kv; }
+};
+// score * 2 with a q/kv dependent term (exercises dscore != 1 via softcap elsewhere).
+struct TimesTwo {
+  template <class T> KILN_HD T operator()(T s, int, int h, int q, int kv) const { return s * T(2) + T(0.01) * T(h); }
+  template <class T> KILN_HD T dscore(T, int, int, int, int) const { return T(2); }
+};
+
+struct Case {
+  int64_t B = 1, Hq = 2, Hkv = 2, L = 37, S = 37, E = 16, Ev = 16, qblock = 16, kvblock = 16;
+  DType dtype = DType::f32;
+  bool mask_per_head = false;
+};
+
+Tensor make(const Shape& s, Generator& g, DType dt) { return randn(s, g, DType::f32).to(dt); }
+
+double max_abs(const Tensor& a) {
+  double m = 0;
+  for (double x : a.to(DType::f64).to_vector<double>()) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// Compares a (any dtype) with golden (f64): f32 by max error relative to golden's scale; 16-bit
+// by mean error vs 1.1 × the error of golden rounded to the same dtype (+ eps).
+void expect_close(const Tensor& got, const Tensor& golden, DType dt, const std::string& what) {
+  ASSERT_EQ(got.shape(), golden.shape()) << what;
+  auto g = got.to(DType::f64).to_vector<double>();
+  auto r = golden.to_vector<double>();
+  const double scale = std::max(1.0, max_abs(golden));
+  if (dt == DType::f32) {
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_FALSE(std::isnan(g[i])) << what << " NaN at " << i;
+      if (std::isinf(r[i])) {
+        ASSERT_EQ(g[i], r[i]) << what << " at " << i;
+        continue;
+      }
+      const double e = std::abs(g[i] - r[i]);
+      if (e > worst) worst = e, at = i;
+    }
+    EXPECT_LE(worst, 2e-5 * scale) << what << ": worst error at flat index " << at << " got " << g[at]
+                                   << " expected " << r[at];
+    return;
+  }
+  auto rounded = golden.to(dt).to(DType::f64).to_vector<double>();
+  double e_kiln = 0, e_ref = 0, mag = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_FALSE(std::isnan(g[i])) << what << " NaN at " << i;
+    if (std::isinf(r[i])) {
+      ASSERT_EQ(g[i], r[i]) << what << " at " << i;
+      continue;
+    }
+    e_kiln += std::abs(g[i] - r[i]);
+    e_ref += std::abs(rounded[i] - r[i]);
+    mag += std::abs(r[i]);
+    ++n;
+  }
+  if (n == 0) return;
+  e_kiln /= n, e_ref /= n, mag /= n;
+  EXPECT_LE(e_kiln, 1.1 * e_ref + 2e-3 * mag + 1e-6) << what << ": mean error " << e_kiln << " vs same-dtype "
+                                                      << e_ref << " (mean |golden| " << mag << ")";
+}
+
+struct Grads {
+  Tensor out, lse, dq, dk, dv, dbias;
+};
+
+// Runs flex (CPU or CUDA) with autograd on q/k/v (and bias), with output and lse gradients.
+template <class SM, class MM>
+Grads run_flex(const Tensor& q, const Tensor& k, const Tensor& v, SM sm, const BlockMask<MM>& bm, const Tensor& dout,
+               const Tensor& dlse, const Tensor& bias) {
+  Tensor qg = q.detach().requires_grad_(), kg = k.detach().requires_grad_(), vg = v.detach().requires_grad_();
+  FlexOptions o;
+  o.return_lse = true;
+  Tensor bg;
+  if (bias.defined()) o.bias = bg = bias.detach().requires_grad_();
+  FlexResult r = flex_attention(qg, kg, vg, sm, bm, o);
+  run_backward({r.out, r.lse}, {dout, dlse}, false);
+  Grads g{r.out, r.lse, qg.grad(), kg.grad(), vg.grad(), bg.defined() ? bg.grad() : Tensor()};
+  return g;
+}
+
+template <class SM, class MM>
+void check_case(const Case& c, SM sm, MM mm, uint64_t seed = 1) {
+  SCOPED_TRACE(testing::Message() << "B=" << c.B << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " L=" << c.L << " S=" << c.S
+                                  << " E=" << c.E << " Ev=" << c.Ev << " blocks=" << c.qblock << "x" << c.kvblock
+                                  << " dtype=" << dtype_name(c.dtype));
+  Generator gen(seed);
+  Tensor q = make({c.B, c.Hq, c.L, c.E}, gen, c.dtype), k = make({c.B, c.Hkv, c.S, c.E}, gen, c.dtype),
+         v = make({c.B, c.Hkv, c.S, c.Ev}, gen, c.dtype);
+  Tensor dout = make({c.B, c.Hq, c.L, c.Ev}, gen, c.dtype), dlse = make({c.B, c.Hq, c.L}, gen, DType::f32);
+  Tensor bias;
+  if constexpr (is_learnable_v<SM>) bias = mul(randn({c.Hq, c.L + c.S - 1}, gen), 0.5);
+  auto bm = create_block_mask(mm, c.mask_per_head ? c.B : 1, c.mask_per_head ? c.Hq : 1, c.L, c.S, c.qblock,
+                              c.kvblock);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+  Grads g = run_flex(q, k, v, sm, bm, dout, dlse, bias);
+  ReferenceResult ref = reference_flex_attention(q, k, v, sm, mm, scale, dout, dlse, bias);
+  expect_close(g.out, ref.out, c.dtype, "out");
+  expect_close(g.lse, ref.lse, DType::f32, "lse");
+  expect_close(g.dq, ref.dq, c.dtype, "dq");
+  expect_close(g.dk, ref.dk, c.dtype, "dk");
+  expect_close(g.dv, ref.dv, c.dtype, "dv");
+  if constexpr (is_learnable_v<SM>) expect_close(g.dbias, ref.dbias, c.dtype, "dbias");
+}
+
+}  // namespace
+
+// ---------------- BlockMask ----------------
+
+template <class MM>
+void check_builder(MM mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t qb, int64_t kb) {
+  SCOPED_TRACE(testing::Message() << "L=" << L << " S=" << S << " blocks " << qb << "x" << kb);
+  auto bm = create_block_mask(mm, Bm, Hm, L, S, qb, kb);
+  const Tensor dense_t = bm.materialize().to(DType::u8), tiles_t = bm.to_dense();
+  auto dense = dense_t.to_vector<uint8_t>();
+  auto tiles = tiles_t.to_vector<int32_t>();
+  const int64_t nq = (L + qb - 1) / qb, nk = (S + kb - 1) / kb;
+  ASSERT_EQ(static_cast<int64_t>(tiles.size()), Bm * Hm * nq * nk);
+  int64_t empty = 0;
+  for (int64_t g = 0; g < Bm * Hm; ++g)
+    for (int64_t a = 0; a < nq; ++a)
+      for (int64_t c = 0; c < nk; ++c) {
+        int any = 0, all = 1;
+        for (int64_t i = a * qb; i < std::min(L, (a + 1) * qb); ++i)
+          for (int64_t j = c * kb; j < std::min(S, (c + 1) * kb); ++j) {
+            bool x = dense[static_cast<size_t>((g * L + i) * S + j)];
+            any |= x, all &= x;
+          }
+        const int expect = !any ? 0 : (all ? 2 : 1);
+        empty += expect == 0;
+        ASSERT_EQ(tiles[static_cast<size_t>((g * nq + a) * nk + c)], expect) << "tile " << g << "," << a << "," << c;
+      }
+  EXPECT_NEAR(bm.sparsity(), static_cast<double>(empty) / static_cast<double>(Bm * Hm * nq * nk), 1e-12);
+  // The transposed lists hold the same tiles.
+  const BlockLayout& l = bm.layout;
+  auto qn = l.q_num_blocks.to_vector<int32_t>(), qi = l.q_indices.to_vector<int32_t>();
+  auto fqn = l.full_q_num_blocks.to_vector<int32_t>(), fqi = l.full_q_indices.to_vector<int32_t>();
+  const int64_t nq1 = l.q_indices.size(3);
+  for (int64_t g = 0; g < Bm * Hm; ++g)
+    for (int64_t c = 0; c < nk; ++c) {
+      std::vector<int> seen(static_cast<size_t>(nq), 0);
+      for (int32_t x = 0; x < qn[static_cast<size_t>(g * nk + c)]; ++x)
+        seen[static_cast<size_t>(qi[static_cast<size_t>((g * nk + c) * nq1 + x)])] = 1;
+      for (int32_t x = 0; x < fqn[static_cast<size_t>(g * nk + c)]; ++x)
+        seen[static_cast<size_t>(fqi[static_cast<size_t>((g * nk + c) * nq1 + x)])] = 2;
+      for (int64_t a = 0; a < nq; ++a)
+        ASSERT_EQ(seen[static_cast<size_t>(a)], tiles[static_cast<size_t>((g * nq + a) * nk + c)])
+            << "transposed tile " << g << "," << a << "," << c;
+    }
+  // O(number of blocks): 8 i32 index arrays of at most Bm·Hm·nQ·nKV entries each.
+  EXPECT_LE(l.nbytes(), 4 * 8 * Bm * Hm * (nq + 1) * (nk + 1));
+}
+
+TEST(BlockMask, BuilderMatchesElementMask) {
+  std::vector<int32_t> docs(300);
+  for (size_t i = 0; i < docs.size(); ++i) docs[i] = static_cast<int32_t>(i < 40 ? 0 : (i < 41 ? 1 : (i < 170 ? 2 : 3)));
+  Document doc{docs.data(), docs.data()};
+  for (auto [L, S, qb, kb] : std::vector<std::array<int64_t, 4>>{{129, 129, 16, 16}, {100, 37, 32, 8}, {1, 129, 128, 128},
+                                                                   {257, 300, 128, 64}, {7, 7, 3, 2}}) {
+    check_builder(NoMask{}, 1, 1, L, S, qb, kb);
+    check_builder(Causal{}, 1, 1, L, S, qb, kb);
+    check_builder(SlidingWindow{20}, 1, 1, L, S, qb, kb);
+    check_builder(PrefixLM{10}, 1, 1, L, S, qb, kb);
+    check_builder(doc, 1, 1, L, S, qb, kb);
+    check_builder(and_masks(Causal{}, doc, SlidingWindow{50}), 1, 1, L, S, qb, kb);
+    check_builder(or_masks(PrefixLM{5}, SlidingWindow{4}), 1, 1, L, S, qb, kb);
+    check_builder(OddPattern{}, 2, 3, L, S, qb, kb);
+  }
+}
+
+TEST(BlockMask, SparsityOfCausalAndErrors) {
+  auto bm = create_block_mask(Causal{}, 1, 1, 1024, 1024);  // 8x8 tiles: 8 partial, 28 full, 28 empty
+  EXPECT_NEAR(bm.sparsity(), 28.0 / 64.0, 1e-12);
+  EXPECT_EQ(bm.layout.q_block, 128);
+  EXPECT_THROW(create_block_mask(Causal{}, 1, 1, 10, 10, 0, 16), Error);
+  EXPECT_THROW(create_block_mask(Causal{}, 0, 1, 10, 10), Error);
+}
+
+// ---------------- the float64 reference vs finite differences ----------------
+
+TEST(FlexReference, GradientsMatchFiniteDifferences) {
+  Generator gen(7);
+  const int64_t B = 1, Hq = 2, Hkv = 1, L = 5, S = 6, E = 3;
+  Tensor q = randn({B, Hq, L, E}, gen, DType::f64), k = randn({B, Hkv, S, E}, gen, DType::f64),
+         v = randn({B, Hkv, S, E}, gen, DType::f64);
+  Tensor dout = randn({B, Hq, L, E}, gen, DType::f64), dlse = randn({B, Hq, L}, gen, DType::f64);
+  Tensor bias = randn({Hq, L + S - 1}, gen, DType::f32);
+  auto mm = or_masks(Behind3{}, PrefixLM{2});
+  RelativePositionBias rb;
+  const double scale = 0.7;
+  auto loss = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv, const Tensor& bb) {
+    ReferenceResult r = reference_flex_attention(qq, kk, vv, rb, mm, scale, Tensor(), Tensor(), bb);
+    auto o = r.out.to_vector<double>(), l = r.lse.to_vector<double>();
+    auto go = dout.to_vector<double>(), gl = dlse.to_vector<double>();
+    double s = 0;
+    for (size_t i = 0; i < o.size(); ++i) s += o[i] * go[i];
+    for (size_t i = 0; i < l.size(); ++i)
+      if (std::isfinite(l[i])) s += l[i] * gl[i];
+    return s;
+  };
+  ReferenceResult r = reference_flex_attention(q, k, v, rb, mm, scale, dout, dlse, bias);
+  const double h = 1e-6;
+  auto fd_check = [&](Tensor& t, const Tensor& grad, const char* name) {
+    auto gv = grad.to(DType::f64).to_vector<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      Tensor flat = t.view({t.numel()});
+      const double x0 = flat.select(0, i).item();
+      flat.select(0, i).fill_(x0 + h);
+      const double up = loss(q, k, v, bias);
+      flat.select(0, i).fill_(x0 - h);
+      const double dn = loss(q, k, v, bias);
+      flat.select(0, i).fill_(x0);
+      EXPECT_NEAR((up - dn) / (2 * h), gv[static_cast<size_t>(i)], 2e-5) << name << "[" << i << "]";
+    }
+  };
+  fd_check(q, r.dq, "dq");
+  fd_check(k, r.dk, "dk");
+  fd_check(v, r.dv, "dv");
+  // bias is f32: use a bigger step and a looser tolerance.
+  auto gb = r.dbias.to_vector<double>();
+  for (int64_t i = 0; i < bias.numel(); i += 3) {
+    Tensor flat = bias.view({bias.numel()});
+    const double x0 = flat.select(0, i).item(), hb = 1e-2;
+    flat.select(0, i).fill_(x0 + hb);
+    const double up = loss(q, k, v, bias);
+    flat.select(0, i).fill_(x0 - hb);
+    const double dn = loss(q, k, v, bias);
+    flat.select(0, i).fill_(x0);
+    EXPECT_NEAR((up - dn) / (2 * hb), gb[static_cast<size_t>(i)], 2e-3) << "dbias[" << i << "]";
+  }
+}
+
+// ---------------- CPU kernels vs the reference ----------------
+
+TEST(FlexCpu, MasksAloneF32) {
+  Case c;
+  check_case(c, NoScoreMod{}, NoMask{});
+  check_case(c, NoScoreMod{}, Causal{});
+  check_case(c, NoScoreMod{}, SlidingWindow{9});
+  check_case(c, NoScoreMod{}, PrefixLM{11});
+  std::vector<int32_t> docs(37);
+  for (int i = 0; i < 37; ++i) docs[static_cast<size_t>(i)] = i < 10 ? 0 : (i < 30 ? 1 : 2);
+  check_case(c, NoScoreMod{}, Document{docs.data(), docs.data()});
+  check_case(c, NoScoreMod{}, DocumentCausal{Causal{}, Document{docs.data(), docs.data()}});
+  Case ph = c;
+  ph.mask_per_head = true;
+  ph.B = 2;
+  check_case(ph, NoScoreMod{}, OddPattern{});
+}
+
+TEST(FlexCpu, ScoreModsAloneF32) {
+  Case c;
+  c.Hq = 4;
+  std::vector<float> slopes(4);
+  alibi_slopes(4, slopes.data());
+  check_case(c, Alibi{slopes.data()}, NoMask{});
+  check_case(c, Softcap{2.0f}, NoMask{});
+  check_case(c, TimesTwo{}, NoMask{});
+  check_case(c, RelativePositionBias{}, NoMask{});
+}
+
+TEST(FlexCpu, CombinedModsAndMasksF32) {
+  Case c;
+  c.Hq = 4, c.Hkv = 2, c.L = 45, c.S = 61;
+  std::vector<float> slopes(4);
+  alibi_slopes(4, slopes.data());
+  std::vector<int32_t> docs(61);
+  for (int i = 0; i < 61; ++i) docs[static_cast<size_t>(i)] = i / 13;
+  Document doc{docs.data(), docs.data()};
+  check_case(c, Alibi{slopes.data()}, and_masks(Causal{}, SlidingWindow{17}));
+  check_case(c, Softcap{3.0f}, or_masks(PrefixLM{7}, SlidingWindow{5}));
+  check_case(c, RelativePositionBias{}, and_masks(Causal{}, doc));
+  check_case(c, RelativePositionBias{}, Causal{});
+  check_case(c, Softcap{1.5f}, and_masks(doc, or_masks(Causal{}, PrefixLM{3})));
+}
+
+TEST(FlexCpu, GqaRatiosAndLengths) {
+  for (int64_t ratio : {1, 2, 4}) {
+    for (auto [L, S] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 129}, {127, 129}, {129, 127}, {129, 129}}) {
+      Case c;
+      c.B = 2, c.Hkv = 1, c.Hq = ratio, c.L = L, c.S = S, c.E = 8, c.Ev = 12, c.qblock = 128, c.kvblock = 128;
+      check_case(c, NoScoreMod{}, NoMask{}, static_cast<uint64_t>(L * 1000 + S + ratio));
+      c.qblock = 32, c.kvblock = 64;
+      check_case(c, NoScoreMod{}, Causal{}, static_cast<uint64_t>(L * 1000 + S + ratio));
+    }
+  }
+}
+
+TEST(FlexCpu, Length1000) {
+  Case c;
+  c.Hq = 1, c.Hkv = 1, c.L = 1000, c.S = 1000, c.E = 8, c.Ev = 8, c.qblock = 128, c.kvblock = 128;
+  check_case(c, NoScoreMod{}, and_masks(Causal{}, SlidingWindow{200}));
+}
+
+TEST(FlexCpu, FullyMaskedRowsGiveZeroAndNoNaN) {
+  Case c;
+  c.L = 20, c.S = 20, c.qblock = 4, c.kvblock = 8;
+  check_case(c, NoScoreMod{}, Behind3{});
+  check_case(c, RelativePositionBias{}, Behind3{});
+  // Explicitly: rows 0..2 give out 0, lse −inf, dq 0.
+  Generator gen(3);
+  Tensor q = randn({1, 1, 20, 16}, gen), k = randn({1, 1, 20, 16}, gen), v = randn({1, 1, 20, 16}, gen);
+  auto bm = create_block_mask(Behind3{}, 1, 1, 20, 20, 4, 8);
+  Grads g = run_flex(q, k, v, NoScoreMod{}, bm, randn({1, 1, 20, 16}, gen), zeros({1, 1, 20}), Tensor());
+  auto o = g.out.to_vector<float>(), l = g.lse.to_vector<float>(), dq = g.dq.to_vector<float>();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(std::isinf(l[static_cast<size_t>(i)]) && l[static_cast<size_t>(i)] < 0);
+    for (int e = 0; e < 16; ++e) {
+      EXPECT_EQ(o[static_cast<size_t>(i * 16 + e)], 0.0f);
+      EXPECT_EQ(dq[static_cast<size_t>(i * 16 + e)], 0.0f);
+    }
+  }
+  // A mask that hides everything.
+  struct Nothing {
+    KILN_HD bool operator()(int, int, int, int) const { return false; }
+  };
+  auto none = create_block_mask(Nothing{}, 1, 1, 20, 20, 4, 8);
+  EXPECT_EQ(none.sparsity(), 1.0);
+  Grads z = run_flex(q, k, v, NoScoreMod{}, none, ones({1, 1, 20, 16}), zeros({1, 1, 20}), Tensor());
+  EXPECT_EQ(max_abs(z.out), 0.0);
+  EXPECT_EQ(max_abs(z.dk), 0.0);
+  EXPECT_EQ(max_abs(z.dv), 0.0);
+}
+
+TEST(FlexCpu, Bf16AndF16) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.Hq = 4, c.Hkv = 2, c.L = 70, c.S = 53, c.E = 32, c.Ev = 32, c.qblock = 32, c.kvblock = 16;
+  std::vector<float> slopes(4);
+  alibi_slopes(4, slopes.data());
+  check_case(c, NoScoreMod{}, Causal{});
+  check_case(c, Alibi{slopes.data()}, SlidingWindow{20});
+  check_case(c, RelativePositionBias{}, PrefixLM{9});
+  check_case(c, Softcap{2.0f}, NoMask{});
+  c.dtype = DType::f16;
+  check_case(c, NoScoreMod{}, Causal{});
+}
+
+TEST(FlexCpu, GradientsBitwiseDeterministic) {
+  Generator gen(11);
+  Tensor q = randn({2, 4, 150, 32}, gen), k = randn({2, 2, 150, 32}, gen), v = randn({2, 2, 150, 32}, gen);
+  Tensor dout = randn({2, 4, 150, 32}, gen), dlse = randn({2, 4, 150}, gen), bias = randn({4, 299}, gen);
+  auto bm = create_block_mask(SlidingWindow{40}, 1, 1, 150, 150, 32, 32);
+  Grads a = run_flex(q, k, v, RelativePositionBias{}, bm, dout, dlse, bias);
+  Grads b = run_flex(q, k, v, RelativePositionBias{}, bm, dout, dlse, bias);
+  for (auto [x, y, name] : {std::tuple{a.out, b.out, "out"}, {a.dq, b.dq, "dq"}, {a.dk, b.dk, "dk"},
+                            {a.dv, b.dv, "dv"}, {a.dbias, b.dbias, "dbias"}}) {
+    ASSERT_EQ(x.nbytes(), y.nbytes());
+    EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << name;
+  }
+}
+
+TEST(FlexCpu, NonContiguousInputsAndScale) {
+  Generator gen(5);
+  // [B, L, H, E] storage viewed as [B, H, L, E].
+  Tensor q = randn({2, 33, 3, 16}, gen).transpose(1, 2), k = randn({2, 40, 3, 16}, gen).transpose(1, 2),
+         v = randn({2, 40, 3, 8}, gen).transpose(1, 2);
+  auto bm = create_block_mask(Causal{}, 1, 1, 33, 40, 16, 16);
+  FlexOptions o;
+  o.scale = 0.3;
+  o.return_lse = true;
+  FlexResult r = flex_attention(q, k, v, NoScoreMod{}, bm, o);
+  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, Causal{}, 0.3);
+  expect_close(r.out, ref.out, DType::f32, "out");
+  expect_close(r.lse, ref.lse, DType::f32, "lse");
+}
+
+TEST(FlexCpu, RuntimeMaskSpecMatchesTemplates) {
+  Generator gen(9);
+  Tensor q = randn({1, 2, 100, 16}, gen), k = randn({1, 2, 100, 16}, gen), v = randn({1, 2, 100, 16}, gen);
+  for (const char* spec : {"none", "causal", "window:13", "document:30"}) {
+    MaskSpec ms = parse_mask_spec(spec, 100);
+    ms.block_size = 32;
+    AnyBlockMask m = create_block_mask(ms, 100, 100);
+    FlexResult r = flex_attention(q, k, v, m);
+    std::vector<int32_t> docs(100);
+    for (int i = 0; i < 100; ++i) docs[static_cast<size_t>(i)] = i / 30;
+    Tensor got = r.out;
+    ReferenceResult ref;
+    const double sc = 0.25;
+    if (ms.kind == MaskSpec::Kind::none) ref = reference_flex_attention(q, k, v, NoScoreMod{}, NoMask{}, sc);
+    if (ms.kind == MaskSpec::Kind::causal) ref = reference_flex_attention(q, k, v, NoScoreMod{}, Causal{}, sc);
+    if (ms.kind == MaskSpec::Kind::sliding_window)
+      ref = reference_flex_attention(q, k, v, NoScoreMod{}, SlidingWindow{13}, sc);
+    if (ms.kind == MaskSpec::Kind::document)
+      ref = reference_flex_attention(q, k, v, NoScoreMod{}, DocumentCausal{Causal{}, Document{docs.data(), docs.data()}},
+                                     sc);
+    expect_close(got, ref.out, DType::f32, spec);
+  }
+  EXPECT_THROW(parse_mask_spec("window:0", 10), Error);
+  EXPECT_THROW(parse_mask_spec("blob", 10), Error);
+}
+
+TEST(FlexCpu, DenseOpsReferencePathAgrees) {
+  Generator gen(13);
+  Tensor q = randn({1, 2, 50, 16}, gen), k = randn({1, 2, 50, 16}, gen), v = randn({1, 2, 50, 16}, gen);
+  auto bm = create_block_mask(SlidingWindow{10}, 1, 1, 50, 50, 16, 16);
+  Tensor mf = bm.materialize().to(DType::f32).view({50, 50});
+  Tensor drop = eq(mf, zeros({50, 50}));
+  Tensor dout = randn({1, 2, 50, 16}, gen);
+  Tensor q1 = q.detach().requires_grad_(), q2 = q.detach().requires_grad_();
+  Tensor a = dense_attention_ops(q1, k, v, drop, 0.25);
+  Tensor b = flex_attention(q2, k, v, NoScoreMod{}, bm).out;
+  a.backward(dout);
+  b.backward(dout);
+  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, SlidingWindow{10}, 0.25, dout);
+  expect_close(a, ref.out, DType::f32, "dense ops out");
+  expect_close(b, ref.out, DType::f32, "flex out");
+  expect_close(q1.grad(), ref.dq, DType::f32, "dense ops dq");
+  expect_close(q2.grad(), ref.dq, DType::f32, "flex dq");
+}
+
+TEST(FlexCpu, BadInputNamesTheArgument) {
+  Generator gen(1);
+  Tensor q = randn({1, 3, 8, 16}, gen), k = randn({1, 2, 8, 16}, gen), v = randn({1, 2, 8, 16}, gen);
+  auto bm = create_block_mask(Causal{}, 1, 1, 8, 8);
+  try {
+    flex_attention(q, k, v, NoScoreMod{}, bm);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of kv heads"), std::string::npos) << e.what();
+  }
+  Tensor q2 = randn({1, 2, 9, 16}, gen);
+  EXPECT_THROW(flex_attention(q2, k, v, NoScoreMod{}, bm), Error);  // L mismatch with the mask
+  EXPECT_THROW(flex_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), NoScoreMod{}, bm), Error);
+  Tensor q3 = randn({1, 2, 8, 16}, gen);
+  EXPECT_THROW(flex_attention(q3, k, v, RelativePositionBias{}, bm), Error);  // no bias table
+}
+
+// ---------------- CUDA ----------------
+
+TEST(FlexCuda, MatchesCpuAndReference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+}

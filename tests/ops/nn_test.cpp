@@ -1,0 +1,351 @@
+// Tests of the neural-network ops (embedding, rms_norm, rotary_embedding/rotary_tables,
+// cross_entropy, dropout): harness runs (dtypes, layouts, finite-difference gradients),
+// independent float64 loop references, kernels called directly with poisoned outputs, and
+// bad-input errors.
+#include <cmath>
+
+#include "kiln/kernels/dispatch.h"
+#include "kiln/kernels/nn.h"
+#include "tests/ops/harness.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+std::vector<double> v64(const Tensor& t) { return t.to_vector<double>(); }
+std::vector<int64_t> vi(const Tensor& t) { return t.to(DType::i64).to_vector<int64_t>(); }
+
+}  // namespace
+
+// ---- embedding ----
+
+TEST(Embedding, Harness) {
+  for (int64_t d : {1, 7, 129}) {
+    check_op({"embedding", {{{11, d}}, idx({2, 5}, 11)}, [](const std::vector<Tensor>& in) {
+                return embedding(in[0], in[1]);
+              }});
+  }
+}
+
+TEST(Embedding, MatchesLoopReferenceWithRepeatedIds) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    for (DType idt : {DType::i64, DType::i32}) {
+      const int64_t v = 6, d = 5;
+      Tensor w = randn({v, d}, gen, DType::f64, dev).requires_grad_();
+      std::vector<int64_t> ids_v{3, 0, 3, 5, 3, 1, 0, 3, 5, 2, 3, 3};  // many repeats, id 4 unused
+      Tensor ids = from_vector(ids_v, {3, 4}, dev).to(idt);
+      Tensor y = embedding(w, ids);
+      ASSERT_EQ(y.shape(), (Shape{3, 4, d}));
+      Tensor g = randn(y.shape(), gen, DType::f64, dev);
+      y.backward(g);
+      auto wv = v64(w), yv = v64(y), gv = v64(g), dw = v64(w.grad());
+      std::vector<double> dref(static_cast<size_t>(v * d), 0.0);
+      for (size_t n = 0; n < ids_v.size(); ++n)
+        for (int64_t c = 0; c < d; ++c) {
+          EXPECT_EQ(yv[n * d + c], wv[ids_v[n] * d + c]);
+          dref[ids_v[n] * d + c] += gv[n * d + c];
+        }
+      for (size_t k = 0; k < dref.size(); ++k) EXPECT_NEAR(dw[k], dref[k], 1e-12) << k;
+    }
+  }
+}
+
+TEST(Embedding, BackwardKernelWritesEveryRowOfPoisonedOutput) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    Tensor ids = from_vector(std::vector<int64_t>{2, 2, 0}, {3}, dev);
+    Tensor g = randn({3, 4}, gen, DType::f32, dev);
+    Tensor dw = full({5, 4}, std::nan(""), DType::f32, dev);
+    KILN_DEVICE_CALL(dev, embedding_backward, dw, g, ids);
+    auto d = v64(dw), gv = v64(g);
+    for (int64_t c = 0; c < 4; ++c) {
+      EXPECT_FLOAT_EQ(d[static_cast<size_t>(0 * 4 + c)], gv[static_cast<size_t>(2 * 4 + c)]);
+      EXPECT_FLOAT_EQ(d[static_cast<size_t>(2 * 4 + c)], static_cast<float>(gv[static_cast<size_t>(c)] + gv[static_cast<size_t>(4 + c)]));
+      for (int64_t r : {1, 3, 4}) EXPECT_EQ(d[static_cast<size_t>(r * 4 + c)], 0.0);
+    }
+  }
+}
+
+TEST(Embedding, BadInputs) {
+  for (Device dev : test_devices()) {
+    Tensor w = zeros({10, 3}, DType::f32, dev);
+    std::vector<int64_t> ids(20, 1);
+    ids[17] = 70000;
+    EXPECT_KILN_ERROR(embedding(w, from_vector(ids, {20}, dev)), "embedding: ids[17]=70000 out of range [0, 10)");
+    ids[17] = -1;
+    EXPECT_KILN_ERROR(embedding(w, from_vector(ids, {4, 5}, dev)), "ids[17]=-1", "[0, 10)");
+    EXPECT_KILN_ERROR(embedding(w, zeros({3}, DType::f32, dev)), "embedding", "i64 or i32", "f32");
+    EXPECT_KILN_ERROR(embedding(zeros({10}, DType::f32, dev), zeros({3}, DType::i64, dev)), "embedding", "2-D", "[10]");
+    EXPECT_KILN_ERROR(embedding(zeros({10, 3}, DType::i64, dev), zeros({3}, DType::i64, dev)), "embedding", "floating");
+  }
+}
+
+// ---- rms_norm ----
+
+TEST(RmsNorm, Harness) {
+  for (int64_t d : {1, 7, 129}) {
+    check_op({"rms_norm", {{{3, d}}, {{d}}}, [](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1], 1e-5); }});
+  }
+  check_op({"rms_norm 3-D", {{{2, 3, 8}}, {{8}}}, [](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); }});
+  check_op({"rms_norm x only", {{{4, 6}}, nograd({6})}, [](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); }});
+}
+
+TEST(RmsNorm, MatchesLoopReference) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    const int64_t rows = 130, d = 7;  // more rows than one block of the dweight partial sums
+    const double eps = 1e-3;
+    Tensor x = randn({rows, d}, gen, DType::f64, dev).requires_grad_();
+    Tensor w = randn({d}, gen, DType::f64, dev).requires_grad_();
+    Tensor y = rms_norm(x, w, eps);
+    Tensor g = randn({rows, d}, gen, DType::f64, dev);
+    y.backward(g);
+    auto xv = v64(x), wv = v64(w), yv = v64(y), gv = v64(g), dx = v64(x.grad()), dw = v64(w.grad());
+    std::vector<double> dwr(static_cast<size_t>(d), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0, dot = 0;
+      for (int64_t c = 0; c < d; ++c) ss += xv[r * d + c] * xv[r * d + c];
+      double rs = 1.0 / std::sqrt(ss / d + eps);
+      for (int64_t c = 0; c < d; ++c) {
+        EXPECT_NEAR(yv[r * d + c], xv[r * d + c] * rs * wv[c], 1e-12);
+        dot += gv[r * d + c] * wv[c] * xv[r * d + c];
+        dwr[c] += gv[r * d + c] * xv[r * d + c] * rs;
+      }
+      for (int64_t c = 0; c < d; ++c)
+        EXPECT_NEAR(dx[r * d + c], gv[r * d + c] * wv[c] * rs - xv[r * d + c] * dot * rs * rs * rs / d, 1e-10);
+    }
+    for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(dw[c], dwr[c], 1e-9);
+  }
+}
+
+TEST(RmsNorm, BadInputs) {
+  Tensor x = zeros({2, 4});
+  EXPECT_KILN_ERROR(rms_norm(x, zeros({5})), "rms_norm", "weight shape [5]", "[2, 4]");
+  EXPECT_KILN_ERROR(rms_norm(x, zeros({4}, DType::f16)), "rms_norm", "dtype mismatch", "f16");
+  EXPECT_KILN_ERROR(rms_norm(x, zeros({4}), -1.0), "rms_norm", "eps", "-1");
+  EXPECT_KILN_ERROR(rms_norm(zeros({2, 4}, DType::i32), zeros({4}, DType::i32)), "rms_norm", "floating", "i32");
+}
+
+// ---- rotary ----
+
+TEST(Rotary, TablesAsLlamaComputesThem) {
+  const int64_t t = 9, d = 8;
+  const double theta = 500000.0;
+  auto [c, s] = rotary_tables(t, d, theta);
+  ASSERT_EQ(c.shape(), (Shape{t, d}));
+  ASSERT_EQ(c.dtype(), DType::f32);
+  auto cv = v64(c), sv = v64(s);
+  for (int64_t p = 0; p < t; ++p)
+    for (int64_t j = 0; j < d; ++j) {
+      double inv = 1.0 / std::pow(theta, static_cast<double>(2 * (j % (d / 2))) / d);
+      EXPECT_EQ(cv[p * d + j], static_cast<float>(std::cos(p * inv)));
+      EXPECT_EQ(sv[p * d + j], static_cast<float>(std::sin(p * inv)));
+    }
+  EXPECT_KILN_ERROR(rotary_tables(4, 7, 10000.0), "rotary_tables", "head_dim", "7");
+}
+
+TEST(Rotary, MatchesHuggingFaceFormula) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    const int64_t b = 2, h = 3, t = 5, d = 6;
+    Tensor x = randn({b, h, t, d}, gen, DType::f64, dev);
+    auto [c, s] = rotary_tables(t, d, 10000.0, dev);
+    auto y = v64(rotary_embedding(x, c, s));
+    auto xv = v64(x), cv = v64(c), sv = v64(s);
+    for (int64_t r = 0; r < b * h; ++r)
+      for (int64_t p = 0; p < t; ++p)
+        for (int64_t j = 0; j < d; ++j) {
+          const double* xr = &xv[static_cast<size_t>((r * t + p) * d)];
+          double rot = j < d / 2 ? -xr[j + d / 2] : xr[j - d / 2];
+          EXPECT_NEAR(y[static_cast<size_t>((r * t + p) * d + j)], xr[j] * cv[p * d + j] + rot * sv[p * d + j], 1e-6);
+        }
+  }
+}
+
+TEST(Rotary, Harness) {
+  auto fn = [](const std::vector<Tensor>& in) { return rotary_embedding(in[0], in[1], in[2]); };
+  // Fused path: f32 [T, D] tables (random, so the backward must be the exact adjoint).
+  Input tab{{5, 8}, Input::normal, 0, false, false};
+  check_op({"rotary", {{{2, 3, 5, 8}}, tab, tab}, fn});
+  check_op({"rotary odd T", {{{1, 1, 7, 2}}, {{7, 2}, Input::normal, 0, false, false}, {{7, 2}, Input::normal, 0, false, false}}, fn});
+  // Composite path: tables broadcast [B, 1, T, D] that need gradients.
+  check_op({"rotary composite", {{{2, 3, 5, 4}}, {{2, 1, 5, 4}}, {{2, 1, 5, 4}}}, fn});
+}
+
+TEST(Rotary, BadInputs) {
+  Tensor c = zeros({5, 8});
+  EXPECT_KILN_ERROR(rotary_embedding(zeros({1, 1, 5, 7}), zeros({5, 7}), zeros({5, 7})), "rotary_embedding", "even", "7");
+  EXPECT_KILN_ERROR(rotary_embedding(zeros({1, 1, 5, 8}), c, zeros({5, 4})), "rotary_embedding", "[5, 8]", "[5, 4]");
+  EXPECT_KILN_ERROR(rotary_embedding(zeros({1, 1, 6, 8}), c, c), "rotary_embedding", "broadcast");
+  EXPECT_KILN_ERROR(rotary_embedding(zeros({8}), zeros({8}), zeros({8})), "rotary_embedding", "[..., T, D]");
+}
+
+// ---- cross_entropy ----
+
+namespace {
+
+// float64 loop reference with PyTorch semantics.
+double ce_reference(const std::vector<double>& x, const std::vector<int64_t>& t, int64_t n, int64_t c,
+                    const CrossEntropyOptions& o, std::vector<double>* per_row) {
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    double row = 0;
+    if (t[r] != o.ignore_index) {
+      double m = -INFINITY, s = 0, smooth = 0;
+      for (int64_t k = 0; k < c; ++k) m = std::max(m, x[r * c + k]);
+      for (int64_t k = 0; k < c; ++k) s += std::exp(x[r * c + k] - m);
+      double lse = m + std::log(s);
+      for (int64_t k = 0; k < c; ++k) smooth += (lse - x[r * c + k]) / c;
+      row = (1 - o.label_smoothing) * (lse - x[r * c + t[r]]) + o.label_smoothing * smooth;
+      ++count;
+    }
+    if (per_row) per_row->push_back(row);
+    total += row;
+  }
+  if (o.reduction == Reduction::mean) return total / static_cast<double>(count);
+  return total;
+}
+
+}  // namespace
+
+TEST(CrossEntropy, MatchesLoopReference) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    for (Reduction red : {Reduction::none, Reduction::mean, Reduction::sum}) {
+      for (double ls : {0.0, 0.1}) {
+        for (DType tdt : {DType::i64, DType::i32}) {
+          const int64_t n = 9, c = 7;
+          CrossEntropyOptions o;
+          o.reduction = red;
+          o.label_smoothing = ls;
+          o.ignore_index = 3;  // a valid class id used as ignore_index
+          Tensor x = mul(randn({n, c}, gen, DType::f64, dev), 3.0);
+          Tensor t = mul(rand({n}, gen, DType::f64, dev), static_cast<double>(c)).to(tdt);
+          std::vector<int64_t> tv = vi(t);
+          std::vector<double> rows;
+          double ref = ce_reference(v64(x), tv, n, c, o, &rows);
+          Tensor y = cross_entropy(x, t, o);
+          if (red == Reduction::none) {
+            ASSERT_EQ(y.shape(), (Shape{n}));
+            auto yv = v64(y);
+            for (int64_t r = 0; r < n; ++r) EXPECT_NEAR(yv[r], rows[r], 1e-12);
+          } else {
+            ASSERT_EQ(y.dim(), 0);
+            if (std::isnan(ref)) EXPECT_TRUE(std::isnan(y.item()));
+            else EXPECT_NEAR(y.item(), ref, 1e-12);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CrossEntropy, AllIgnoredMeanIsNaN) {
+  for (Device dev : test_devices()) {
+    Tensor x = zeros({3, 4}, DType::f32, dev).requires_grad_();
+    Tensor t = full({3}, -100, DType::i64, dev);
+    Tensor y = cross_entropy(x, t);
+    EXPECT_TRUE(std::isnan(y.item()));
+    CrossEntropyOptions o;
+    o.reduction = Reduction::sum;
+    Tensor s = cross_entropy(x, t, o);
+    EXPECT_EQ(s.item(), 0.0);
+    s.backward();
+    for (double g : v64(x.grad())) EXPECT_EQ(g, 0.0);
+  }
+}
+
+TEST(CrossEntropy, Harness) {
+  for (Reduction red : {Reduction::none, Reduction::mean, Reduction::sum}) {
+    for (double ls : {0.0, 0.2}) {
+      for (int64_t c : {1, 7, 129}) {
+        CrossEntropyOptions o;
+        o.reduction = red;
+        o.label_smoothing = ls;
+        // Targets where the mask is set, ignore_index (-100) elsewhere.
+        check_op({"cross_entropy", {{{5, c}}, idx({5}, c), bmask({5})}, [o](const std::vector<Tensor>& in) {
+                    Tensor t = where(in[2], in[1], full({}, -100.0, DType::i64, in[1].device()));
+                    return cross_entropy(in[0], t, o);
+                  }, {DType::f64, DType::f32, DType::f16, DType::bf16}, true, true, c == 129 ? 4.0 : 1.0});
+      }
+    }
+  }
+}
+
+TEST(CrossEntropy, BadInputs) {
+  for (Device dev : test_devices()) {
+    Tensor x = zeros({4, 10}, DType::f32, dev);
+    EXPECT_KILN_ERROR(cross_entropy(x, from_vector(std::vector<int64_t>{1, 2, 12, 3}, {4}, dev)),
+                      "cross_entropy: target[2]=12 out of range [0, 10)");
+    EXPECT_KILN_ERROR(cross_entropy(x, from_vector(std::vector<int32_t>{1, -5, 2, 3}, {4}, dev)), "target[1]=-5");
+    EXPECT_KILN_ERROR(cross_entropy(x, zeros({3}, DType::i64, dev)), "cross_entropy", "target shape [3]", "[4, 10]");
+    EXPECT_KILN_ERROR(cross_entropy(x, zeros({4}, DType::f32, dev)), "cross_entropy", "i64 or i32", "f32");
+    EXPECT_KILN_ERROR(cross_entropy(zeros({4}, DType::f32, dev), zeros({4}, DType::i64, dev)), "cross_entropy", "2-D");
+    CrossEntropyOptions o;
+    o.label_smoothing = 1.5;
+    EXPECT_KILN_ERROR(cross_entropy(x, zeros({4}, DType::i64, dev), o), "label_smoothing", "1.5");
+  }
+  EXPECT_EQ(parse_reduction("none"), Reduction::none);
+  EXPECT_EQ(parse_reduction("mean"), Reduction::mean);
+  EXPECT_EQ(parse_reduction("sum"), Reduction::sum);
+  EXPECT_KILN_ERROR(parse_reduction("avg"), "parse_reduction", "'avg'");
+}
+
+// ---- dropout ----
+
+TEST(Dropout, MaskScaleAndGradient) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    const double p = 0.3;
+    const int64_t n = 20000;
+    Tensor x = add(rand({n}, gen, DType::f32, dev), 1.0).requires_grad_();  // no zeros in x
+    Generator g1 = gen;
+    Tensor y = dropout(x, p, gen);
+    Tensor y2 = dropout(x.detach(), p, g1);  // same generator state: same mask
+    EXPECT_TRUE(all_close(y2, y.detach(), {0, 0}, "replay"));
+    Tensor go = randn({n}, gen, DType::f32, dev);
+    y.backward(go);
+    auto xv = v64(x), yv = v64(y), gv = v64(x.grad()), gov = v64(go);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (yv[i] == 0) {
+        EXPECT_EQ(gv[i], 0.0);
+      } else {
+        ++kept;
+        EXPECT_NEAR(yv[i], xv[i] / (1 - p), 1e-5);
+        EXPECT_NEAR(gv[i], gov[i] / (1 - p), 1e-5);
+      }
+    }
+    // Binomial(n, 0.7): standard deviation ~65; 8 sigma never fails by chance.
+    EXPECT_NEAR(static_cast<double>(kept), n * (1 - p), 8 * std::sqrt(n * p * (1 - p)));
+    // A second draw uses a new mask.
+    Tensor y3 = dropout(x.detach(), p, gen);
+    EXPECT_FALSE(all_close(y3, y.detach(), {0, 0}));
+  }
+}
+
+TEST(Dropout, IdentityAndBadP) {
+  Generator gen(1);
+  Tensor x = ones({4});
+  EXPECT_TRUE(dropout(x, 0.5, gen, false).is_same(x));
+  EXPECT_TRUE(dropout(x, 0.0, gen).is_same(x));
+  EXPECT_KILN_ERROR(dropout(x, 1.0, gen), "dropout", "p must be in [0, 1)", "1");
+  EXPECT_KILN_ERROR(dropout(x, -0.1, gen), "dropout", "-0.1");
+}
+
+TEST(Dropout, Harness) {
+  check_op({"dropout", {{{3, 7}}}, [](const std::vector<Tensor>& in) {
+              Generator g(1234);  // the same mask at every call
+              return dropout(in[0], 0.25, g);
+            }});
+}
+
+TEST(Dropout, SameMaskOnEveryDevice) {
+  KILN_REQUIRE_CUDA();
+  Generator a(99), b(99);
+  Tensor x = ones({1000});
+  EXPECT_TRUE(all_close(dropout(x.to(cuda(0)), 0.5, a), dropout(x, 0.5, b), {0, 0}, "cuda vs cpu mask"));
+}
