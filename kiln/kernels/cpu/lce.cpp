@@ -81,14 +81,25 @@ void run(const LceParams& p, const LceTensors& t) {
           z[j] = x;
           mx = std::max(mx, x);
         }
-        A sum = 0, wz = 0;
-        for (int64_t j = 0; j < v; ++j) sum += std::exp(z[j] - mx);
-        if (eps != A(0))
-          for (int64_t j = 0; j < v; ++j) wz += (cw ? cw[j] : A(1)) * z[j];
-        const A lse = mx + std::log(sum);
         const int64_t tg = static_cast<int64_t>(tgt[r]);
         const bool ignored = tg == p.ignore_index;
         const A zt = ignored ? A(0) : z[tg];
+        A sum = 0, wz = 0;
+        if (eps != A(0))
+          for (int64_t j = 0; j < v; ++j) wz += (cw ? cw[j] : A(1)) * z[j];
+        // Without softcap and when gradients follow, keep exp(z − max) in the row so that the
+        // gradient pass needs no second exp (z itself is not needed again).
+        const bool keep_exp = grads && cap == A(0);
+        if (keep_exp) {
+          for (int64_t j = 0; j < v; ++j) {
+            const A e = std::exp(z[j] - mx);
+            z[j] = e;
+            sum += e;
+          }
+        } else {
+          for (int64_t j = 0; j < v; ++j) sum += std::exp(z[j] - mx);
+        }
+        const A lse = mx + std::log(sum);
         const A wt = ignored ? A(0) : (cw ? cw[tg] : A(1));
         const LceRowTerms<A> rt = lce_row_terms<A>(p, lse, zt, wz, wt, ignored);
         loss[r] = rt.ce + rt.zl;
@@ -100,11 +111,13 @@ void run(const LceParams& p, const LceTensors& t) {
           std::fill(z, z + v, A(0));
           continue;
         }
+        const A inv_sum = A(1) / sum;
         for (int64_t j = 0; j < v; ++j) {
-          A dz = std::exp(z[j] - lse) * rt.p_coef - (cw ? cw[j] : A(1)) * rt.smooth_coef;
+          const A pj = keep_exp ? z[j] * inv_sum : std::exp(z[j] - lse);
+          A dz = pj * rt.p_coef - (cw ? cw[j] : A(1)) * rt.smooth_coef;
           if (j == tg) dz -= rt.target_coef;
           if (filter > A(0) && std::abs(dz) < filter) dz = 0;
-          z[j] = dz * lce_cap_deriv(z[j], cap) * scale;
+          z[j] = dz * (keep_exp ? A(1) : lce_cap_deriv(z[j], cap)) * scale;
         }
       }
     });
