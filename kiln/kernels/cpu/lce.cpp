@@ -1,6 +1,6 @@
 // CPU body of the fused linear + cross-entropy (kiln/kernels/lce.h): token chunks, OpenBLAS
 // for the three products, one OpenMP row pass per chunk. Memory: one chunk buffer of
-// chunk_tokens × V accumulation-type values (chunk_tokens = max(1, 4 Mi / V), so ≤ 16 MiB f32
+// chunk_tokens × V accumulation-type values (chunk_tokens = max(1, 12 Mi / V), so ≤ 48 MiB f32
 // unless one row alone is larger), plus, for 16-bit inputs, f32 copies of hidden and weight.
 // Deterministic: each row is reduced by one thread in index order, products are BLAS calls
 // in a fixed chunk order, bias gradients are column sums in row order.
@@ -16,7 +16,7 @@
 namespace kiln::kernels::cpu {
 namespace {
 
-constexpr int64_t kChunkElems = int64_t{1} << 22;
+constexpr int64_t kChunkElems = int64_t{12} << 20;  // 12 Mi values: 48 MiB in f32
 
 // Row-major C[m×n] = op(A)·op(B) + beta·C.
 template <class A>
