@@ -11,5 +11,6 @@ int run_info(const Args& args);
 int run_inspect(const Args& args);
 int run_convert(const Args& args);
 int run_telemetry(const Args& args);
+int run_bench_attention(const Args& args);  // temporary `bench-attention` until cli/bench.cpp lands
 
 }  // namespace kiln::cli

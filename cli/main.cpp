@@ -20,6 +20,7 @@ constexpr Command kCommands[] = {
     {"inspect", "list a checkpoint's tensors, dtypes, shapes, bytes and metadata", kiln::cli::run_inspect},
     {"convert", "convert a checkpoint (.pt/.bin, sharded, safetensors) to safetensors", kiln::cli::run_convert},
     {"telemetry", "device memory, utilization, power, clocks, temperature", kiln::cli::run_telemetry},
+    {"bench-attention", "time flex_attention vs the dense reference (kiln bench attention)", kiln::cli::run_bench_attention},
 };
 
 void print_usage() {
