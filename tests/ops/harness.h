@@ -7,6 +7,7 @@
 // Inputs are fresh random numbers each run from a Generator seeded by test_seed() (printed on
 // failure; set KILN_TEST_SEED to replay). Outputs land in NaN-poisoned destinations.
 #pragma once
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <cmath>
