@@ -130,8 +130,8 @@ inline Tensor strided_copy(const Tensor& t) {
   Shape rshape;
   for (auto d : rev) rshape.push_back(big[static_cast<size_t>(d)]);
   rshape.back() *= 2;
-  Tensor buf = full(rshape, std::nan(""), t.dtype() == DType::boolean ? DType::u8 : t.dtype(), t.device());
-  if (t.dtype() == DType::boolean) buf = buf.to(DType::boolean);
+  // Poisoned gaps: NaN for floats, 0 for integer and bool tensors.
+  Tensor buf = full(rshape, is_floating(t.dtype()) ? std::nan("") : 0.0, t.dtype(), t.device());
   Tensor v = buf.slice(-1, 0, rshape.back(), 2).permute(rev);
   v.copy_(t);
   return v;
