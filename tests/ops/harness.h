@@ -35,9 +35,16 @@ inline std::vector<Device> test_devices() {
     if (::kiln::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
-// A fresh seed per test run, or KILN_TEST_SEED when set.
+// The seed of a test's random inputs: KILN_TEST_SEED when set; else, under --gtest_shuffle,
+// GoogleTest's random seed mixed with the test's name (so --gtest_random_seed replays a run);
+// else a fresh one each run.
 inline uint64_t test_seed() {
   if (const char* s = std::getenv("KILN_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  const auto* ut = ::testing::UnitTest::GetInstance();
+  if (ut->random_seed() != 0 && ut->current_test_info()) {
+    std::string name = std::string(ut->current_test_info()->test_suite_name()) + "." + ut->current_test_info()->name();
+    return static_cast<uint64_t>(ut->random_seed()) * 0x9E3779B97F4A7C15ull ^ std::hash<std::string>{}(name);
+  }
   return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
 }
 
