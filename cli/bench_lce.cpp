@@ -17,7 +17,7 @@ namespace kiln::cli {
 
 int run_bench_lce(const Args& args) {
   std::string device_s = "cpu", dtype_s = "f32", impls = "fused,reference";
-  int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0;
+  int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0, chunk = 0;
   ArgParser p("bench lce", "Times forward + backward of linear_cross_entropy (impl 'fused') and of the unfused\n"
                            "linear + cross-entropy composed from core ops (impl 'reference').");
   p.option("--device", &device_s, "DEV", "cpu or cuda[:N]");
@@ -29,6 +29,7 @@ int run_bench_lce(const Args& args) {
   p.option("--warmup", &warmup, "K", "untimed steps first");
   p.option("--impl", &impls, "LIST", "comma-separated: fused, reference");
   p.option("--seed", &seed, "S", "random seed of the inputs");
+  p.option("--chunk", &chunk, "M", "fused: tokens per chunk (0: chosen from V)");
   p.epilog("example: kiln bench lce --device cuda --tokens 16384 --dim 4096 --vocab 128256 --dtype bf16");
   if (!p.parse(args)) return 0;
   KILN_CHECK(n > 0 && d > 0 && v > 0, "bench lce: --tokens, --dim and --vocab must be > 0");
@@ -59,17 +60,19 @@ int run_bench_lce(const Args& args) {
     std::string impl = impls.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? impls.size() + 1 : comma + 1;
     KILN_CHECK(impl == "fused" || impl == "reference", "bench lce: unknown impl '", impl, "' (fused, reference)");
-    auto step = [&](double* loss_value) {
-      Tensor loss = impl == "fused" ? linear_cross_entropy(h, w, target).loss
+    LinearCrossEntropyOptions opts;
+    opts.chunk_tokens = chunk;
+    auto step = [&]() {
+      Tensor loss = impl == "fused" ? linear_cross_entropy(h, w, target, opts).loss
                                     : linear_cross_entropy_reference(h, w, target).loss;
       loss.backward();
-      if (loss_value) *loss_value = loss.item();
+      return loss.detach();
     };
     double loss_value = 0;
     for (int64_t i = 0; i < warmup; ++i) {
       h.set_grad(Tensor());
       w.set_grad(Tensor());
-      step(&loss_value);
+      loss_value = step().item();
     }
     std::vector<double> times;
     int64_t peak = 0;
@@ -78,8 +81,10 @@ int run_bench_lce(const Args& args) {
       w.set_grad(Tensor());
       const int64_t base = memory_stats(dev).current_bytes;
       reset_peak_memory_stats(dev);
-      times.push_back(bench_time_ms(dev, [&] { step(nullptr); }));
+      Tensor last;
+      times.push_back(bench_time_ms(dev, [&] { last = step(); }));
       peak = std::max(peak, memory_stats(dev).peak_bytes - base);
+      loss_value = last.item();
     }
     h.set_grad(Tensor());
     w.set_grad(Tensor());

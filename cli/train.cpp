@@ -4,9 +4,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "kiln/train/checkpoint.h"
 #include "kiln/train/report.h"
 #include "kiln/train/trainer.h"
 
@@ -96,6 +98,26 @@ int run_train(const Args& args) {
   if (!p.parse(args)) return 0;
   KILN_CHECK(seed >= 0, "--seed: must be >= 0, got ", seed);
   c.seed = static_cast<uint64_t>(seed);
+  if (!c.resume.empty()) {
+    // A resumed run keeps its saved settings; of those a run may change, the flags not given
+    // come from the checkpoint too (and --out defaults to the run directory resumed from).
+    std::string ck = train::find_checkpoint(c.resume);
+    KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'");
+    std::filesystem::path state = std::filesystem::path(ck) / "trainer_state.json";
+    KILN_CHECK(std::filesystem::exists(state), "--resume: '", ck, "' has no trainer_state.json");
+    const json::Value saved = *train::read_json_file(state.string()).find("config");
+    for (const char* key : {"steps", "max_time", "eval_every", "ckpt_every", "log_every", "keep_ckpts",
+                            "sample_tokens", "prompt"}) {
+      std::string flag = std::string("--") + key;
+      for (char& ch : flag)
+        if (ch == '_') ch = '-';
+      if (!p.given(flag) && saved.find(key)) train::set_config_value(c, key, *saved.find(key));
+    }
+    if (!p.given("--out"))
+      c.out = ck == c.resume || ck == std::filesystem::path(c.resume).lexically_normal().string()
+                  ? std::filesystem::path(ck).parent_path().string()
+                  : c.resume;
+  }
 
   g_stop.store(false);
   std::signal(SIGINT, on_sigint);

@@ -35,12 +35,16 @@ struct FlexResult {
   Tensor lse;  // defined when options.return_lse
 };
 
-// Device bodies for the library's mods (kernels/cuda/attention*.cu). Declared here; defined only
-// in CUDA builds for NoScoreMod × {NoMask, Causal, SlidingWindow, DocumentCausal, PrefixLM}.
-namespace cuda_impl {
-template <class SM, class MM> void forward(const kernels::FlexParams& p, DType dt, const SM& sm, const MM& mm);
-template <class SM, class MM> void backward(const kernels::FlexParams& p, DType dt, const SM& sm, const MM& mm);
-}  // namespace cuda_impl
+// The library combinations that have CUDA bodies (kernels/cuda/attention.cu).
+}  // namespace kiln::attention
+namespace kiln::kernels {
+template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::NoMask> = true;
+template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::Causal> = true;
+template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::SlidingWindow> = true;
+template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::DocumentCausal> = true;
+template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::PrefixLM> = true;
+}  // namespace kiln::kernels
+namespace kiln::attention {
 
 namespace detail {
 
@@ -54,9 +58,13 @@ template <class SM, class MM>
 void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& sm, const MM& mm) {
   if (dev.is_cuda()) {
 #ifdef KILN_CUDA
-    cuda_impl::forward(p, dt, sm, mm);
-    return;
+    if constexpr (kernels::has_cuda_flex<SM, MM>) {
+      kernels::cuda::flex_forward(p, dt, sm, mm);
+      return;
+    }
 #endif
+    fail("flex_attention: no CUDA body for this score_mod/mask_mod combination (the library's masks with "
+         "NoScoreMod have one; instantiate others in kernels/cuda/attention.cu)");
   }
   switch (dt) {
     case DType::f32: return kernels::cpu::flex_forward<float>(p, sm, mm);
@@ -69,9 +77,13 @@ template <class SM, class MM>
 void run_backward(const kernels::FlexParams& p, DType dt, Device dev, const SM& sm, const MM& mm) {
   if (dev.is_cuda()) {
 #ifdef KILN_CUDA
-    cuda_impl::backward(p, dt, sm, mm);
-    return;
+    if constexpr (kernels::has_cuda_flex<SM, MM>) {
+      kernels::cuda::flex_backward(p, dt, sm, mm);
+      return;
+    }
 #endif
+    fail("flex_attention: no CUDA body for this score_mod/mask_mod combination (the library's masks with "
+         "NoScoreMod have one; instantiate others in kernels/cuda/attention.cu)");
   }
   switch (dt) {
     case DType::f32: return kernels::cpu::flex_backward<float>(p, sm, mm);

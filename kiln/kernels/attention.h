@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kiln/core/dtype.h"
+
 namespace kiln::kernels {
 
 struct FlexParams {
@@ -31,5 +33,13 @@ struct FlexParams {
   const int32_t *q_num = nullptr, *q_idx = nullptr, *fq_num = nullptr, *fq_idx = nullptr;
   int64_t Bm = 1, Hm = 1, nQ = 0, nKV = 0, QB = 128, KB = 128, nk1 = 1, nq1 = 1;
 };
+
+// CUDA bodies (kernels/cuda/attention.cu): explicit instantiations for NoScoreMod × {NoMask,
+// Causal, SlidingWindow, DocumentCausal, PrefixLM}; has_cuda_flex tells the front end which exist.
+namespace cuda {
+template <class SM, class MM> void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm);
+template <class SM, class MM> void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm);
+}  // namespace cuda
+template <class SM, class MM> inline constexpr bool has_cuda_flex = false;
 
 }  // namespace kiln::kernels

@@ -7,6 +7,17 @@
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/ops/ops.h"
 
+// The fused loss and flex attention are switched on by config values; they are compiled in
+// when their headers are part of the tree.
+#if __has_include("kiln/loss/linear_cross_entropy.h")
+#include "kiln/loss/linear_cross_entropy.h"
+#define KILN_NN_HAVE_FUSED_LOSS 1
+#endif
+#if __has_include("kiln/attention/flex_attention.h")
+#include "kiln/attention/flex_attention.h"
+#define KILN_NN_HAVE_FLEX 1
+#endif
+
 namespace kiln::nn {
 
 void LlamaConfig::validate() const {
@@ -95,8 +106,19 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v) {
   if (const json::Value* x = v.find("head_dim"); x && x->is_integer())
     KILN_CHECK(x->as_int() * c.num_attention_heads == c.hidden_size, "config.json: head_dim=", x->as_int(),
                " differs from hidden_size/num_attention_heads (not supported)");
-  if (const json::Value* x = v.find("rope_scaling"); x && !x->is_null())
-    fail("config.json: rope_scaling is not supported");
+  // RoPE parameters: transformers 4.x writes rope_theta (+ rope_scaling, null or a dict);
+  // 5.x writes rope_parameters {rope_type, rope_theta}. Only the default rope type is supported.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const json::Value* x = v.find(key);
+    if (!x || x->is_null()) continue;
+    KILN_CHECK(x->is_object(), "config.json: ", key, " must be an object or null");
+    std::string type = "default";
+    if (const json::Value* t = x->find("rope_type"); t && t->is_string()) type = t->as_string();
+    else if (const json::Value* t2 = x->find("type"); t2 && t2->is_string()) type = t2->as_string();
+    KILN_CHECK(type == "default", "config.json: ", key, " rope_type '", type,
+               "' is not supported (kiln implements the default RoPE)");
+    if (const json::Value* th = x->find("rope_theta"); th && th->is_number()) c.rope_theta = th->as_double();
+  }
   c.validate();
   return c;
 }
@@ -134,7 +156,7 @@ Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
 }  // namespace
 
 Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask,
-                               KVCache* cache, int layer) const {
+                               KVCache* cache, int layer, bool plain_causal) const {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_attention_heads, Hkv = config.num_key_value_heads,
                 D = config.head_dim();
   Tensor q = q_proj->forward(x).view({B, T, H, D}).transpose(1, 2);
@@ -157,9 +179,19 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
     v = cv;
   }
   Tensor out;
-  if (config.attention_backend == "flex") {
-    fail("attention_backend=flex: kiln::flex_attention is not available in this build yet; use 'reference'");
-  } else {
+  if (config.attention_backend == "flex" && plain_causal) {
+#ifdef KILN_NN_HAVE_FLEX
+    if (!flex_mask_ || flex_len_ != T) {
+      attention::MaskSpec spec;
+      spec.kind = attention::MaskSpec::Kind::causal;
+      flex_mask_ = std::make_shared<attention::AnyBlockMask>(attention::create_block_mask(spec, T, T, x.device()));
+      flex_len_ = T;
+    }
+    out = attention::flex_attention(q, k, v, *std::static_pointer_cast<attention::AnyBlockMask>(flex_mask_)).out;
+#else
+    fail("attention_backend=flex: kiln::flex_attention is not part of this build; use attention=reference");
+#endif
+  } else {  // the reference path (also flex's fallback for KV-cache decoding and document masks)
     out = reference_attention(q, repeat_kv(k, H / Hkv), repeat_kv(v, H / Hkv), mask);
   }
   return o_proj->forward(out.transpose(1, 2).reshape({B, T, H * D}));
@@ -187,8 +219,8 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator& gen, Devic
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask,
-                                  KVCache* cache, int layer) const {
-  Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), cos, sin, mask, cache, layer));
+                                  KVCache* cache, int layer, bool plain_causal) const {
+  Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), cos, sin, mask, cache, layer, plain_causal));
   return add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
@@ -240,7 +272,9 @@ Tensor LlamaModel::forward(const Tensor& ids, const Tensor& doc_ids, KVCache* ca
   Tensor cos = cos_all.narrow(0, past, T), sin = sin_all.narrow(0, past, T);
   Tensor mask = attention_mask(B, T, past, doc_ids, ids.device());
   Tensor h = embed_tokens->forward(ids);
-  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, cos, sin, mask, cache, static_cast<int>(i));
+  const bool plain_causal = !cache && !doc_ids.defined();
+  for (size_t i = 0; i < layers.size(); ++i)
+    h = layers[i]->forward(h, cos, sin, mask, cache, static_cast<int>(i), plain_causal);
   return norm->forward(h);
 }
 
@@ -261,19 +295,32 @@ Tensor LlamaForCausalLM::logits(const Tensor& ids, const Tensor& doc_ids, KVCach
   return linear(model->forward(ids, doc_ids, cache), lm_head_weight());
 }
 
-Tensor LlamaForCausalLM::loss_sum(const Tensor& ids, const Tensor& targets, const Tensor& doc_ids) const {
+Tensor LlamaForCausalLM::loss_sum(const Tensor& ids, const Tensor& targets, const Tensor& doc_ids,
+                                  double divide_by) const {
   KILN_CHECK(targets.shape() == ids.shape(), "loss: targets shape ", targets.shape(), " differs from ids shape ",
              ids.shape());
+  KILN_CHECK(divide_by > 0, "loss: divide_by=", divide_by, " must be positive");
   Tensor h = model->forward(ids, doc_ids);
   Tensor flat = h.reshape({-1, config.hidden_size});
   Tensor t = targets.reshape({-1});
+  if (config.fused_loss) {
+#ifdef KILN_NN_HAVE_FUSED_LOSS
+    LinearCrossEntropyOptions lo;
+    lo.ignore_index = -100;
+    lo.reduction = Reduction::sum;
+    if (divide_by != 1.0) lo.num_items = divide_by;
+    Tensor l = linear_cross_entropy(flat, lm_head_weight(), t, lo).loss;
+    return l.dtype() == DType::f32 || l.dtype() == DType::f64 ? l : l.to(DType::f32);
+#else
+    fail("fused_loss=true: kiln::linear_cross_entropy is not part of this build; use fused_loss=false");
+#endif
+  }
   CrossEntropyOptions o;
   o.reduction = Reduction::sum;
-  if (config.fused_loss)
-    fail("fused_loss=true: kiln::linear_cross_entropy is not available in this build yet; use fused_loss=false");
   Tensor logits = linear(flat, lm_head_weight());
   if (logits.dtype() != DType::f32 && logits.dtype() != DType::f64) logits = logits.to(DType::f32);
-  return cross_entropy(logits, t, o);
+  Tensor l = cross_entropy(logits, t, o);
+  return divide_by == 1.0 ? l : mul(l, 1.0 / divide_by);
 }
 
 KVCache LlamaForCausalLM::make_cache() const { return KVCache{}; }

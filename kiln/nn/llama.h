@@ -53,10 +53,16 @@ class LlamaAttention : public Module {
   LlamaAttention(const LlamaConfig& c, Generator& gen, Device device);
   // x [B, T, d]; cos/sin [T, D] for the positions of x; mask: bool, true = masked out,
   // broadcastable to [B, H, T, T_total]. With a cache, appends this step's k/v to layer `layer`.
+  // `plain_causal`: the mask is exactly causal over x (no cache, no documents), which the
+  // flex backend computes from a block mask; other cases use the reference path.
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask, KVCache* cache,
-                 int layer) const;
+                 int layer, bool plain_causal = false) const;
   const LlamaConfig& config;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  mutable std::shared_ptr<void> flex_mask_;  // the flex block mask of the last shape (built once)
+  mutable int64_t flex_len_ = -1;
 };
 
 class LlamaMLP : public Module {
@@ -70,7 +76,7 @@ class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& c, Generator& gen, Device device);
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask, KVCache* cache,
-                 int layer) const;
+                 int layer, bool plain_causal = false) const;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
@@ -97,9 +103,11 @@ class LlamaForCausalLM : public Module {
   // The output projection's weight (the embedding's when tied).
   const Tensor& lm_head_weight() const;
   Tensor logits(const Tensor& ids, const Tensor& doc_ids = Tensor(), KVCache* cache = nullptr) const;
-  // Sum (not mean) of the cross-entropy over targets != -100 (so the caller can divide by the
-  // token count of a whole accumulated batch). Fused or unfused per config.fused_loss.
-  Tensor loss_sum(const Tensor& ids, const Tensor& targets, const Tensor& doc_ids = Tensor()) const;
+  // Sum of the cross-entropy over targets != -100, divided by `divide_by` (the trainer passes
+  // the count of non-ignored targets of the whole accumulated batch). Fused
+  // (kiln::linear_cross_entropy, num_items = divide_by) or unfused per config.fused_loss.
+  Tensor loss_sum(const Tensor& ids, const Tensor& targets, const Tensor& doc_ids = Tensor(),
+                  double divide_by = 1.0) const;
   KVCache make_cache() const;
 
   LlamaConfig config;

@@ -157,6 +157,7 @@ void set_config_value(TrainConfig& c, const std::string& key_in, const json::Val
   static const std::map<std::string, Setter> setters = {
       {"preset", S(&TrainConfig::preset)}, {"data", S(&TrainConfig::data)},
       {"tokenizer", S(&TrainConfig::tokenizer)}, {"sample", S(&TrainConfig::sample)},
+      {"sample_mode", S(&TrainConfig::sample)},
       {"val_fraction", D(&TrainConfig::val_fraction)}, {"hidden", I(&TrainConfig::hidden)},
       {"layers", I(&TrainConfig::layers)}, {"heads", I(&TrainConfig::heads)},
       {"kv_heads", I(&TrainConfig::kv_heads)}, {"intermediate", I(&TrainConfig::intermediate)},

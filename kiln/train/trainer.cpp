@@ -198,12 +198,14 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     {
       Bf16Params cast(model, bf16);
       for (auto& b : micro) {
-        Tensor ls = model.loss_sum(b.input, b.target, b.doc_ids);
+        if (b.num_targets == 0) continue;
+        // this micro-batch's share of the mean over the whole accumulated batch
+        Tensor ls = model.loss_sum(b.input, b.target, b.doc_ids, static_cast<double>(targets));
         loss_total += ls.item();
-        if (targets > 0) mul(ls, 1.0 / static_cast<double>(targets)).backward();
+        ls.backward();
       }
     }
-    const double loss = targets ? loss_total / static_cast<double>(targets) : 0.0;
+    const double loss = loss_total;
     double gnorm = cfg.clip > 0 ? optim::clip_grad_norm_(params, cfg.clip) : optim::grad_norm(params);
     bool skipped = !std::isfinite(gnorm);
     if (!skipped) opt.step();

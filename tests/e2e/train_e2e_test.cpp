@@ -160,6 +160,11 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   CliRun e = run_cli("eval --ckpt " + out.string() + " --ids 1,2,3 --logits-out " + (out / "l.safetensors").string());
   ASSERT_EQ(e.status, 0) << e.output;
   EXPECT_EQ(io::load_safetensors((out / "l.safetensors").string())[0].second.shape(), (Shape{1, 3, 259}));
+  // resume the run directory (no --out: it continues there) for two more steps
+  CliRun rr = run_cli("train --resume " + out.string() + " --steps 8 --sample-tokens 0");
+  ASSERT_EQ(rr.status, 0) << rr.output;
+  EXPECT_EQ(metric_lines(out, "lr").size(), 8u);
+  EXPECT_EQ(train::find_checkpoint(out.string()), (out / "step-8").string());
   CliRun g = run_cli("generate --ckpt " + out.string() + " --prompt 'ab' --max-tokens 10 --seed 3");
   ASSERT_EQ(g.status, 0) << g.output;
   EXPECT_EQ(g.output, run_cli("generate --ckpt " + out.string() + " --prompt 'ab' --max-tokens 10 --seed 3").output);

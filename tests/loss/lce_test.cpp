@@ -135,6 +135,7 @@ std::vector<Case> option_cases() {
       {"class_weight", [](auto&) {}, false, true, 0.2},
       {"bias", [](auto&) {}, true, false},
       {"num_items", [](auto& o) { o.num_items = 37.5; }},
+      {"weight_grad_f32", [](auto& o) { o.weight_grad_f32 = true; }},  // CUDA: f32 dW accumulator
       {"all_combined",
        [](auto& o) {
          o.label_smoothing = 0.1;

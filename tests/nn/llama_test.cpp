@@ -128,8 +128,11 @@ TEST(Module, NamedParametersUseHuggingFaceNames) {
   EXPECT_EQ(names.size(), 2u + 2u * 9u + 1u);
   for (auto& [n, t] : named) EXPECT_TRUE(t->requires_grad()) << n;
   // k_proj is [Hkv * D, d] for grouped-query attention
-  for (auto& [n, t] : named)
-    if (n == "model.layers.0.self_attn.k_proj.weight") EXPECT_EQ(t->shape(), (Shape{8, 16}));
+  for (auto& [n, t] : named) {
+    if (n == "model.layers.0.self_attn.k_proj.weight") {
+      EXPECT_EQ(t->shape(), (Shape{8, 16}));
+    }
+  }
   LlamaForCausalLM tied(tiny_config(true), 1);
   EXPECT_EQ(tied.named_parameters().size(), names.size() - 1);
   EXPECT_EQ(tied.num_parameters(), m.num_parameters() - 13 * 16);
@@ -259,6 +262,18 @@ TEST(Llama, ConfigJsonRoundTrip) {
   json::Value bad = json::parse(v.dump());
   bad["model_type"] = "gpt2";
   EXPECT_THROW(LlamaConfig::from_json(bad), Error);
+  // transformers 5 puts rope_theta under rope_parameters; scaled RoPE variants are refused
+  json::Value v5 = json::parse(v.dump());
+  v5["rope_parameters"] = json::parse(R"({"rope_type": "default", "rope_theta": 500000.0})");
+  EXPECT_EQ(LlamaConfig::from_json(v5).rope_theta, 500000.0);
+  json::Value scaled = json::parse(v.dump());
+  scaled["rope_scaling"] = json::parse(R"({"rope_type": "llama3", "factor": 8.0})");
+  try {
+    LlamaConfig::from_json(scaled);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("llama3"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Generate, SamplerRespectsTemperatureTopKTopP) {
@@ -318,4 +333,39 @@ TEST(MixedPrecision, Bf16LinearMatchesF32) {
   EXPECT_LT(close(yb, yf), 1e-2);
   EXPECT_LT(close(xb.grad(), xf.grad()), 1e-2);
   EXPECT_LT(close(wb.grad(), wf.grad()), 1e-2);
+}
+
+TEST(Llama, FlexAttentionAndFusedLossMatchTheReferencePath) {
+  // The one-switch backends: attention=flex and fused_loss give the reference path's loss and
+  // gradients (same weights, same batch), including with gradient-accumulation normalisation.
+  LlamaConfig c = tiny_config();
+  const int64_t B = 2, T = 9;
+  Tensor ids = random_ids(B, T, c.vocab_size, 21), targets = random_ids(B, T, c.vocab_size, 22);
+  std::vector<int64_t> tv = targets.to_vector<int64_t>();
+  tv[3] = -100;  // an ignored target
+  targets = from_vector(tv, {B, T});
+  auto run = [&](const std::string& backend, bool fused) {
+    LlamaConfig cc = c;
+    cc.attention_backend = backend;
+    cc.fused_loss = fused;
+    auto m = std::make_unique<LlamaForCausalLM>(cc, 42);
+    Tensor l = m->loss_sum(ids, targets, Tensor(), 17.0);
+    l.backward();
+    std::vector<std::vector<float>> grads;
+    for (auto& [n, p] : m->named_parameters()) grads.push_back(p->grad().to_vector<float>());
+    return std::make_pair(l.item(), grads);
+  };
+  auto ref = run("reference", false);
+  for (auto [backend, fused] : {std::pair<const char*, bool>{"flex", false}, {"reference", true}, {"flex", true}}) {
+    auto got = run(backend, fused);
+    EXPECT_NEAR(got.first, ref.first, 1e-5 * std::abs(ref.first)) << backend << " fused=" << fused;
+    for (size_t i = 0; i < ref.second.size(); ++i) {
+      double scale = 1e-6, err = 0;
+      for (size_t j = 0; j < ref.second[i].size(); ++j) {
+        scale = std::max(scale, static_cast<double>(std::abs(ref.second[i][j])));
+        err = std::max(err, static_cast<double>(std::abs(got.second[i][j] - ref.second[i][j])));
+      }
+      EXPECT_LT(err / scale, 1e-4) << backend << " fused=" << fused << " parameter " << i;
+    }
+  }
 }

@@ -45,18 +45,6 @@ train::TrainConfig tiny_run(const fs::path& out, int64_t steps) {
   return c;
 }
 
-std::vector<std::string> metric_lines(const fs::path& out, const std::string& key) {
-  std::vector<std::string> v;
-  std::ifstream f(out / "metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    json::Value j = json::parse(line);
-    std::string s = std::to_string(j.find("step")->as_int()) + ":" + j.find(key)->dump();
-    v.push_back(s);
-  }
-  return v;
-}
-
 train::TrainHooks quiet() {
   train::TrainHooks h;
   h.progress = nullptr;

@@ -1,6 +1,6 @@
 // CPU body of the fused linear + cross-entropy (kiln/kernels/lce.h): token chunks, OpenBLAS
 // for the three products, one OpenMP row pass per chunk. Memory: one chunk buffer of
-// chunk_tokens × V accumulation-type values (chunk_tokens = max(1, 4 Mi / V), so ≤ 16 MiB f32
+// chunk_tokens × V accumulation-type values (chunk_tokens = max(1, 12 Mi / V), so ≤ 48 MiB f32
 // unless one row alone is larger), plus, for 16-bit inputs, f32 copies of hidden and weight.
 // Deterministic: each row is reduced by one thread in index order, products are BLAS calls
 // in a fixed chunk order, bias gradients are column sums in row order.
@@ -16,7 +16,7 @@
 namespace kiln::kernels::cpu {
 namespace {
 
-constexpr int64_t kChunkElems = int64_t{1} << 22;
+constexpr int64_t kChunkElems = int64_t{12} << 20;  // 12 Mi values: 48 MiB in f32
 
 // Row-major C[m×n] = op(A)·op(B) + beta·C.
 template <class A>
@@ -81,14 +81,25 @@ void run(const LceParams& p, const LceTensors& t) {
           z[j] = x;
           mx = std::max(mx, x);
         }
-        A sum = 0, wz = 0;
-        for (int64_t j = 0; j < v; ++j) sum += std::exp(z[j] - mx);
-        if (eps != A(0))
-          for (int64_t j = 0; j < v; ++j) wz += (cw ? cw[j] : A(1)) * z[j];
-        const A lse = mx + std::log(sum);
         const int64_t tg = static_cast<int64_t>(tgt[r]);
         const bool ignored = tg == p.ignore_index;
         const A zt = ignored ? A(0) : z[tg];
+        A sum = 0, wz = 0;
+        if (eps != A(0))
+          for (int64_t j = 0; j < v; ++j) wz += (cw ? cw[j] : A(1)) * z[j];
+        // Without softcap and when gradients follow, keep exp(z − max) in the row so that the
+        // gradient pass needs no second exp (z itself is not needed again).
+        const bool keep_exp = grads && cap == A(0);
+        if (keep_exp) {
+          for (int64_t j = 0; j < v; ++j) {
+            const A e = std::exp(z[j] - mx);
+            z[j] = e;
+            sum += e;
+          }
+        } else {
+          for (int64_t j = 0; j < v; ++j) sum += std::exp(z[j] - mx);
+        }
+        const A lse = mx + std::log(sum);
         const A wt = ignored ? A(0) : (cw ? cw[tg] : A(1));
         const LceRowTerms<A> rt = lce_row_terms<A>(p, lse, zt, wz, wt, ignored);
         loss[r] = rt.ce + rt.zl;
@@ -100,11 +111,13 @@ void run(const LceParams& p, const LceTensors& t) {
           std::fill(z, z + v, A(0));
           continue;
         }
+        const A inv_sum = A(1) / sum;
         for (int64_t j = 0; j < v; ++j) {
-          A dz = std::exp(z[j] - lse) * rt.p_coef - (cw ? cw[j] : A(1)) * rt.smooth_coef;
+          const A pj = keep_exp ? z[j] * inv_sum : std::exp(z[j] - lse);
+          A dz = pj * rt.p_coef - (cw ? cw[j] : A(1)) * rt.smooth_coef;
           if (j == tg) dz -= rt.target_coef;
           if (filter > A(0) && std::abs(dz) < filter) dz = 0;
-          z[j] = dz * lce_cap_deriv(z[j], cap) * scale;
+          z[j] = dz * (keep_exp ? A(1) : lce_cap_deriv(z[j], cap)) * scale;
         }
       }
     });

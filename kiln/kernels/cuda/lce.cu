@@ -143,6 +143,12 @@ void lt_check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) fail("linear_cross_entropy: ", what, " failed (cublasStatus ", int(s), ")");
 }
 
+// The largest power of two (≤ 256) dividing the address.
+uint32_t alignment_of(const void* p) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(p) | 256u;
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
 // Column-major D[M×N] = op(A)·op(B) + beta·D, f32 compute.
 void lt_gemm(DeviceContext& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
              cudaDataType_t at, int64_t lda, const void* B, cudaDataType_t bt, int64_t ldb, void* C, cudaDataType_t ct,
@@ -161,6 +167,12 @@ void lt_gemm(DeviceContext& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   size_t ws = ctx.workspace_bytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // The operands' real alignment (chunk offsets need not be 256-byte aligned).
+  const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_c = alignment_of(C);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
   if (deterministic()) {
     // Keep split-K reductions out of the output buffer (the in-place scheme may reduce with atomics).
     uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |

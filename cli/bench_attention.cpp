@@ -1,0 +1,140 @@
+// `kiln bench attention` (for now also `kiln bench-attention`): times flex_attention against the
+// dense reference path built from kiln ops (matmul + mask + softmax + matmul, autograd by the
+// engine) at one shape and mask. One JSON line per implementation on stdout (bench, impl, device,
+// shape, dtype, mask, ms_median, peak_bytes, extra_peak_bytes, tflops counted on the unmasked
+// (q, kv) pairs: forward 4·pairs·D, backward 10·pairs·D), a table on stderr.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "cli/args.h"
+#include "cli/bench.h"
+#include "cli/commands.h"
+#include "kiln/attention/flex_attention.h"
+#include "kiln/attention/reference.h"
+#include "kiln/core/allocator.h"
+#include "kiln/io/json.h"
+
+namespace kiln::cli {
+namespace {
+
+using namespace kiln::attention;
+
+// Unmasked (q, kv) pairs of one head, in closed form per row.
+double count_pairs(const MaskSpec& m, int64_t L, int64_t S, int64_t doc_len) {
+  double n = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const int64_t causal = std::min(i + 1, S);
+    switch (m.kind) {
+      case MaskSpec::Kind::none: n += static_cast<double>(S); break;
+      case MaskSpec::Kind::causal: n += static_cast<double>(causal); break;
+      case MaskSpec::Kind::sliding_window: n += static_cast<double>(std::min(causal, m.window)); break;
+      case MaskSpec::Kind::document: n += static_cast<double>(std::min(causal, i - (i / doc_len) * doc_len + 1)); break;
+    }
+  }
+  return n;
+}
+
+void sync(const Tensor& t) {
+  if (t.is_cuda() && t.numel() > 0) (void)t.view({t.numel()}).select(0, 0).item();
+}
+
+}  // namespace
+
+int run_bench_attention(const Args& args) {
+  std::string device_s = "cpu", mask_s = "causal", dtype_s = "f32", impls = "flex,reference";
+  int64_t B = 1, H = 8, S = 2048, D = 64, iters = 5, warmup = 1, block = kDefaultBlockSize;
+  bool backward = false;
+  ArgParser p("bench attention", "Time flex_attention against the dense reference path (kiln ops).");
+  p.option("--device", &device_s, "DEV", "cpu or cuda[:N]")
+      .option("--batch", &B, "B", "batch size")
+      .option("--heads", &H, "H", "heads (q and kv)")
+      .option("--seq", &S, "S", "sequence length (L = S)")
+      .option("--head-dim", &D, "D", "head dimension")
+      .option("--mask", &mask_s, "MASK", "none, causal, window:W (causal, W tokens back) or document:N (causal in N-token documents)")
+      .option("--dtype", &dtype_s, "DT", "f32, bf16 or f16")
+      .option("--block", &block, "N", "BlockMask block size")
+      .option("--iters", &iters, "N", "timed runs (median reported)")
+      .option("--warmup", &warmup, "N", "untimed runs first")
+      .option("--impl", &impls, "LIST", "comma-separated: flex, reference")
+      .flag("--backward", &backward, "time forward + backward");
+  if (!p.parse(args)) return 0;
+  KILN_CHECK(B >= 1 && H >= 1 && S >= 1 && D >= 1 && iters >= 1 && warmup >= 0, "bench attention: sizes must be positive");
+  const Device dev = Device::parse(device_s);
+  const DType dt = parse_dtype(dtype_s);
+  MaskSpec spec = parse_mask_spec(mask_s, S, dev);
+  spec.block_size = block;
+  int64_t doc_len = 1;
+  if (spec.kind == MaskSpec::Kind::document) doc_len = std::stoll(mask_s.substr(9));
+  const double pairs = count_pairs(spec, S, S, doc_len) * static_cast<double>(B * H);
+  const double flops = pairs * static_cast<double>(D) * (backward ? 14.0 : 4.0);
+  const std::string shape = "B=" + std::to_string(B) + ",H=" + std::to_string(H) + ",S=" + std::to_string(S) +
+                            ",D=" + std::to_string(D);
+
+  Generator gen(0);
+  Tensor q = randn({B, H, S, D}, gen, DType::f32, dev).to(dt), k = randn({B, H, S, D}, gen, DType::f32, dev).to(dt),
+         v = randn({B, H, S, D}, gen, DType::f32, dev).to(dt), dout = randn({B, H, S, D}, gen, DType::f32, dev).to(dt);
+  AnyBlockMask bm = create_block_mask(spec, S, S, dev);
+  Tensor drop;  // the reference's element mask (true = masked out), built only when it runs
+
+  std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10s %14s %9s\n", "impl", "device", "shape", "dtype", "mask",
+               "ms_median", "peak_bytes", "tflops");
+  for (const std::string impl : {"flex", "reference"}) {
+    if (impls.find(impl) == std::string::npos) continue;
+    if (impl == "reference" && !drop.defined() && spec.kind != MaskSpec::Kind::none) {
+      std::vector<uint8_t> d(static_cast<size_t>(S * S));
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) {
+          bool keep = j <= i;
+          if (spec.kind == MaskSpec::Kind::sliding_window) keep = keep && i - j < spec.window;
+          if (spec.kind == MaskSpec::Kind::document) keep = keep && i / doc_len == j / doc_len;
+          d[static_cast<size_t>(i * S + j)] = !keep;
+        }
+      drop = from_vector(d, {S, S}, dev).to(DType::boolean);
+    }
+    auto once = [&] {
+      Tensor qg = q.detach(), kg = k.detach(), vg = v.detach();
+      if (backward) qg.requires_grad_(), kg.requires_grad_(), vg.requires_grad_();
+      Tensor out = impl == "flex" ? flex_attention(qg, kg, vg, bm).out : dense_attention_ops(qg, kg, vg, drop, 1.0 / std::sqrt(double(D)));
+      if (backward) {
+        out.backward(dout);
+        sync(qg.grad());
+      } else {
+        sync(out);
+      }
+    };
+    for (int64_t i = 0; i < warmup; ++i) once();
+    const int64_t base = memory_stats(dev).current_bytes;
+    reset_peak_memory_stats(dev);
+    std::vector<double> ms;
+    for (int64_t i = 0; i < iters; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      once();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const int64_t peak = memory_stats(dev).peak_bytes;
+    json::Value o = json::Value::object();
+    o["bench"] = "attention";
+    o["impl"] = impl;
+    o["device"] = dev.str();
+    o["shape"] = shape;
+    o["dtype"] = dtype_name(dt);
+    o["mask"] = mask_s;
+    o["backward"] = backward;
+    o["ms_median"] = med;
+    o["peak_bytes"] = peak;
+    o["extra_peak_bytes"] = peak - base;
+    o["tflops"] = flops / (med * 1e-3) / 1e12;
+    o["iters"] = iters;
+    std::printf("%s\n", o.dump().c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10.3f %14lld %9.4f\n", impl.c_str(), dev.str().c_str(),
+                 shape.c_str(), dtype_name(dt), mask_s.c_str(), med, static_cast<long long>(peak),
+                 flops / (med * 1e-3) / 1e12);
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

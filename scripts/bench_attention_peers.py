@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Peers for `kiln bench attention`: torch.compile'd flex_attention and SDPA on the GPU, at the
+same shapes and masks, printing one JSON line per implementation in kiln's format (bench, impl,
+device, shape, dtype, mask, backward, ms_median, peak_bytes, tflops on unmasked pairs).
+SDPA runs dense causal for causal/window/document masks (is_causal=True), as in the issue's
+anchors. Usage: bench_attention_peers.py --seq 32768 --heads 16 --head-dim 128 --mask window:256 --backward
+"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+
+def count_pairs(mask, L):
+    idx = torch.arange(L, dtype=torch.float64)
+    causal = idx + 1
+    if mask == "none":
+        return float(L * L)
+    if mask == "causal":
+        return float(causal.sum())
+    kind, n = mask.split(":")
+    n = int(n)
+    if kind == "window":
+        return float(torch.clamp(causal, max=n).sum())
+    if kind == "document":
+        return float((idx - (idx // n) * n + 1).sum())
+    raise SystemExit(f"bad mask {mask}")
+
+
+def mask_mod_for(mask):
+    if mask == "none":
+        return None
+    if mask == "causal":
+        return lambda b, h, q, kv: q >= kv
+    kind, n = mask.split(":")
+    n = int(n)
+    if kind == "window":
+        return lambda b, h, q, kv: (q >= kv) & (q - kv < n)
+    return lambda b, h, q, kv: (q >= kv) & (q // n == kv // n)
+
+
+def time_ms(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--mask", default="causal")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    a = ap.parse_args()
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[a.dtype]
+    B, H, S, D = a.batch, a.heads, a.seq, a.head_dim
+    q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(4))
+    pairs = count_pairs(a.mask, S) * B * H
+    flops = pairs * D * (14.0 if a.backward else 4.0)
+    mm = mask_mod_for(a.mask)
+    bm = create_block_mask(mm, None, None, S, S, device="cuda") if mm else None
+    flex = torch.compile(flex_attention)
+    causal = a.mask != "none"
+    impls = {
+        "torch_flex": lambda q, k, v: flex(q, k, v, block_mask=bm),
+        "torch_sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+    }
+    shape = f"B={B},H={H},S={S},D={D}"
+    for name, f in impls.items():
+        def once():
+            qq, kk, vv = (t.detach().requires_grad_(a.backward) for t in (q, k, v))
+            out = f(qq, kk, vv)
+            if a.backward:
+                out.backward(g)
+        torch.cuda.reset_peak_memory_stats()
+        ms = time_ms(once, a.iters, a.warmup)
+        rec = {"bench": "attention", "impl": name, "device": "cuda", "shape": shape, "dtype": a.dtype,
+               "mask": a.mask if name == "torch_flex" else ("causal" if causal else "none"),
+               "backward": a.backward, "ms_median": ms, "peak_bytes": torch.cuda.max_memory_allocated(),
+               "tflops": (flops if name == "torch_flex" else
+                          count_pairs("causal" if causal else "none", S) * B * H * D * (14.0 if a.backward else 4.0))
+               / (ms * 1e-3) / 1e12}
+        print(json.dumps(rec), flush=True)
+        print(f"{name:12s} {shape:28s} {a.mask:14s} {ms:10.3f} ms {rec['tflops']:8.1f} TFLOP/s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
