@@ -2,6 +2,7 @@
 // the logits of one token sequence written as safetensors (to compare implementations).
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "cli/args.h"
@@ -69,7 +70,9 @@ int run_eval(const Args& args) {
   auto tok = data::load_tokenizer(!tokenizer.empty() ? tokenizer : dir);
   KILN_CHECK(tok->vocab_size() <= model->config.vocab_size, "eval: the tokenizer has ", tok->vocab_size(),
              " ids, the model only ", model->config.vocab_size);
-  data::TokenStream stream = data::load_corpus(data, *tok, "");
+  // the token cache goes to the temporary directory, not next to the user's text
+  data::TokenStream stream =
+      data::load_corpus(data, *tok, (std::filesystem::temp_directory_path() / "kiln-token-cache").string());
   KILN_CHECK(seq > 0 && batch > 0, "--seq and --batch must be positive");
   seq = std::min<int64_t>(seq, model->config.max_position_embeddings);
   KILN_CHECK(static_cast<int64_t>(stream.size()) > seq, "eval: the text has ", stream.size(),

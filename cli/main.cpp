@@ -1,5 +1,6 @@
 // kiln: the command-line program. Dispatches to one subcommand per file of cli/.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenMP threads sleep rather than spin between parallel regions unless the user says
+  // otherwise: spinning makes kiln many times slower on a shared or oversubscribed machine.
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     print_usage();

@@ -160,6 +160,13 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   CliRun e = run_cli("eval --ckpt " + out.string() + " --ids 1,2,3 --logits-out " + (out / "l.safetensors").string());
   ASSERT_EQ(e.status, 0) << e.output;
   EXPECT_EQ(io::load_safetensors((out / "l.safetensors").string())[0].second.shape(), (Shape{1, 3, 259}));
+  std::ofstream(out / "held_out.txt") << "kiln trains language models. kiln trains language models again.";
+  CliRun ev = run_cli("eval --json --seq 16 --ckpt " + out.string() + " --data " + (out / "held_out.txt").string());
+  ASSERT_EQ(ev.status, 0) << ev.output;
+  json::Value evj = json::parse(ev.output);
+  EXPECT_NEAR(std::exp(evj.find("loss")->as_double()), evj.find("perplexity")->as_double(), 1e-3);
+  for (const auto& f : fs::directory_iterator(out))  // eval caches tokens in the temp dir, not next to the text
+    EXPECT_NE(f.path().filename().string().rfind("tokens-", 0), 0u) << f.path();
   // resume the run directory (no --out: it continues there) for two more steps
   CliRun rr = run_cli("train --resume " + out.string() + " --steps 8 --sample-tokens 0");
   ASSERT_EQ(rr.status, 0) << rr.output;
