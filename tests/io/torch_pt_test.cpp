@@ -200,7 +200,7 @@ TEST(TorchPt, MalformedArchivesAreErrors) {
   write_bytes(dir.file("c.pt"), make_zip({{"archive/data.pkl", cplx.done()}, {"archive/data/0", std::string(8, '\0')}}, false));
   expect_refused(dir.file("c.pt"), "ComplexFloatStorage");
   // Truncated pickle, unknown opcode, memo miss.
-  write_bytes(dir.file("p1.pt"), make_zip({{"archive/data.pkl", std::string("\x80\x02(X\xff\x00\x00\x00ab", 10)}}, false));
+  write_bytes(dir.file("p1.pt"), make_zip({{"archive/data.pkl", std::string("\x80\x02(X\xff\x00\x00\x00" "ab", 10)}}, false));
   expect_refused(dir.file("p1.pt"), "runs past the end");
   write_bytes(dir.file("p2.pt"), make_zip({{"archive/data.pkl", std::string("\x80\x02\xfe.", 4)}}, false));
   expect_refused(dir.file("p2.pt"), "opcode 0xfe");
