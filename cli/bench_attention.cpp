@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "cli/args.h"
+#include "cli/bench.h"
 #include "cli/commands.h"
 #include "kiln/attention/flex_attention.h"
 #include "kiln/attention/reference.h"

@@ -11,6 +11,10 @@ int run_info(const Args& args);
 int run_inspect(const Args& args);
 int run_convert(const Args& args);
 int run_telemetry(const Args& args);
-int run_bench_attention(const Args& args);  // temporary `bench-attention` until cli/bench.cpp lands
+int run_bench(const Args& args);
+int run_train(const Args& args);
+int run_eval(const Args& args);
+int run_generate(const Args& args);
+int run_tokenizer(const Args& args);
 
 }  // namespace kiln::cli

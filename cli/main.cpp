@@ -1,5 +1,6 @@
 // kiln: the command-line program. Dispatches to one subcommand per file of cli/.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -20,7 +21,11 @@ constexpr Command kCommands[] = {
     {"inspect", "list a checkpoint's tensors, dtypes, shapes, bytes and metadata", kiln::cli::run_inspect},
     {"convert", "convert a checkpoint (.pt/.bin, sharded, safetensors) to safetensors", kiln::cli::run_convert},
     {"telemetry", "device memory, utilization, power, clocks, temperature", kiln::cli::run_telemetry},
-    {"bench-attention", "time flex_attention vs the dense reference (kiln bench attention)", kiln::cli::run_bench_attention},
+    {"bench", "benchmarks of the hot paths (JSON lines on stdout)", kiln::cli::run_bench},
+    {"train", "train a Llama-style model (no arguments: a small demo run)", kiln::cli::run_train},
+    {"eval", "loss and perplexity of a checkpoint, or its logits for given ids", kiln::cli::run_eval},
+    {"generate", "sample text from a checkpoint (KV cache, streaming)", kiln::cli::run_generate},
+    {"tokenizer", "train a SentencePiece tokenizer (BPE or unigram)", kiln::cli::run_tokenizer},
 };
 
 void print_usage() {
@@ -33,6 +38,9 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenMP threads sleep rather than spin between parallel regions unless the user says
+  // otherwise: spinning makes kiln many times slower on a shared or oversubscribed machine.
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     print_usage();

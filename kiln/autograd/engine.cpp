@@ -54,8 +54,13 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   Tensor g = grads.at(0);
   Tensor existing = leaf.grad();
   if (!existing.defined()) {
-    // Own the gradient: never alias a tensor that other code may hold.
-    leaf.set_grad(g.contiguous().is_same(g) ? g.clone() : g.contiguous());
+    // Own the gradient: never alias a tensor that other code may hold. A contiguous gradient
+    // that nothing else can reach (only the engine's buffer and `g` hold its handle, and no
+    // other handle shares its storage) is taken as is, saving a gradient-sized copy.
+    const bool unshared = g.impl_ptr().use_count() <= 2 && g.storage().use_count() == 1 &&
+                          g.storage()->nbytes() == g.nbytes();
+    if (g.is_contiguous() && g.offset() == 0 && unshared) leaf.set_grad(g);
+    else leaf.set_grad(g.contiguous().is_same(g) ? g.clone() : g.contiguous());
   } else {
     NoGradGuard ng;
     existing.copy_(add(existing, g));

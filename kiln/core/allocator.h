@@ -1,7 +1,7 @@
 // Allocators: every byte of tensor memory goes through one of these, which keep current and
 // peak bytes per device. The CPU allocator hands out 64-byte aligned blocks; the CUDA one
-// (kiln/kernels/cuda/caching_allocator.cu) caches freed blocks in size bins so that a
-// steady-state training loop never calls cudaMalloc.
+// (CachingAllocator of kiln/core/caching_allocator.h, given cudaMalloc in kernels/cuda/runtime.cu)
+// caches freed blocks in size bins so that a steady-state training loop never calls cudaMalloc.
 #pragma once
 #include <atomic>
 #include <cstddef>

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kiln/autograd/grad_mode.h"
 #include "kiln/core/error.h"
 
 namespace kiln::io {
@@ -106,6 +107,7 @@ void AtomicWriter::write(const void* data, size_t n) {
 
 void AtomicWriter::write_tensor(const Tensor& t) {
   if (t.numel() == 0) return;
+  NoGradGuard no_grad;  // host copies of parameters must not join an autograd graph
   Tensor c = t.is_cpu() ? t : t.to(kCPU);
   if (!c.is_contiguous()) {
     if (is_storage_only(c.dtype()))  // 1-byte storage-only floats: copy through a u8 view

@@ -8,6 +8,7 @@
 #include "kiln/core/error.h"
 #include "kiln/io/file.h"
 #include "kiln/io/json.h"
+#include "kiln/kernels/cpu/loops.h"
 
 namespace kiln::io {
 
@@ -64,16 +65,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
   f.file_ = MappedFile::open(path);
-  const uint64_t size = f.file_->size();
-  KILN_CHECK(size >= 8, path, ": file of ", size, " bytes is too short for a safetensors header (rule: 8-byte length)");
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | f.file_->data()[i];
-  KILN_CHECK(n <= kMaxSafetensorsHeader, path, ": header length ", n, " exceeds the limit of ",
-             kMaxSafetensorsHeader, " bytes (rule: header length)");
-  KILN_CHECK(n <= size - 8, path, ": header length ", n, " exceeds the file's ", size - 8,
-             " bytes after the length (rule: header length)");
-  f.header_size_ = n;
-  f.header_ = parse_safetensors_header(f.file_->bytes(8, n), size - 8 - n, path);
+  f.header_ = parse_safetensors_file(f.file_->bytes(0, f.file_->size()), &f.header_size_, path);
   return f;
 }
 
@@ -100,6 +92,28 @@ TensorMap load_safetensors(const std::string& path, Metadata* metadata) {
   SafetensorsFile f = SafetensorsFile::open(path);
   if (metadata) *metadata = f.metadata();
   return to_tensor_map(f.tensors(), path);
+}
+
+void materialize(TensorMap& tensors) {
+  constexpr int64_t kChunk = 1 << 20;  // bytes per parallel piece
+  for (auto& [name, t] : tensors) {
+    if (!t.defined() || !t.is_cpu() || !t.storage()->borrowed()) continue;
+    Tensor src = t;
+    if (!src.is_contiguous()) {
+      t = is_storage_only(src.dtype()) ? Tensor::from_storage(src.storage(), src.shape(), src.strides(), src.offset(), DType::u8).contiguous() : src.contiguous();
+      if (is_storage_only(src.dtype())) t = Tensor::from_storage(t.storage(), t.shape(), t.strides(), 0, src.dtype());
+      continue;
+    }
+    Tensor dst = Tensor::empty(src.shape(), src.dtype());
+    const int64_t n = static_cast<int64_t>(src.nbytes());
+    const char* s = static_cast<const char*>(src.data_ptr());
+    char* d = static_cast<char*>(dst.data_ptr());
+    kernels::cpu::parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e) {
+      const int64_t lo = b * kChunk, hi = std::min(n, e * kChunk);
+      if (hi > lo) std::memcpy(d + lo, s + lo, static_cast<size_t>(hi - lo));
+    });
+    t = dst;
+  }
 }
 
 // ---- writer ----

@@ -62,6 +62,10 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
 void save_safetensors(const std::string& path, const StoredTensors& tensors, const Metadata& metadata = {});
 TensorMap load_safetensors(const std::string& path, Metadata* metadata = nullptr);  // zero-copy views of an mmap
 
+// Replaces every tensor that borrows a file mapping with an owned, contiguous copy (parallel
+// copies), so the file can be closed, deleted or rewritten; owned tensors are left as they are.
+void materialize(TensorMap& tensors);
+
 // The ordered, padded header bytes (length prefix included) that save_safetensors writes for
 // these tensors, and each tensor's position in the data section (same order as `tensors`).
 std::string safetensors_header_bytes(const StoredTensors& tensors, const Metadata& metadata,

@@ -154,4 +154,17 @@ Header parse_safetensors_header(std::string_view text, uint64_t data_size, std::
   return h;
 }
 
+Header parse_safetensors_file(std::string_view bytes, uint64_t* header_size, std::string_view file) {
+  const uint64_t size = bytes.size();
+  KILN_CHECK(size >= 8, file, ": file of ", size, " bytes is too short for a safetensors header (rule: 8-byte length)");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
+  KILN_CHECK(n <= kMaxSafetensorsHeader, file, ": header length ", n, " exceeds the limit of ", kMaxSafetensorsHeader,
+             " bytes (rule: header length)");
+  KILN_CHECK(n <= size - 8, file, ": header length ", n, " exceeds the file's ", size - 8,
+             " bytes after the length (rule: header length)");
+  if (header_size) *header_size = n;
+  return parse_safetensors_header(bytes.substr(8, n), size - 8 - n, file);
+}
+
 }  // namespace kiln::io

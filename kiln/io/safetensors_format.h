@@ -58,4 +58,8 @@ struct Header {
 // `data_size` bytes (file size − 8 − N). `file` names the file in errors.
 Header parse_safetensors_header(std::string_view header, uint64_t data_size, std::string_view file = "safetensors");
 
+// Checks the 8-byte length prefix of a whole file's bytes and parses the header that follows
+// (what SafetensorsFile::open runs on the mapping). Sets *header_size to N.
+Header parse_safetensors_file(std::string_view file_bytes, uint64_t* header_size, std::string_view file = "safetensors");
+
 }  // namespace kiln::io

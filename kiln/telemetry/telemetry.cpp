@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <thread>
 
 #include "kiln/core/allocator.h"
@@ -56,6 +57,17 @@ json::Value to_json(const Sample& s) {
     o["notes"] = std::move(notes);
   }
   return o;
+}
+
+std::string memory_text(const Sample& s) {
+  auto gib = [](std::optional<int64_t> b) {
+    if (!b) return std::string("-");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(*b) / (1024.0 * 1024.0 * 1024.0));
+    return std::string(buf);
+  };
+  return "mem " + gib(s.memory_used_bytes) + "/" + gib(s.memory_total_bytes) + " GiB, kiln " +
+         gib(s.kiln_current_bytes) + " GiB (peak " + gib(s.kiln_peak_bytes) + ")";
 }
 
 Sampler::Sampler() : Sampler(Options{}) {}

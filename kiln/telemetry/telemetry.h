@@ -52,6 +52,10 @@ struct Sample {
 // kiln_peak_bytes, and "notes" (array of strings) only when there are notes.
 json::Value to_json(const Sample& s);
 
+// A short memory text for progress bars, in GiB with one decimal and '-' for an absent figure:
+// "mem 3.2/23.5 GiB, kiln 0.4 GiB (peak 0.9)".
+std::string memory_text(const Sample& s);
+
 class HostReader;
 
 class Sampler {

@@ -93,8 +93,11 @@ TEST(CudaOps, BinaryBroadcastMatchesCpu) {
     }
   }
   for (DType dt : {DType::i32, DType::i64, DType::i16, DType::u8}) {
-    Tensor a = mul(randn({33, 65}, gen, DType::f64), 20.0).to(dt);
-    Tensor b = mul(randn({65}, gen, DType::f64), 20.0).to(dt);
+    auto ints = [&](const Shape& s) {  // non-negative for u8 (negative floats to u8 are undefined)
+      Tensor v = mul(randn(s, gen, DType::f64), 20.0);
+      return (dt == DType::u8 ? abs(v) : v).to(dt);
+    };
+    Tensor a = ints({33, 65}), b = ints({65});
     for (const auto& [name, fn] : ops) {
       if (std::string(name) == "div") continue;  // integer division by zero is undefined
       expect_close(fn(a, b), fn(a.to(gpu()), b.to(gpu())), 0, 0, std::string(name) + " " + dtype_name(dt));
@@ -126,8 +129,12 @@ TEST(CudaOps, ReductionsMatchCpu) {
       Tensor x = input(s, gen, dt);
       Tensor xg = x.to(gpu());
       const int64_t cols = s[1];
-      const double r = rel_tol(dt) * 5;
-      const double sum_atol = (dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : r) * std::sqrt(double(cols)) * 4;
+      // 16-bit: one output rounding (the f32 vs f64 accumulation difference is far below it);
+      // f32/f64: accumulation differences that grow like sqrt(cols).
+      const double r = rel_tol(dt);
+      const double sum_atol = dt == DType::f64   ? 1e-12 * std::sqrt(double(cols)) * 4
+                              : dt == DType::f32 ? 1e-5 * std::sqrt(double(cols)) * 4
+                                                 : r;
       std::string what = std::string(dtype_name(dt)) + " " + shape_str(s);
       expect_close(sum(x, {1}), sum(xg, {1}), r, sum_atol, "sum dim 1 " + what);
       expect_close(sum(x, {0}), sum(xg, {0}), r, sum_atol * 8, "sum dim 0 " + what);
@@ -199,18 +206,22 @@ TEST(CudaOps, MatmulMatchesCpu) {
         if (!t || s.size() < 2) return input(s, gen, dt);
         Shape st = s;
         std::swap(st[st.size() - 1], st[st.size() - 2]);
-        return input(st, gen, dt).transpose(-1, -2);
+        const int64_t nd = static_cast<int64_t>(s.size());
+        return input(st, gen, dt).transpose(nd - 1, nd - 2);
       };
       Tensor a = make(c.a, c.ta), b = make(c.b, c.tb);
       const int64_t k = c.a.back();
       // Sums of k products of unit normals: errors grow like sqrt(k) roundings of the output.
-      const double tol = (dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : rel_tol(dt)) * std::sqrt(double(k)) * 4;
+      // f32/f64: accumulation-order differences (~sqrt(k)); 16-bit: both accumulate in f32, so
+      // the outputs differ by about one rounding.
+      const double tol = dt == DType::f64 ? 1e-12 * std::sqrt(double(k)) : dt == DType::f32 ? 1e-5 * std::sqrt(double(k))
+                                                                                            : rel_tol(dt) * 2;
       std::string what = std::string("matmul ") + dtype_name(dt) + " " + shape_str(c.a) + (c.ta ? "ᵀ" : "") + " @ " +
                          shape_str(c.b) + (c.tb ? "ᵀ" : "");
       expect_close(matmul(a, b), matmul(a.to(gpu()), b.to(gpu())), tol, tol, what);
     }
     Tensor x = input({6, 33}, gen, dt), w = input({17, 33}, gen, dt), bias = input({17}, gen, dt);
-    const double tol = (dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : rel_tol(dt)) * 24;
+    const double tol = dt == DType::f64 ? 1e-11 : dt == DType::f32 ? 1e-4 : rel_tol(dt) * 8;  // matmul, then + bias
     expect_close(linear(x, w, bias), linear(x.to(gpu()), w.to(gpu()), bias.to(gpu())), tol, tol,
                  std::string("linear ") + dtype_name(dt));
   }
@@ -254,8 +265,10 @@ TEST(CudaOps, CastsMatchCpuBitForBit) {
     if (from == DType::u8) src = abs(base).to(from);
     Tensor srcg = src.to(gpu());
     for (DType to : all) {
-      if (from == DType::u8 && to == DType::i8) continue;  // out-of-range conversion: undefined in C++
-      expect_same_bits(src.to(to), srcg.to(to), std::string("cast ") + dtype_name(from) + " -> " + dtype_name(to));
+      // Negative floating values to u8 are undefined in C++: cast their magnitudes instead.
+      Tensor s = (is_floating(from) && to == DType::u8) ? abs(src) : src;
+      Tensor sg = (is_floating(from) && to == DType::u8) ? abs(srcg) : srcg;
+      expect_same_bits(s.to(to), sg.to(to), std::string("cast ") + dtype_name(from) + " -> " + dtype_name(to));
     }
   }
 }
@@ -265,7 +278,8 @@ TEST(CudaOps, DeviceRoundTripsKeepBits) {
   Generator gen(10);
   for (DType dt : {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32, DType::i8, DType::u8,
                    DType::boolean}) {
-    Tensor x = mul(randn({3, 1001}, gen, DType::f64), 10.0).to(dt);
+    Tensor v = mul(randn({3, 1001}, gen, DType::f64), 10.0);
+    Tensor x = (dt == DType::u8 ? abs(v) : v).to(dt);  // negative floats to u8 are undefined in C++
     Tensor back = x.to(gpu()).to(kCPU);
     EXPECT_TRUE(back.is_cpu());
     expect_same_bits(x, back, std::string("round trip ") + dtype_name(dt));

@@ -101,3 +101,23 @@ TEST(Safetensors, SaveReplacesAtomically) {
 
 }  // namespace
 }  // namespace kiln::io
+
+namespace kiln::io {
+namespace {
+
+TEST(Safetensors, MaterializeOwnsCopies) {
+  TempDir dir;
+  Generator gen(21);
+  TensorMap in{{"big", randn({3000, 700}, gen)}, {"small", randn({5}, gen, DType::f16)}};
+  save_safetensors(dir.file("m.safetensors"), in);
+  TensorMap t = load_safetensors(dir.file("m.safetensors"));
+  materialize(t);
+  std::filesystem::remove(dir.file("m.safetensors"));
+  for (size_t k = 0; k < t.size(); ++k) {
+    EXPECT_FALSE(t[k].second.storage()->borrowed());
+    expect_bitwise_equal(in[k].second, t[k].second, t[k].first);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::io

@@ -349,3 +349,55 @@ TEST(Dropout, SameMaskOnEveryDevice) {
   Tensor x = ones({1000});
   EXPECT_TRUE(all_close(dropout(x.to(cuda(0)), 0.5, a), dropout(x, 0.5, b), {0, 0}, "cuda vs cpu mask"));
 }
+
+// Every NN kernel, called directly with NaN-poisoned outputs, writes every output element.
+TEST(NnKernels, WriteEveryElementOfPoisonedOutputs) {
+  KILN_TEST_GENERATOR(gen);
+  auto poisoned = [](Shape s, DType dt, Device dev) { return full(s, std::nan(""), dt, dev); };
+  auto finite = [](const Tensor& t, const char* what) {
+    for (double v : t.to_vector<double>())
+      if (!std::isfinite(v)) return ::testing::AssertionFailure() << what << " has a non-finite element";
+    return ::testing::AssertionSuccess();
+  };
+  for (Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+      SCOPED_TRACE(dtype_name(dt));
+      const DType sd = dt == DType::f64 ? DType::f64 : DType::f32;
+      const int64_t rows = 70, d = 9;
+      Tensor x = randn({rows, d}, gen, dt, dev), w = randn({d}, gen, dt, dev), g = randn({rows, d}, gen, dt, dev);
+      Tensor ids = mul(rand({rows}, gen, DType::f64, dev), 5.0).to(DType::i64);
+      Tensor y = poisoned({rows, d}, dt, dev), r = poisoned({rows}, sd, dev);
+      KILN_DEVICE_CALL(dev, rms_norm_forward, y, r, x, w, 1e-6);
+      EXPECT_TRUE(finite(y, "rms_norm out"));
+      EXPECT_TRUE(finite(r, "rms_norm rstd"));
+      Tensor dx = poisoned({rows, d}, dt, dev), dw = poisoned({d}, dt, dev);
+      KILN_DEVICE_CALL(dev, rms_norm_backward, dx, dw, g, x, w, r);
+      EXPECT_TRUE(finite(dx, "rms_norm dx"));
+      EXPECT_TRUE(finite(dw, "rms_norm dweight"));
+      Tensor e = poisoned({rows, d}, dt, dev);
+      KILN_DEVICE_CALL(dev, embedding_forward, e, randn({5, d}, gen, dt, dev), ids);
+      EXPECT_TRUE(finite(e, "embedding out"));
+      Tensor cs = randn({7, 4}, gen, DType::f32, dev), sn = randn({7, 4}, gen, DType::f32, dev);
+      Tensor xr = randn({3, 7, 4}, gen, dt, dev);
+      for (bool tr : {false, true}) {
+        Tensor yr = poisoned({3, 7, 4}, dt, dev);
+        KILN_DEVICE_CALL(dev, rotary, yr, xr, cs, sn, tr);
+        EXPECT_TRUE(finite(yr, "rotary out"));
+      }
+      Tensor loss = poisoned({rows}, sd, dev), lse = poisoned({rows}, sd, dev);
+      Tensor tgt = where(lt(ids, full({}, 1, DType::i64, dev)), full({}, -100, DType::i64, dev), ids);
+      KILN_DEVICE_CALL(dev, cross_entropy_forward, loss, lse, x, tgt, -100, 0.1);
+      EXPECT_TRUE(finite(loss, "cross_entropy loss"));
+      EXPECT_TRUE(finite(lse, "cross_entropy lse"));
+      Tensor dl = poisoned({rows, d}, dt, dev);
+      KILN_DEVICE_CALL(dev, cross_entropy_backward, dl, ones({rows}, sd, dev), x, tgt, lse, -100, 0.1);
+      EXPECT_TRUE(finite(dl, "cross_entropy dlogits"));
+    }
+    // The mask's bytes start as 7 (neither false nor true).
+    Tensor raw = full({1000}, 7, DType::u8, dev);
+    Tensor keep = Tensor::from_storage(raw.storage(), {1000}, {1}, 0, DType::boolean);
+    KILN_DEVICE_CALL(dev, dropout_mask, keep, 3, 4, 0.5);
+    auto kv = raw.to_vector<uint8_t>();
+    for (uint8_t k : kv) EXPECT_LE(k, 1);
+  }
+}

@@ -271,6 +271,17 @@ TEST(SampleJson, FieldNamesAndNulls) {
   EXPECT_EQ(gj.find("notes")->as_array()[0].as_string(), g.notes[0]);
 }
 
+TEST(SampleText, Memory) {
+  Sample s;
+  s.memory_used_bytes = int64_t{3} << 30;
+  s.memory_total_bytes = (int64_t{47} << 30) / 2;  // 23.5 GiB
+  s.kiln_current_bytes = (int64_t{1} << 30) / 4;
+  s.kiln_peak_bytes = int64_t{1} << 30;
+  EXPECT_EQ(memory_text(s), "mem 3.0/23.5 GiB, kiln 0.2 GiB (peak 1.0)");
+  s.memory_used_bytes.reset();
+  EXPECT_EQ(memory_text(s), "mem -/23.5 GiB, kiln 0.2 GiB (peak 1.0)");
+}
+
 // ---- this machine ----
 
 TEST(RealHost, CpuSample) {

@@ -321,6 +321,7 @@ TEST(NvmlMock, SamplerTakesAnInjectedApi) {
   // Sampler::Options::nvml reaches the reader; in a build or on a machine without CUDA the
   // device check comes first and names the device.
   MockState st;
+  if (cuda_device_count() > 0) st.bus_ids[cuda_pci_bus_id(0)] = 0;  // how cuda:0 is found
   Sampler::Options o;
   o.nvml = std::make_unique<MockNvml>(&st);
   Sampler sampler(std::move(o));
@@ -330,7 +331,8 @@ TEST(NvmlMock, SamplerTakesAnInjectedApi) {
   } else {
     Sample s = sampler.sample(cuda(0));
     EXPECT_EQ(st.loads, 1);
-    EXPECT_TRUE(s.temperature_c);
+    EXPECT_DOUBLE_EQ(*s.temperature_c, 40.0);  // the mock's GPU 0
+    EXPECT_DOUBLE_EQ(*s.power_w, 312.345);
   }
 }
 

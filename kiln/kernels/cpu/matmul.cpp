@@ -27,8 +27,14 @@ void gemm_blas(const GemmArgs& g, T* out, const T* a, const T* b) {
   }
 }
 
+// An f32 copy with the same memory layout as `t` (gemm operands may be a transposed
+// contiguous matrix: a plain contiguous copy would silently transpose them).
 Tensor as_f32(const Tensor& t) {
   Tensor f = Tensor::empty(t.shape(), DType::f32, t.device());
+  if (!t.is_contiguous()) {
+    Tensor base = Tensor::empty({t.numel()}, DType::f32, t.device());
+    f = Tensor::from_storage(base.storage(), t.shape(), t.strides(), 0, DType::f32);
+  }
   copy(f, t);
   return f;
 }

@@ -31,7 +31,8 @@ struct ArangeOp {
   T* d;
   double start, step;
   __device__ void operator()(const int64_t* o) const {
-    d[o[0]] = cast_value<T>(start + static_cast<double>(o[0]) * step);
+    // __dmul_rn keeps nvcc from fusing the multiply-add (the CPU rounds the product first).
+    d[o[0]] = cast_value<T>(start + __dmul_rn(static_cast<double>(o[0]), step));
   }
 };
 
@@ -56,9 +57,9 @@ struct NormalOp {
   uint64_t seed, offset;
   __device__ void operator()(const int64_t* o) const {
     Philox4 r = philox_element(seed, offset, static_cast<uint64_t>(o[0]));
-    double u1 = 1.0 - uniform53(r.v[0], r.v[1]);  // (0, 1]
+    double u1 = 1.0 - uniform53(r.v[0], r.v[1]);  // (0, 1]; exact either way (a power-of-two scale)
     double u2 = uniform53(r.v[2], r.v[3]);
-    double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    double z = __dmul_rn(sqrt(__dmul_rn(-2.0, log(u1))), cos(__dmul_rn(6.283185307179586, u2)));
     if constexpr (std::is_same_v<T, double>) d[o[0]] = z;
     else d[o[0]] = T(static_cast<float>(z));
   }

@@ -1,0 +1,68 @@
+// `kiln bench <case> [options]`: a table of benchmark cases, each in cli/bench_<case>.cpp,
+// printing one JSON line per measured implementation on stdout and a human table on stderr
+// (format in ARCHITECTURE.md "Benchmarks"); and the helpers those cases share.
+#include "cli/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#ifdef KILN_CUDA
+#include "kiln/kernels/timing.h"
+#endif
+
+namespace kiln::cli {
+namespace {
+
+struct BenchCase {
+  const char* name;
+  const char* summary;
+  int (*run)(const Args& args);
+};
+
+constexpr BenchCase kBenchCases[] = {
+    {"lce", "fused linear + cross-entropy vs the unfused reference (forward + backward)", run_bench_lce},
+    {"attention", "flex_attention vs the dense reference (forward, or forward + backward)", run_bench_attention},
+};
+
+void print_bench_usage() {
+  std::printf("usage: kiln bench <case> [options]   (kiln bench <case> --help for its options)\n\ncases:\n");
+  for (const auto& c : kBenchCases) std::printf("  %-12s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+
+double bench_time_ms(const Device& device, const std::function<void()>& f) {
+#ifdef KILN_CUDA
+  if (device.is_cuda()) return kernels::cuda::time_ms(device.index, f);
+#endif
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+void print_record(const json::Value& record) {
+  std::printf("%s\n", record.dump().c_str());
+  std::fflush(stdout);
+}
+
+int run_bench(const Args& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    print_bench_usage();
+    return args.empty() ? 2 : 0;
+  }
+  for (const auto& c : kBenchCases)
+    if (args[0] == c.name) return c.run(Args(args.begin() + 1, args.end()));
+  std::fprintf(stderr, "kiln bench: unknown case '%s'\n", args[0].c_str());
+  print_bench_usage();
+  return 2;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,105 @@
+// `kiln eval`: the loss and perplexity of a checkpoint on a text (consecutive windows), or
+// the logits of one token sequence written as safetensors (to compare implementations).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/data/dataset.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/ops/ops.h"
+#include "kiln/train/checkpoint.h"
+
+namespace kiln::cli {
+
+int run_eval(const Args& args) {
+  std::string ckpt, data, ids_text, logits_out, device = "cpu", tokenizer;
+  int64_t seq = 256, batch = 4, max_batches = 0;
+  bool as_json = false;
+  ArgParser p("eval", "Evaluate a checkpoint (kiln's or a Hugging Face Llama directory): loss and perplexity\n"
+                      "on a text, or the logits of a token sequence.");
+  p.option("--ckpt", &ckpt, "DIR", "checkpoint directory (config.json + model.safetensors or shards)");
+  p.option("--data", &data, "FILE", "text file or folder to evaluate on");
+  p.option("--tokenizer", &tokenizer, "SPEC", "tokenizer (default: the checkpoint's, else 'byte')");
+  p.option("--seq", &seq, "N", "tokens per window");
+  p.option("--batch", &batch, "N", "windows per forward pass");
+  p.option("--max-batches", &max_batches, "N", "evaluate at most N batches (0: the whole text)");
+  p.option("--ids", &ids_text, "LIST", "comma-separated token ids, e.g. 1,17,42 (with --logits-out)");
+  p.option("--logits-out", &logits_out, "FILE", "write the logits [1, T, vocab] (f32) of --ids here");
+  p.option("--device", &device, "DEV", "cpu, cuda or cuda:N");
+  p.flag("--json", &as_json, "print one JSON object");
+  if (!p.parse(args)) return 0;
+  KILN_CHECK(!ckpt.empty(), "--ckpt is required");
+  KILN_CHECK(data.empty() != ids_text.empty(), "give exactly one of --data and --ids");
+  KILN_CHECK(ids_text.empty() || !logits_out.empty(), "--ids needs --logits-out FILE");
+  const Device dev = Device::parse(device);
+  check_device_available(dev, "eval");
+  std::string dir = train::find_checkpoint(ckpt);
+  KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'");
+  auto model = train::load_model(dir, dev);
+  model->eval();
+  NoGradGuard ng;
+
+  if (!ids_text.empty()) {
+    std::vector<int64_t> ids;
+    std::stringstream ss(ids_text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      size_t used = 0;
+      long long v = -1;
+      try {
+        v = std::stoll(item, &used);
+      } catch (...) {
+        used = 0;
+      }
+      KILN_CHECK(used == item.size() && !item.empty(), "--ids: '", item, "' is not an integer");
+      KILN_CHECK(v >= 0 && v < model->config.vocab_size, "--ids: id ", v, " out of range [0, ",
+                 model->config.vocab_size, ")");
+      ids.push_back(v);
+    }
+    KILN_CHECK(!ids.empty(), "--ids: no ids");
+    Tensor logits = model->logits(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, dev));
+    io::save_safetensors(logits_out, {{"logits", logits.to(DType::f32).to(kCPU).contiguous()}});
+    std::printf("wrote logits %s to %s\n", shape_str(logits.shape()).c_str(), logits_out.c_str());
+    return 0;
+  }
+
+  auto tok = data::load_tokenizer(!tokenizer.empty() ? tokenizer : dir);
+  KILN_CHECK(tok->vocab_size() <= model->config.vocab_size, "eval: the tokenizer has ", tok->vocab_size(),
+             " ids, the model only ", model->config.vocab_size);
+  // the token cache goes to the temporary directory, not next to the user's text
+  data::TokenStream stream =
+      data::load_corpus(data, *tok, (std::filesystem::temp_directory_path() / "kiln-token-cache").string());
+  KILN_CHECK(seq > 0 && batch > 0, "--seq and --batch must be positive");
+  seq = std::min<int64_t>(seq, model->config.max_position_embeddings);
+  KILN_CHECK(static_cast<int64_t>(stream.size()) > seq, "eval: the text has ", stream.size(),
+             " tokens, fewer than --seq ", seq, " + 1");
+  const int64_t windows = (static_cast<int64_t>(stream.size()) - 1) / seq;
+  double loss = 0;
+  int64_t count = 0, done = 0;
+  for (int64_t w0 = 0; w0 < windows; w0 += batch) {
+    if (max_batches > 0 && done++ >= max_batches) break;
+    const int64_t nb = std::min(batch, windows - w0);
+    std::vector<int64_t> in(static_cast<size_t>(nb * seq)), tg(in.size());
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t t = 0; t < seq; ++t) {
+        size_t src = static_cast<size_t>((w0 + b) * seq + t);
+        in[static_cast<size_t>(b * seq + t)] = stream.tokens[src];
+        tg[static_cast<size_t>(b * seq + t)] = stream.tokens[src + 1];
+      }
+    loss += model->loss_sum(from_vector(in, {nb, seq}, dev), from_vector(tg, {nb, seq}, dev)).item();
+    count += nb * seq;
+  }
+  const double mean = loss / static_cast<double>(count);
+  if (as_json)
+    std::printf("{\"loss\": %.6f, \"perplexity\": %.6f, \"tokens\": %lld}\n", mean, std::exp(mean), (long long)count);
+  else
+    std::printf("loss %.4f  perplexity %.3f  (%lld tokens, windows of %lld)\n", mean, std::exp(mean),
+                (long long)count, (long long)seq);
+  return 0;
+}
+
+}  // namespace kiln::cli

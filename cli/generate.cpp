@@ -1,0 +1,64 @@
+// `kiln generate`: streams text sampled from a checkpoint (KV-cache decoding).
+#include <cstdio>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "kiln/data/tokenizer.h"
+#include "kiln/nn/generate.h"
+#include "kiln/train/checkpoint.h"
+
+namespace kiln::cli {
+
+int run_generate(const Args& args) {
+  std::string ckpt, prompt, device = "cpu", tokenizer;
+  int64_t max_tokens = 200, top_k = 40, seed = 0;
+  double temperature = 0.8, top_p = 0.95;
+  ArgParser p("generate", "Sample text from a checkpoint, printing tokens as they are generated.");
+  p.option("--ckpt", &ckpt, "DIR", "checkpoint directory, or a run directory (its latest checkpoint)");
+  p.option("--prompt", &prompt, "TEXT", "the text to continue");
+  p.option("--max-tokens", &max_tokens, "N", "tokens to generate at most");
+  p.option("--temperature", &temperature, "T", "sampling temperature (0: greedy)");
+  p.option("--top-k", &top_k, "K", "sample among the K most likely tokens (0: all)");
+  p.option("--top-p", &top_p, "P", "sample among the most likely tokens holding probability P (1: all)");
+  p.option("--seed", &seed, "S", "sampling seed (the same seed gives the same text)");
+  p.option("--tokenizer", &tokenizer, "SPEC", "tokenizer (default: the checkpoint's)");
+  p.option("--device", &device, "DEV", "cpu, cuda or cuda:N");
+  if (!p.parse(args)) return 0;
+  KILN_CHECK(!ckpt.empty(), "--ckpt is required");
+  KILN_CHECK(seed >= 0, "--seed must be >= 0");
+  const Device dev = Device::parse(device);
+  check_device_available(dev, "generate");
+  std::string dir = train::find_checkpoint(ckpt);
+  KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'");
+  auto model = train::load_model(dir, dev);
+  model->eval();
+  auto tok = data::load_tokenizer(!tokenizer.empty() ? tokenizer : dir);
+  std::vector<int32_t> ids;
+  if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
+  for (int32_t t : tok->encode(prompt)) ids.push_back(t);
+  nn::GenerateOptions o;
+  o.max_new_tokens = max_tokens;
+  o.temperature = temperature;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  o.seed = static_cast<uint64_t>(seed);
+  o.eos_id = tok->eos_id();
+  std::printf("%s", prompt.c_str());
+  std::fflush(stdout);
+  // Decode the growing suffix so multi-byte characters and pieces print whole.
+  std::vector<int32_t> pending;
+  nn::generate(*model, ids, o, [&](int32_t t) {
+    if (t == tok->eos_id()) return;
+    pending.push_back(t);
+    std::string s = tok->decode(pending);
+    if (tok->kind() == "byte" && !s.empty() && (static_cast<unsigned char>(s.back()) & 0x80)) return;  // mid UTF-8
+    std::printf("%s", s.c_str());
+    std::fflush(stdout);
+    pending.clear();
+  });
+  if (!pending.empty()) std::printf("%s", tok->decode(pending).c_str());
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace kiln::cli

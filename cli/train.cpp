@@ -1,0 +1,140 @@
+// `kiln train`: builds a TrainConfig from a preset, an optional config file and flags, runs
+// the training loop with a Ctrl-C handler (the first Ctrl-C asks the loop to checkpoint and
+// stop; a second one exits at once), and prints a summary and a generated sample.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "kiln/train/checkpoint.h"
+#include "kiln/train/report.h"
+#include "kiln/train/trainer.h"
+
+namespace kiln::cli {
+
+namespace {
+
+// NOTE: the one process-wide flag a signal handler may touch (async-signal-safe lock-free atomic).
+std::atomic<bool> g_stop{false};
+
+void on_sigint(int) {
+  if (g_stop.load()) std::_Exit(130);
+  g_stop.store(true);
+}
+
+// The value of `--name` (or --name=value) in args, if given.
+std::string prescan(const Args& args, const std::string& name) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind(name + "=", 0) == 0) return args[i].substr(name.size() + 1);
+  }
+  return "";
+}
+
+}  // namespace
+
+int run_train(const Args& args) {
+  // preset, then config file, then flags: the flags' defaults shown by --help are the preset's
+  std::string preset_name = prescan(args, "--preset");
+  std::string config_file = prescan(args, "--config");
+  train::TrainConfig c = train::preset(preset_name.empty() ? "small" : preset_name);
+  if (!config_file.empty()) {
+    train::apply_config_file(c, config_file);
+    if (preset_name.empty() && c.preset != "small") {  // the file chose a preset: rebuild on it
+      train::TrainConfig p = train::preset(c.preset);
+      train::apply_config_file(p, config_file);
+      c = p;
+    }
+  }
+  int64_t seed = static_cast<int64_t>(c.seed);
+  ArgParser p("train",
+              "Train a Llama-style language model. With no arguments: the 'small' preset on the corpus built\n"
+              "into kiln (its own docs and headers) for about two minutes on 2 CPU cores, then a sample.\n"
+              "Settings come from --preset, then --config FILE (TOML or JSON, keys = flag names), then flags.");
+  p.option("--preset", &c.preset, "NAME", "model and run preset: tiny, small, 125m, 1b");
+  p.option("--config", &config_file, "FILE", "TOML or JSON file of settings (keys as the flags, e.g. lr = 1e-3)");
+  p.option("--data", &c.data, "PATH", "text file or folder of text files (default: the built-in corpus)");
+  p.option("--tokenizer", &c.tokenizer, "SPEC", "'byte' (built in) or a SentencePiece tokenizer.model");
+  p.option("--sample-mode", &c.sample, "MODE", "windows (random windows) or packed (documents, masked)");
+  p.option("--val-fraction", &c.val_fraction, "F", "fraction of the tokens held out for evaluation");
+  p.option("--steps", &c.steps, "N", "optimizer steps");
+  p.option("--batch", &c.batch, "N", "sequences per micro-batch");
+  p.option("--seq", &c.seq, "N", "tokens per sequence");
+  p.option("--accum", &c.accum, "N", "micro-batches accumulated per step");
+  p.option("--lr", &c.lr, "LR", "peak learning rate");
+  p.option("--min-lr-ratio", &c.min_lr_ratio, "R", "final lr of the cosine decay, as a fraction of --lr");
+  p.option("--warmup", &c.warmup, "N", "linear warmup steps (-1: 5% of --steps)");
+  p.option("--weight-decay", &c.weight_decay, "W", "AdamW decoupled weight decay (matrices only)");
+  p.option("--beta1", &c.beta1, "B", "AdamW beta1");
+  p.option("--beta2", &c.beta2, "B", "AdamW beta2");
+  p.option("--clip", &c.clip, "NORM", "clip the gradient norm to NORM (0: off)");
+  p.option("--hidden", &c.hidden, "N", "model width (hidden_size)");
+  p.option("--layers", &c.layers, "N", "decoder layers");
+  p.option("--heads", &c.heads, "N", "attention heads");
+  p.option("--kv-heads", &c.kv_heads, "N", "key/value heads (grouped-query attention)");
+  p.option("--intermediate", &c.intermediate, "N", "SwiGLU MLP width");
+  p.option("--rope-theta", &c.rope_theta, "T", "rotary embedding base");
+  p.flag("--tie-embeddings", &c.tie_embeddings, "share the input embedding with the output projection");
+  p.option("--attention", &c.attention, "BACKEND", "attention backend: reference (ops) or flex");
+  p.flag("--fused-loss", &c.fused_loss, "use the fused linear + cross-entropy loss");
+  p.option("--eval-every", &c.eval_every, "N", "evaluate on the held-out split every N steps (0: never)");
+  p.option("--eval-batches", &c.eval_batches, "N", "batches per evaluation");
+  p.option("--ckpt-every", &c.ckpt_every, "N", "checkpoint every N steps (0: only at the end / on Ctrl-C)");
+  p.option("--keep-ckpts", &c.keep_ckpts, "N", "checkpoints kept in --out");
+  p.option("--log-every", &c.log_every, "N", "metrics line every N steps");
+  p.option("--max-time", &c.max_time, "SECONDS", "stop (with a checkpoint) after this long (0: no limit)");
+  p.option("--sample-tokens", &c.sample_tokens, "N", "tokens generated at the end (0: none)");
+  p.option("--prompt", &c.prompt, "TEXT", "prompt of the final sample");
+  p.option("--out", &c.out, "DIR", "run directory: checkpoints, metrics.jsonl, loss.svg");
+  p.option("--resume", &c.resume, "DIR", "continue from a checkpoint (or a run directory's latest)");
+  p.option("--device", &c.device, "DEV", "cpu, cuda or cuda:N");
+  p.option("--dtype", &c.dtype, "DT", "auto (bf16 on CUDA, f32 on CPU), f32, or bf16 (f32 master weights)");
+  p.option("--seed", &seed, "S", "seed of initialisation and data order");
+  p.flag("--deterministic", &c.deterministic, "bitwise reproducible kernels (and resumes)");
+  p.epilog("examples:\n  kiln train\n  kiln train --preset tiny --data input.txt --steps 500 --out runs/tiny\n"
+           "  kiln train --resume runs/tiny --steps 1000\n");
+  if (!p.parse(args)) return 0;
+  KILN_CHECK(seed >= 0, "--seed: must be >= 0, got ", seed);
+  c.seed = static_cast<uint64_t>(seed);
+  if (!c.resume.empty()) {
+    // A resumed run keeps its saved settings; of those a run may change, the flags not given
+    // come from the checkpoint too (and --out defaults to the run directory resumed from).
+    std::string ck = train::find_checkpoint(c.resume);
+    KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'");
+    std::filesystem::path state = std::filesystem::path(ck) / "trainer_state.json";
+    KILN_CHECK(std::filesystem::exists(state), "--resume: '", ck, "' has no trainer_state.json");
+    const json::Value saved = *train::read_json_file(state.string()).find("config");
+    for (const char* key : {"steps", "max_time", "eval_every", "ckpt_every", "log_every", "keep_ckpts",
+                            "sample_tokens", "prompt"}) {
+      std::string flag = std::string("--") + key;
+      for (char& ch : flag)
+        if (ch == '_') ch = '-';
+      if (!p.given(flag) && saved.find(key)) train::set_config_value(c, key, *saved.find(key));
+    }
+    if (!p.given("--out"))
+      c.out = ck == c.resume || ck == std::filesystem::path(c.resume).lexically_normal().string()
+                  ? std::filesystem::path(ck).parent_path().string()
+                  : c.resume;
+  }
+
+  g_stop.store(false);
+  std::signal(SIGINT, on_sigint);
+  train::TrainHooks hooks;
+  hooks.stop = &g_stop;
+  train::TrainSummary s = train::run_training(c, hooks);
+  std::signal(SIGINT, SIG_DFL);
+
+  std::fprintf(stderr, "\n%s after %lld steps (%s): loss %.4f -> %.4f", s.interrupted ? "stopped" : "done",
+               (long long)s.steps_done, train::format_duration(s.seconds).c_str(), s.first_loss, s.final_loss);
+  if (s.final_eval_loss >= 0) std::fprintf(stderr, ", eval loss %.4f", s.final_eval_loss);
+  std::fprintf(stderr, ", %.0f tokens/s, peak memory %s\n", s.tokens_per_s,
+               train::format_bytes(s.peak_memory_bytes).c_str());
+  std::fprintf(stderr, "checkpoint: %s\nmetrics:    %s/metrics.jsonl\nloss curve: %s/loss.svg\n", s.checkpoint.c_str(),
+               c.out.c_str(), c.out.c_str());
+  if (!s.sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", s.sample.c_str());
+  return s.interrupted ? 130 : 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,195 @@
+// Corpus loading with the token cache, the train/validation split, and the batch sampler.
+#include "kiln/data/dataset.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/core/rng.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln::data {
+
+namespace fs = std::filesystem;
+
+uint64_t fnv1a(std::string_view data, uint64_t h) {
+  for (unsigned char c : data) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+TokenStream tokenize_documents(const std::vector<std::string_view>& docs, const Tokenizer& tok) {
+  TokenStream s;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    std::vector<int32_t> ids = tok.encode(docs[d]);
+    const int32_t di = static_cast<int32_t>(d);
+    if (tok.bos_id() >= 0) {
+      s.tokens.push_back(tok.bos_id());
+      s.doc.push_back(di);
+    }
+    s.tokens.insert(s.tokens.end(), ids.begin(), ids.end());
+    s.doc.insert(s.doc.end(), ids.size(), di);
+    if (tok.eos_id() >= 0) {
+      s.tokens.push_back(tok.eos_id());
+      s.doc.push_back(di);
+    }
+  }
+  return s;
+}
+
+namespace {
+
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'T', 'O', 'K', '1'};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  KILN_CHECK(f.good(), "data: cannot open '", p.string(), "'");
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+bool read_cache(const fs::path& p, TokenStream& s) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f.good()) return false;
+  char magic[8];
+  uint64_t n = 0;
+  f.read(magic, 8);
+  f.read(reinterpret_cast<char*>(&n), 8);
+  if (!f.good() || std::memcmp(magic, kMagic, 8) != 0 || n > (uint64_t{1} << 36)) return false;
+  s.tokens.resize(n);
+  s.doc.resize(n);
+  f.read(reinterpret_cast<char*>(s.tokens.data()), static_cast<std::streamsize>(n * 4));
+  f.read(reinterpret_cast<char*>(s.doc.data()), static_cast<std::streamsize>(n * 4));
+  return f.good() && f.peek() == EOF;
+}
+
+void write_cache(const fs::path& p, const TokenStream& s) {
+  fs::path tmp = p;
+  tmp += ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    uint64_t n = s.tokens.size();
+    f.write(kMagic, 8);
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(reinterpret_cast<const char*>(s.tokens.data()), static_cast<std::streamsize>(n * 4));
+    f.write(reinterpret_cast<const char*>(s.doc.data()), static_cast<std::streamsize>(n * 4));
+    if (!f.good()) return;  // a cache is an optimisation: failing to write it is not an error
+  }
+  std::error_code ec;
+  fs::rename(tmp, p, ec);
+}
+
+}  // namespace
+
+TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir, bool* cache_hit) {
+  fs::path root(path);
+  KILN_CHECK(fs::exists(root), "data: '", path, "' does not exist");
+  std::vector<fs::path> files;
+  if (fs::is_directory(root)) {
+    for (const auto& e : fs::recursive_directory_iterator(root))
+      if (e.is_regular_file() && e.path().filename().string()[0] != '.' &&
+          e.path().filename().string().rfind("tokens-", 0) != 0)
+        files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    KILN_CHECK(!files.empty(), "data: folder '", path, "' holds no files");
+  } else {
+    files.push_back(root);
+  }
+  std::vector<std::string> texts;
+  uint64_t h = fnv1a(tok.fingerprint());
+  for (const auto& f : files) {
+    texts.push_back(read_file(f));
+    h = fnv1a(fs::relative(f, fs::is_directory(root) ? root : root.parent_path()).string(), h);
+    h = fnv1a(texts.back(), h);
+  }
+  char name[64];
+  std::snprintf(name, sizeof name, "tokens-%016llx.bin", static_cast<unsigned long long>(h));
+  fs::path dir = cache_dir.empty() ? (fs::is_directory(root) ? root : root.parent_path()) : fs::path(cache_dir);
+  fs::path cache = dir / name;
+  TokenStream s;
+  if (read_cache(cache, s)) {
+    if (cache_hit) *cache_hit = true;
+    return s;
+  }
+  if (cache_hit) *cache_hit = false;
+  std::vector<std::string_view> views(texts.begin(), texts.end());
+  s = tokenize_documents(views, tok);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  write_cache(cache, s);
+  return s;
+}
+
+SampleMode parse_sample_mode(const std::string& s) {
+  if (s == "windows") return SampleMode::windows;
+  if (s == "packed") return SampleMode::packed;
+  fail("data: sampling mode '", s, "' is not one of: windows, packed");
+}
+
+Split split_stream(const TokenStream& s, double val_fraction, int64_t seq) {
+  KILN_CHECK(val_fraction >= 0 && val_fraction < 1, "data: val_fraction=", val_fraction, " must be in [0, 1)");
+  const size_t need = static_cast<size_t>(seq + 1);
+  size_t val = static_cast<size_t>(static_cast<double>(s.size()) * val_fraction);
+  if (val_fraction > 0) val = std::max(val, need);
+  KILN_CHECK(s.size() >= val + need, "data: the corpus has ", s.size(), " tokens, too few for sequence length ", seq,
+             (val_fraction > 0 ? " with a validation split" : ""), " (need at least ", val + need,
+             "); use a shorter --seq or more data");
+  return Split{s.size() - val};
+}
+
+Sampler::Sampler(const TokenStream& stream, size_t begin, size_t end, int64_t batch, int64_t seq, uint64_t seed,
+                 SampleMode mode)
+    : stream_(stream), begin_(begin), end_(end), batch_(batch), seq_(seq), seed_(seed), mode_(mode) {
+  KILN_CHECK(batch > 0 && seq > 0, "Sampler: batch=", batch, " and seq=", seq, " must be positive");
+  KILN_CHECK(end <= stream.size() && begin + static_cast<size_t>(seq) + 1 <= end, "Sampler: range [", begin, ", ",
+             end, ") is too short for sequence length ", seq);
+}
+
+int64_t Sampler::window_start(uint64_t sample) const {
+  const int64_t span = static_cast<int64_t>(end_ - begin_);
+  if (mode_ == SampleMode::windows) {
+    const int64_t choices = span - seq_;  // starts in [0, span - seq - 1]
+    Philox4 r = philox_element(seed_, 0x5A3D1E, sample);
+    const uint64_t x = (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
+    return static_cast<int64_t>(begin_) + static_cast<int64_t>(x % static_cast<uint64_t>(choices));
+  }
+  const int64_t chunks = (span - 1) / seq_;
+  const int64_t epoch = static_cast<int64_t>(sample / static_cast<uint64_t>(chunks));
+  if (epoch != perm_epoch_) {
+    perm_.resize(static_cast<size_t>(chunks));
+    for (int64_t i = 0; i < chunks; ++i) perm_[static_cast<size_t>(i)] = i;
+    for (int64_t i = chunks - 1; i > 0; --i) {  // Fisher-Yates from counter-based draws
+      Philox4 r = philox_element(seed_, 0xC4A0000 + static_cast<uint64_t>(epoch), static_cast<uint64_t>(i));
+      std::swap(perm_[static_cast<size_t>(i)], perm_[r.v[0] % static_cast<uint64_t>(i + 1)]);
+    }
+    perm_epoch_ = epoch;
+  }
+  return static_cast<int64_t>(begin_) + perm_[sample % static_cast<uint64_t>(chunks)] * seq_;
+}
+
+Batch Sampler::next(Device device) {
+  const size_t n = static_cast<size_t>(batch_ * seq_);
+  std::vector<int64_t> in(n), tg(n), dc;
+  if (mode_ == SampleMode::packed) dc.resize(n);
+  for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t s0 = window_start(position_++);
+    for (int64_t t = 0; t < seq_; ++t) {
+      const size_t i = static_cast<size_t>(b * seq_ + t), src = static_cast<size_t>(s0 + t);
+      in[i] = stream_.tokens[src];
+      tg[i] = stream_.tokens[src + 1];
+      if (mode_ == SampleMode::packed) {
+        dc[i] = stream_.doc[src];
+        // the first token of the next document is not predicted from the previous one
+        if (stream_.doc[src + 1] != stream_.doc[src]) tg[i] = -100;
+      }
+    }
+  }
+  Batch out;
+  out.input = from_vector(in, {batch_, seq_}, device);
+  out.target = from_vector(tg, {batch_, seq_}, device);
+  if (!dc.empty()) out.doc_ids = from_vector(dc, {batch_, seq_}, device);
+  out.num_targets = static_cast<int64_t>(std::count_if(tg.begin(), tg.end(), [](int64_t x) { return x != -100; }));
+  return out;
+}
+
+}  // namespace kiln::data

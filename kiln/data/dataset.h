@@ -1,0 +1,76 @@
+// Training data: a corpus (a text file, a folder of text files, or the embedded default)
+// tokenized once into a cached token file keyed by a hash of the tokenizer and the contents;
+// a train/validation split of the token stream; and a Sampler that draws batches either as
+// random fixed-length windows or as packed documents (consecutive chunks in a shuffled order,
+// with per-token document ids for document masks). The sampler's whole state is its seed and
+// the number of batches drawn, so a checkpoint can restore it exactly.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/core/tensor.h"
+#include "kiln/data/tokenizer.h"
+
+namespace kiln::data {
+
+// The token stream of a corpus: each document is <bos> tokens <eos>; doc[i] is the index of
+// the document token i belongs to.
+struct TokenStream {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> doc;
+  size_t size() const { return tokens.size(); }
+};
+
+// Tokenizes documents (no cache).
+TokenStream tokenize_documents(const std::vector<std::string_view>& docs, const Tokenizer& tok);
+// Tokenizes a file or every regular file under a folder (sorted by path, one document per
+// file), through a cache file `cache_dir/tokens-<hash>.bin` (created when absent; cache_dir
+// empty: next to the data). `cache_hit` (optional) tells whether the cache was used.
+TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir,
+                        bool* cache_hit = nullptr);
+
+struct Batch {
+  Tensor input;    // [B, T] i64
+  Tensor target;   // [B, T] i64 (the next token; -100 = ignored)
+  Tensor doc_ids;  // [B, T] i64 or undefined (packed mode only)
+  int64_t num_targets = 0;  // targets that are not ignored
+};
+
+enum class SampleMode { windows, packed };
+SampleMode parse_sample_mode(const std::string& s);
+
+class Sampler {
+ public:
+  // Draws from tokens [begin, end) of `stream` (which must outlive the sampler).
+  Sampler(const TokenStream& stream, size_t begin, size_t end, int64_t batch, int64_t seq, uint64_t seed,
+          SampleMode mode);
+  Batch next(Device device = kCPU);
+  uint64_t position() const { return position_; }
+  void set_position(uint64_t p) { position_ = p; }
+
+ private:
+  int64_t window_start(uint64_t sample) const;
+  const TokenStream& stream_;
+  size_t begin_, end_;
+  int64_t batch_, seq_;
+  uint64_t seed_;
+  SampleMode mode_;
+  uint64_t position_ = 0;  // samples drawn so far
+  // packed mode: the shuffled chunk order of the current epoch
+  mutable int64_t perm_epoch_ = -1;
+  mutable std::vector<int64_t> perm_;
+};
+
+// Splits a stream: the last `val_fraction` of tokens (at least seq+1 of them) are validation.
+// Throws a clear error when the corpus is too small for the sequence length.
+struct Split {
+  size_t train_end = 0;  // train: [0, train_end), validation: [train_end, size)
+};
+Split split_stream(const TokenStream& s, double val_fraction, int64_t seq);
+
+// FNV-1a 64, for cache keys.
+uint64_t fnv1a(std::string_view data, uint64_t h = 1469598103934665603ull);
+
+}  // namespace kiln::data

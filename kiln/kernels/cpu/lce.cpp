@@ -1,0 +1,145 @@
+// CPU body of the fused linear + cross-entropy (kiln/kernels/lce.h): token chunks, OpenBLAS
+// for the three products, one OpenMP row pass per chunk. Memory: one chunk buffer of
+// chunk_tokens × V accumulation-type values (chunk_tokens = max(1, 12 Mi / V), so ≤ 48 MiB f32
+// unless one row alone is larger), plus, for 16-bit inputs, f32 copies of hidden and weight.
+// Deterministic: each row is reduced by one thread in index order, products are BLAS calls
+// in a fixed chunk order, bias gradients are column sums in row order.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kiln/kernels/copy.h"
+#include "kiln/kernels/cpu/loops.h"
+#include "kiln/kernels/lce.h"
+
+namespace kiln::kernels::cpu {
+namespace {
+
+constexpr int64_t kChunkElems = int64_t{12} << 20;  // 12 Mi values: 48 MiB in f32
+
+// Row-major C[m×n] = op(A)·op(B) + beta·C.
+template <class A>
+void gemm_rm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const A* b, int64_t ldb,
+             A beta, A* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<A, float>)
+    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
+// The tensor itself when it already has dtype `acc`, else a converted copy.
+Tensor as_dtype(const Tensor& t, DType acc) {
+  if (!t.defined() || t.dtype() == acc) return t;
+  Tensor f = Tensor::empty(t.shape(), acc, t.device());
+  copy(f, t);
+  return f;
+}
+
+template <class A, class I>
+void run(const LceParams& p, const LceTensors& t) {
+  const DType acc = dtype_of<A>;
+  const int64_t n = p.n, d = p.d, v = p.v;
+  Tensor Ht = as_dtype(t.hidden, acc), Wt = as_dtype(t.weight, acc);
+  Tensor Bt = as_dtype(t.bias, acc), CWt = as_dtype(t.class_weight, acc);
+  const A* H = Ht.data<A>();
+  const A* W = Wt.data<A>();
+  const A* bias = Bt.defined() ? Bt.data<A>() : nullptr;
+  const A* cw = CWt.defined() ? CWt.data<A>() : nullptr;
+  const A* rs = t.row_scale.defined() ? t.row_scale.data<A>() : nullptr;
+  const I* tgt = t.target.data<I>();
+  A* loss = t.loss.data<A>();
+  A* zloss = t.zloss.data<A>();
+  A* lse_out = t.lse.data<A>();
+  A* gh = t.grad_hidden.defined() ? t.grad_hidden.data<A>() : nullptr;
+  A* gw = t.grad_weight.defined() ? t.grad_weight.data<A>() : nullptr;
+  A* gb = t.grad_bias.defined() ? t.grad_bias.data<A>() : nullptr;
+  const bool grads = gh || gw || gb;
+  const A cap = static_cast<A>(p.softcap);
+  const A eps = static_cast<A>(p.label_smoothing);
+  const A filter = static_cast<A>(p.filter_eps);
+
+  const int64_t tc = p.chunk_tokens > 0 ? std::min(p.chunk_tokens, n)
+                                        : std::clamp<int64_t>(kChunkElems / std::max<int64_t>(v, 1), 1, n);
+  Tensor buf_t = Tensor::empty({tc, v}, acc, t.hidden.device());
+  A* buf = buf_t.data<A>();
+
+  for (int64_t r0 = 0; r0 < n; r0 += tc) {
+    const int64_t m = std::min(tc, n - r0);
+    const A* hc = H + r0 * d;
+    gemm_rm<A>(false, true, m, v, d, hc, d, W, d, A(0), buf, v);
+    parallel_for(m, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t r = r0 + i;
+        A* z = buf + i * v;
+        A mx = -INFINITY;
+        for (int64_t j = 0; j < v; ++j) {
+          A x = bias ? z[j] + bias[j] : z[j];
+          x = lce_cap(x, cap);
+          z[j] = x;
+          mx = std::max(mx, x);
+        }
+        const int64_t tg = static_cast<int64_t>(tgt[r]);
+        const bool ignored = tg == p.ignore_index;
+        const A zt = ignored ? A(0) : z[tg];
+        A sum = 0, wz = 0;
+        if (eps != A(0))
+          for (int64_t j = 0; j < v; ++j) wz += (cw ? cw[j] : A(1)) * z[j];
+        // Without softcap and when gradients follow, keep exp(z − max) in the row so that the
+        // gradient pass needs no second exp (z itself is not needed again).
+        const bool keep_exp = grads && cap == A(0);
+        if (keep_exp) {
+          for (int64_t j = 0; j < v; ++j) {
+            const A e = std::exp(z[j] - mx);
+            z[j] = e;
+            sum += e;
+          }
+        } else {
+          for (int64_t j = 0; j < v; ++j) sum += std::exp(z[j] - mx);
+        }
+        const A lse = mx + std::log(sum);
+        const A wt = ignored ? A(0) : (cw ? cw[tg] : A(1));
+        const LceRowTerms<A> rt = lce_row_terms<A>(p, lse, zt, wz, wt, ignored);
+        loss[r] = rt.ce + rt.zl;
+        zloss[r] = rt.zl;
+        lse_out[r] = lse;
+        if (!grads) continue;
+        const A scale = static_cast<A>(p.grad_scale) * (rs ? rs[r] : A(1));
+        if (ignored || scale == A(0)) {
+          std::fill(z, z + v, A(0));
+          continue;
+        }
+        const A inv_sum = A(1) / sum;
+        for (int64_t j = 0; j < v; ++j) {
+          const A pj = keep_exp ? z[j] * inv_sum : std::exp(z[j] - lse);
+          A dz = pj * rt.p_coef - (cw ? cw[j] : A(1)) * rt.smooth_coef;
+          if (j == tg) dz -= rt.target_coef;
+          if (filter > A(0) && std::abs(dz) < filter) dz = 0;
+          z[j] = dz * (keep_exp ? A(1) : lce_cap_deriv(z[j], cap)) * scale;
+        }
+      }
+    });
+    if (!grads) continue;
+    if (gh) gemm_rm<A>(false, false, m, d, v, buf, v, W, d, A(0), gh + r0 * d, d);
+    if (gw) gemm_rm<A>(true, false, v, d, m, buf, v, hc, d, A(1), gw, d);
+    if (gb)
+      parallel_for(v, 4096, [&](int64_t b, int64_t e) {
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = b; j < e; ++j) gb[j] += buf[i * v + j];
+      });
+  }
+}
+
+}  // namespace
+
+void linear_cross_entropy(const LceParams& p, const LceTensors& t) {
+  if (p.n == 0) return;
+  dispatch_floating(t.weight.dtype(), "linear_cross_entropy", [&]<class T>() {
+    using A = acc_t<T>;
+    dispatch_index(t.target.dtype(), "linear_cross_entropy", [&]<class I>() { run<A, I>(p, t); });
+  });
+}
+
+}  // namespace kiln::kernels::cpu

@@ -1,0 +1,89 @@
+// Kernel entry points of the fused linear + cross-entropy loss (front end: kiln/loss/).
+// One call walks the tokens in chunks: logits of a chunk (GEMM) → one row pass (online
+// log-sum-exp, the loss terms, and — when gradients are asked — d(loss)/d(logits) written in
+// place over the chunk's logits) → dh = dlogits·W and dW += dlogitsᵀ·h (GEMMs), db += column
+// sums. The N × V logits never exist; memory is bounded by the chunk buffer (docs/loss.md).
+// Bodies: cpu/lce.cpp (OpenBLAS + OpenMP) and cuda/lce.cu (cuBLASLt + a fused row kernel).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kiln/core/macros.h"
+#include "kiln/core/tensor.h"
+
+namespace kiln::kernels {
+
+struct LceParams {
+  int64_t n = 0, d = 0, v = 0;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  double z_loss = 0.0;           // coefficient of lse²
+  double softcap = 0.0;          // 0: off; else logits → softcap·tanh(logits/softcap)
+  double class_weight_sum = 0;   // Σ_j w_j over the vocabulary (V without class weights)
+  double grad_scale = 1.0;       // multiplies every row's gradient (1/divisor)
+  double filter_eps = 0.0;       // > 0: gradient entries with |dz| < eps (before scaling) become 0
+  int64_t chunk_tokens = 0;      // 0: the backend's choice
+};
+
+// Inputs are contiguous and on one device; hidden/weight/bias/class_weight share a floating dtype.
+// Outputs: loss/zloss/lse [N] in the accumulation dtype (f64 for f64 inputs, else f32).
+// Gradients are optional (undefined: not computed). grad_hidden is overwritten; grad_weight and
+// grad_bias are accumulated into (the caller zeroes them). row_scale [N] (accumulation dtype),
+// when defined, multiplies row i's gradient (reduction none's backward).
+// CPU: gradients in the accumulation dtype. CUDA: grad_hidden and grad_weight in the input dtype
+// or f32, grad_bias f32.
+struct LceTensors {
+  Tensor hidden, weight, bias, target, class_weight, row_scale;
+  Tensor loss, zloss, lse;
+  Tensor grad_hidden, grad_weight, grad_bias;
+};
+
+// Row math shared by the CPU and CUDA row passes (one definition for both backends).
+// z_j = cap(x_j) is the (soft-capped) logit, p_j = exp(z_j − lse). For a row with target t:
+//   ce  = (1−ε)·w_t·(lse − z_t) + (ε/V)·(W·lse − Σ_j w_j z_j)      (W = Σ_j w_j; w ≡ 1 without weights)
+//   zl  = s·lse²
+//   dz_j = p_j·p_coef − [j = t]·target_coef − w_j·smooth_coef      (d(ce + zl)/dz_j)
+// with p_coef = (1−ε)w_t + (ε/V)·W + 2·s·lse, target_coef = (1−ε)w_t, smooth_coef = ε/V.
+// An ignored row has ce = zl = 0 and dz = 0.
+template <class A>
+struct LceRowTerms {
+  A ce = 0, zl = 0, p_coef = 0, target_coef = 0, smooth_coef = 0;
+};
+
+template <class A>
+KILN_HD LceRowTerms<A> lce_row_terms(const LceParams& p, A lse, A z_t, A wz_sum, A w_t, bool ignored) {
+  LceRowTerms<A> r;
+  if (ignored) return r;
+  const A eps = static_cast<A>(p.label_smoothing);
+  const A sv = eps / static_cast<A>(p.v);
+  const A wsum = static_cast<A>(p.class_weight_sum);
+  const A s = static_cast<A>(p.z_loss);
+  r.ce = (A(1) - eps) * w_t * (lse - z_t) + (eps != A(0) ? sv * (wsum * lse - wz_sum) : A(0));
+  r.zl = s * lse * lse;
+  r.target_coef = (A(1) - eps) * w_t;
+  r.smooth_coef = sv;
+  r.p_coef = r.target_coef + sv * wsum + A(2) * s * lse;
+  return r;
+}
+
+// Soft cap of a raw logit, and d cap/dx expressed through the capped value z.
+template <class A>
+KILN_HD A lce_cap(A x, A cap) {
+  using std::tanh;
+  return cap > A(0) ? cap * tanh(x / cap) : x;
+}
+template <class A>
+KILN_HD A lce_cap_deriv(A z, A cap) {
+  if (!(cap > A(0))) return A(1);
+  A q = z / cap;
+  return A(1) - q * q;
+}
+
+namespace cpu {
+void linear_cross_entropy(const LceParams& p, const LceTensors& t);
+}
+namespace cuda {
+void linear_cross_entropy(const LceParams& p, const LceTensors& t);
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,252 @@
+// The fused linear + cross-entropy front end: argument checks (errors name the offending
+// index or value), the divisor, the kernel call, and the autograd node. When gradients are
+// needed and the reduction is mean or sum, the kernel computes them inside the forward (as
+// PyTorch 2.13's chunked loss does), so the first backward only scales them by grad_output;
+// reduction none (and any later backward with retain_graph) recomputes them from the inputs.
+#include "kiln/loss/linear_cross_entropy.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/node.h"
+#include "kiln/kernels/dispatch.h"
+#include "kiln/kernels/lce.h"
+
+namespace kiln {
+namespace {
+
+constexpr const char* kOp = "linear_cross_entropy";
+
+DType acc_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+// Everything the kernel needs besides the gradients, kept by the autograd node.
+struct LceState {
+  kernels::LceParams params;
+  Tensor hidden, weight, bias, target, class_weight;  // contiguous, detached
+  Shape hidden_shape, target_shape;
+  bool weight_grad_f32 = false;
+  Tensor grad_hidden, grad_weight, grad_bias;  // computed in the forward (mean/sum), handed over once
+  bool handed_over = false;
+};
+
+void check_same(const Tensor& t, const Tensor& ref, const char* name) {
+  KILN_CHECK(t.dtype() == ref.dtype(), kOp, ": ", name, " has dtype ", dtype_name(t.dtype()),
+             ", expected hidden's dtype ", dtype_name(ref.dtype()));
+  KILN_CHECK(t.device() == ref.device(), kOp, ": ", name, " is on ", t.device().str(), ", expected ",
+             ref.device().str(), " (where hidden is)");
+}
+
+void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target, const LinearCrossEntropyOptions& o) {
+  KILN_CHECK(hidden.defined() && weight.defined() && target.defined(), kOp, ": undefined tensor argument");
+  KILN_CHECK(is_floating(hidden.dtype()), kOp, ": hidden must be floating, got ", dtype_name(hidden.dtype()));
+  KILN_CHECK(hidden.dim() == 2 || hidden.dim() == 3, kOp, ": hidden must be [N, d] or [B, T, d], got ",
+             hidden.shape());
+  KILN_CHECK(weight.dim() == 2, kOp, ": weight must be [V, d], got ", weight.shape());
+  KILN_CHECK(weight.size(1) == hidden.size(-1), kOp, ": weight is ", weight.shape(), " but hidden's last dim is ",
+             hidden.size(-1), " (expected weight [V, ", hidden.size(-1), "])");
+  KILN_CHECK(weight.size(0) > 0 && weight.size(1) > 0, kOp, ": weight must have V > 0 and d > 0, got ",
+             weight.shape());
+  check_same(weight, hidden, "weight");
+  KILN_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, kOp, ": target must be i64 or i32, got ",
+             dtype_name(target.dtype()));
+  KILN_CHECK(target.device() == hidden.device(), kOp, ": target is on ", target.device().str(), ", expected ",
+             hidden.device().str());
+  Shape expect(hidden.shape().begin(), hidden.shape().end() - 1);
+  KILN_CHECK(target.shape() == expect, kOp, ": target has shape ", target.shape(), ", expected ", expect,
+             " (hidden is ", hidden.shape(), ")");
+  const int64_t v = weight.size(0);
+  if (o.bias.defined()) {
+    check_same(o.bias, hidden, "bias");
+    KILN_CHECK(o.bias.dim() == 1 && o.bias.size(0) == v, kOp, ": bias must be [", v, "], got ", o.bias.shape());
+  }
+  if (o.weight.defined()) {
+    check_same(o.weight, hidden, "weight (class weights)");
+    KILN_CHECK(o.weight.dim() == 1 && o.weight.size(0) == v, kOp, ": class weights must be [", v, "], got ",
+               o.weight.shape());
+    KILN_CHECK(!(grad_enabled() && o.weight.requires_grad()), kOp,
+               ": class weights that require grad are not supported (as in F.cross_entropy); detach them");
+  }
+  KILN_CHECK(std::isfinite(o.label_smoothing) && o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, kOp,
+             ": label_smoothing=", o.label_smoothing, " must be in [0, 1]");
+  KILN_CHECK(std::isfinite(o.z_loss) && o.z_loss >= 0.0, kOp, ": z_loss=", o.z_loss, " must be finite and >= 0");
+  KILN_CHECK(std::isfinite(o.softcap) && o.softcap >= 0.0, kOp, ": softcap=", o.softcap,
+             " must be finite and >= 0 (0 turns it off)");
+  KILN_CHECK(std::isfinite(o.num_items) && o.num_items >= 0.0, kOp, ": num_items=", o.num_items,
+             " must be finite and > 0 (0: unset)");
+  KILN_CHECK(o.num_items == 0.0 || o.reduction != Reduction::none, kOp,
+             ": num_items needs reduction mean or sum (got none)");
+  KILN_CHECK(std::isfinite(o.filter_eps) && o.filter_eps >= 0.0, kOp, ": filter_eps=", o.filter_eps,
+             " must be finite and >= 0");
+  KILN_CHECK(o.chunk_tokens >= 0, kOp, ": chunk_tokens=", o.chunk_tokens, " must be >= 0");
+}
+
+// Checks every target against [0, V) ∪ {ignore_index}; returns the mean's divisor
+// (Σ w[target] over non-ignored tokens; their count without class weights).
+double check_targets(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o) {
+  std::vector<int64_t> t = target.to_vector<int64_t>();
+  std::vector<double> cw;
+  if (o.weight.defined()) cw = o.weight.to_vector<double>();
+  double divisor = 0.0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == o.ignore_index) continue;
+    KILN_CHECK(t[i] >= 0 && t[i] < v, kOp, ": target[", i, "]=", t[i], " out of range [0, ", v,
+               ") (ignore_index is ", o.ignore_index, ")");
+    divisor += cw.empty() ? 1.0 : cw[static_cast<size_t>(t[i])];
+  }
+  return divisor;
+}
+
+struct Rows {
+  Tensor loss, zloss, lse;  // [N], accumulation dtype
+};
+
+// Runs the kernel over the state's inputs; gradients (when defined in `g`) are accumulated.
+Rows run_kernel(const LceState& s, const kernels::LceParams& p, const Tensor& row_scale, const Tensor& gh,
+                const Tensor& gw, const Tensor& gb) {
+  const DType acc = acc_dtype(s.hidden.dtype());
+  const Device dev = s.hidden.device();
+  Rows r{Tensor::empty({p.n}, acc, dev), Tensor::empty({p.n}, acc, dev), Tensor::empty({p.n}, acc, dev)};
+  kernels::LceTensors t;
+  t.hidden = s.hidden;
+  t.weight = s.weight;
+  t.bias = s.bias;
+  t.target = s.target;
+  t.class_weight = s.class_weight;
+  t.row_scale = row_scale;
+  t.loss = r.loss;
+  t.zloss = r.zloss;
+  t.lse = r.lse;
+  t.grad_hidden = gh;
+  t.grad_weight = gw;
+  t.grad_bias = gb;
+  KILN_DEVICE_CALL(dev, linear_cross_entropy, p, t);
+  return r;
+}
+
+struct Grads {
+  Tensor h, w, b;
+};
+
+// Allocates the gradient buffers the backend writes (CPU: accumulation dtype; CUDA: the
+// input dtype for d_hidden and d_weight — or f32 for d_weight when asked — and f32 for d_bias).
+Grads alloc_grads(const LceState& s, bool need_h, bool need_w, bool need_b) {
+  const DType in = s.hidden.dtype(), acc = acc_dtype(in);
+  const Device dev = s.hidden.device();
+  const bool cuda_dev = dev.is_cuda();
+  Grads g;
+  if (need_h) g.h = Tensor::empty({s.params.n, s.params.d}, cuda_dev ? in : acc, dev);
+  if (need_w) g.w = zeros({s.params.v, s.params.d}, cuda_dev && !s.weight_grad_f32 ? in : acc, dev);
+  if (need_b) g.b = zeros({s.params.v}, acc, dev);
+  return g;
+}
+
+Tensor to_dtype(const Tensor& t, DType d) { return !t.defined() || t.dtype() == d ? t : t.to(d); }
+
+}  // namespace
+
+LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& target,
+                                              const LinearCrossEntropyOptions& o) {
+  check_args(hidden, weight, target, o);
+  check_device_available(hidden.device(), kOp);
+  const int64_t d = hidden.size(-1), v = weight.size(0), n = target.numel();
+  const double divisor = check_targets(target, v, o);
+
+  auto s = std::make_shared<LceState>();
+  s->hidden = hidden.detach().reshape({n, d}).contiguous();
+  s->weight = weight.detach().contiguous();
+  if (o.bias.defined()) s->bias = o.bias.detach().contiguous();
+  s->target = target.detach().reshape({n}).contiguous();
+  if (o.weight.defined()) s->class_weight = o.weight.detach().contiguous();
+  s->hidden_shape = hidden.shape();
+  s->target_shape = target.shape();
+  s->weight_grad_f32 = o.weight_grad_f32;
+  kernels::LceParams& p = s->params;
+  p.n = n;
+  p.d = d;
+  p.v = v;
+  p.ignore_index = o.ignore_index;
+  p.label_smoothing = o.label_smoothing;
+  p.z_loss = o.z_loss;
+  p.softcap = o.softcap;
+  p.class_weight_sum = o.weight.defined() ? sum(o.weight.detach().to(DType::f64)).item() : static_cast<double>(v);
+  p.filter_eps = o.filter_eps;
+  p.chunk_tokens = o.chunk_tokens;
+  // The divisor of the summed loss: num_items, else Σ w[target] (mean) or 1 (sum).
+  double div = 1.0;
+  if (o.num_items > 0.0) div = o.num_items;
+  else if (o.reduction == Reduction::mean) div = divisor;
+  p.grad_scale = (o.reduction == Reduction::none || div == 0.0) ? 1.0 : 1.0 / div;
+
+  std::vector<Tensor> inputs{hidden, weight};
+  if (o.bias.defined()) inputs.push_back(o.bias);
+  const bool need_h = hidden.requires_grad(), need_w = weight.requires_grad();
+  const bool need_b = o.bias.defined() && o.bias.requires_grad();
+  const bool any = any_requires_grad(inputs);
+  const bool grads_in_forward = any && o.reduction != Reduction::none;
+
+  Rows rows;
+  {
+    NoGradGuard ng;
+    if (grads_in_forward) {
+      Grads g = alloc_grads(*s, need_h, need_w, need_b);
+      rows = run_kernel(*s, p, Tensor(), g.h, g.w, g.b);
+      const DType in = hidden.dtype();
+      s->grad_hidden = g.h.defined() ? to_dtype(g.h, in).view(s->hidden_shape) : Tensor();
+      s->grad_weight = to_dtype(g.w, in);
+      s->grad_bias = to_dtype(g.b, in);
+    } else {
+      rows = run_kernel(*s, p, Tensor(), Tensor(), Tensor(), Tensor());
+    }
+  }
+
+  LinearCrossEntropyResult res;
+  {
+    NoGradGuard ng;
+    if (o.reduction == Reduction::none) {
+      res.loss = rows.loss.to(hidden.dtype()).view(target.shape());
+      res.z_loss = rows.zloss.to(hidden.dtype()).view(target.shape());
+    } else {
+      // Mean over zero (all targets ignored) is NaN, as in PyTorch.
+      const double scale = div == 0.0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / div;
+      res.loss = mul(sum(rows.loss), scale).to(hidden.dtype());
+      res.z_loss = mul(sum(rows.zloss), scale).to(hidden.dtype());
+    }
+    if (o.return_lse) res.lse = rows.lse.view(target.shape());
+  }
+  if (!any) return res;
+
+  const bool none = o.reduction == Reduction::none;
+  record(kOp, inputs, res.loss, [s, none, need_h, need_w, need_b](const std::vector<Tensor>& g) {
+    std::vector<Tensor> out(3);
+    if (!none && !s->handed_over) {
+      // Gradients were computed in the forward: scale them by grad_output and hand them over.
+      s->handed_over = true;
+      const double go = g[0].item();
+      for (Tensor* t : {&s->grad_hidden, &s->grad_weight, &s->grad_bias})
+        if (t->defined() && go != 1.0) mul_(*t, go);
+      out = {std::move(s->grad_hidden), std::move(s->grad_weight), std::move(s->grad_bias)};
+      s->grad_hidden = s->grad_weight = s->grad_bias = Tensor();
+    } else {
+      // Recompute: reduction none (per-token grad_output) or a second backward.
+      kernels::LceParams p = s->params;
+      Tensor row_scale;
+      if (none) {
+        row_scale = g[0].reshape({p.n}).to(acc_dtype(s->hidden.dtype())).contiguous();
+      } else {
+        p.grad_scale *= g[0].item();
+      }
+      Grads gr = alloc_grads(*s, need_h, need_w, need_b);
+      run_kernel(*s, p, row_scale, gr.h, gr.w, gr.b);
+      const DType in = s->hidden.dtype();
+      out = {gr.h.defined() ? to_dtype(gr.h, in).view(s->hidden_shape) : Tensor(), to_dtype(gr.w, in),
+             to_dtype(gr.b, in)};
+    }
+    if (!s->bias.defined()) out.resize(2);
+    return out;
+  });
+  return res;
+}
+
+}  // namespace kiln

@@ -1,0 +1,76 @@
+// KV-cache decoding and the token sampler.
+#include "kiln/nn/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/core/rng.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln::nn {
+
+int32_t sample_token(const std::vector<float>& logits, const GenerateOptions& o, uint64_t draw) {
+  KILN_CHECK(!logits.empty(), "generate: empty logits");
+  KILN_CHECK(o.temperature >= 0, "generate: temperature=", o.temperature, " must be >= 0");
+  KILN_CHECK(o.top_p > 0 && o.top_p <= 1, "generate: top_p=", o.top_p, " must be in (0, 1]");
+  KILN_CHECK(o.top_k >= 0, "generate: top_k=", o.top_k, " must be >= 0");
+  if (o.temperature == 0)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  size_t keep = idx.size();
+  if (o.top_k > 0) keep = std::min(keep, static_cast<size_t>(o.top_k));
+  const double mx = logits[idx[0]];
+  std::vector<double> p(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += p[i] = std::exp((logits[idx[i]] - mx) / o.temperature);
+  if (o.top_p < 1) {
+    double c = 0;
+    size_t k = 0;
+    while (k < keep) {
+      c += p[k++] / total;
+      if (c >= o.top_p) break;
+    }
+    keep = k;
+    total = 0;
+    for (size_t i = 0; i < keep; ++i) total += p[i];
+  }
+  Philox4 r = philox_element(o.seed, 0x6E6E, draw);
+  double u = uniform53(r.v[0], r.v[1]) * total, c = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    c += p[i];
+    if (u < c) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+std::vector<int32_t> generate(const LlamaForCausalLM& model, const std::vector<int32_t>& prompt_in,
+                              const GenerateOptions& o, const std::function<void(int32_t)>& on_token) {
+  NoGradGuard ng;
+  KILN_CHECK(!prompt_in.empty(), "generate: the prompt has no tokens");
+  KILN_CHECK(o.max_new_tokens >= 0, "generate: max_new_tokens=", o.max_new_tokens, " must be >= 0");
+  const int64_t limit = model.config.max_position_embeddings;
+  std::vector<int32_t> prompt = prompt_in;
+  if (static_cast<int64_t>(prompt.size()) >= limit) prompt.erase(prompt.begin(), prompt.end() - (limit - 1));
+  const Device dev = model.lm_head_weight().device();
+  KVCache cache = model.make_cache();
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  Tensor input = from_vector(ids, {1, static_cast<int64_t>(ids.size())}, dev);
+  std::vector<int32_t> out;
+  for (int64_t step = 0; step < o.max_new_tokens; ++step) {
+    if (cache.length() + input.size(1) > limit) break;  // context full
+    Tensor logits = model.logits(input, Tensor(), &cache);
+    Tensor last = logits.select(0, 0).select(0, logits.size(1) - 1).to(DType::f32);
+    int32_t tok = sample_token(last.to_vector<float>(), o, static_cast<uint64_t>(step));
+    out.push_back(tok);
+    if (on_token) on_token(tok);
+    if (o.eos_id >= 0 && tok == o.eos_id) break;
+    input = from_vector(std::vector<int64_t>{tok}, {1, 1}, dev);
+  }
+  return out;
+}
+
+}  // namespace kiln::nn

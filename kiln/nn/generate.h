@@ -1,0 +1,30 @@
+// Autoregressive sampling from a LlamaForCausalLM with a KV cache: the prompt is run once,
+// then one token per step. Temperature (0: greedy), top-k, top-p (nucleus), a seed (the
+// counter-based generator, so a seed gives the same text on any machine), and a callback per
+// token for streaming.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kiln/nn/llama.h"
+
+namespace kiln::nn {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 200;
+  double temperature = 0.8;
+  int64_t top_k = 0;    // 0: all
+  double top_p = 1.0;   // 1: all
+  uint64_t seed = 0;
+  int64_t eos_id = -1;  // stop when sampled (-1: never)
+};
+
+// Returns the new tokens (not the prompt). `on_token` (optional) sees each as it is sampled.
+std::vector<int32_t> generate(const LlamaForCausalLM& model, const std::vector<int32_t>& prompt,
+                              const GenerateOptions& options, const std::function<void(int32_t)>& on_token = nullptr);
+
+// Picks a token from one row of logits (exposed for tests).
+int32_t sample_token(const std::vector<float>& logits, const GenerateOptions& options, uint64_t draw);
+
+}  // namespace kiln::nn

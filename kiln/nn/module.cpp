@@ -1,0 +1,113 @@
+// Module tree walking and the simple layers (Linear, Embedding, RMSNorm).
+#include "kiln/nn/module.h"
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln::nn {
+
+namespace {
+std::string join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+}  // namespace
+
+NamedTensors Module::named_parameters(const std::string& prefix) const {
+  NamedTensors out;
+  for (const auto& [n, t] : params_) out.emplace_back(join(prefix, n), t);
+  for (const auto& [n, c] : children_) {
+    NamedTensors sub = c->named_parameters(join(prefix, n));
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+NamedTensors Module::named_buffers(const std::string& prefix) const {
+  NamedTensors out;
+  for (const auto& [n, t] : buffers_) out.emplace_back(join(prefix, n), t);
+  for (const auto& [n, c] : children_) {
+    NamedTensors sub = c->named_buffers(join(prefix, n));
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+std::vector<Tensor*> Module::parameters() const {
+  std::vector<Tensor*> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto* t : parameters()) n += t->numel();
+  return n;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+void Module::zero_grad() {
+  for (auto* t : parameters()) t->set_grad(Tensor());
+}
+
+void Module::to(Device device) {
+  NoGradGuard ng;
+  for (auto* t : parameters()) {
+    if (t->device() == device) continue;
+    *t = t->to(device).detach();
+    t->requires_grad_(true);
+  }
+  for (auto& [n, t] : named_buffers())
+    if (t->defined() && t->device() != device) *t = t->to(device).detach();
+}
+
+void Module::to(DType dtype) {
+  NoGradGuard ng;
+  for (auto* t : parameters()) {
+    if (t->dtype() == dtype || !is_floating(t->dtype())) continue;
+    *t = t->to(dtype).detach();
+    t->requires_grad_(true);
+  }
+}
+
+void Module::register_parameter(const std::string& name, Tensor* t) {
+  if (t->defined()) t->requires_grad_(true);
+  params_.emplace_back(name, t);
+}
+
+void Module::register_buffer(const std::string& name, Tensor* t) { buffers_.emplace_back(name, t); }
+
+Linear::Linear(int64_t in, int64_t out, bool has_bias, Generator& gen, double init_std, Device device)
+    : in_features(in), out_features(out) {
+  KILN_CHECK(in > 0 && out > 0, "Linear: in_features=", in, " and out_features=", out, " must be positive");
+  weight = mul(randn({out, in}, gen, DType::f32, device), init_std).detach();
+  register_parameter("weight", &weight);
+  if (has_bias) {
+    bias = zeros({out}, DType::f32, device);
+    register_parameter("bias", &bias);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t num, int64_t dim, Generator& gen, double init_std, Device device) {
+  KILN_CHECK(num > 0 && dim > 0, "Embedding: num_embeddings=", num, " and dim=", dim, " must be positive");
+  weight = mul(randn({num, dim}, gen, DType::f32, device), init_std).detach();
+  register_parameter("weight", &weight);
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+
+RMSNorm::RMSNorm(int64_t dim, double eps_, Device device) : eps(eps_) {
+  KILN_CHECK(dim > 0, "RMSNorm: dim=", dim, " must be positive");
+  KILN_CHECK(eps_ > 0, "RMSNorm: eps=", eps_, " must be positive");
+  weight = ones({dim}, DType::f32, device);
+  register_parameter("weight", &weight);
+}
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, eps); }
+
+}  // namespace kiln::nn

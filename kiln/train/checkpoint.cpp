@@ -1,0 +1,206 @@
+// Atomic checkpoint directories, model state under Hugging Face names, and loading.
+#include "kiln/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/io/load.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  KILN_CHECK(fd >= 0, "checkpoint: cannot open '", p.string(), "' to sync it");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  KILN_CHECK(rc == 0, "checkpoint: fsync of '", p.string(), "' failed");
+}
+
+}  // namespace
+
+json::Value read_json_file(const std::string& path) {
+  std::ifstream f(path);
+  KILN_CHECK(f.good(), "cannot open '", path, "'");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  try {
+    return json::parse(text);
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
+}
+
+void write_text_file_synced(const std::string& path, const std::string& text) {
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    KILN_CHECK(f.good(), "cannot write '", path, "'");
+  }
+  fsync_path(path);
+}
+
+void write_dir_atomic(const std::string& dir_s, const std::function<void(const std::string&)>& write,
+                      const WriteHook& hook) {
+  fs::path dir = fs::absolute(dir_s);
+  fs::path parent = dir.parent_path();
+  fs::create_directories(parent);
+  fs::path tmp = parent / (".tmp-" + dir.filename().string() + "-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    write(tmp.string());
+    for (const auto& e : fs::directory_iterator(tmp)) {
+      fsync_path(e.path());
+      if (hook) hook(e.path().filename().string());
+    }
+    fsync_path(tmp);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  fs::path old;
+  if (fs::exists(dir)) {
+    old = parent / (".old-" + dir.filename().string() + "-" + std::to_string(::getpid()));
+    fs::remove_all(old);
+    fs::rename(dir, old);
+  }
+  fs::rename(tmp, dir);
+  fsync_path(parent);
+  if (!old.empty()) fs::remove_all(old);
+}
+
+std::vector<std::pair<std::string, Tensor>> model_state(const nn::LlamaForCausalLM& model) {
+  NoGradGuard ng;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, t] : model.named_parameters()) {
+    Tensor c = t->detach();
+    if (!c.is_cpu()) c = c.to(kCPU);
+    if (c.dtype() != DType::f32) c = c.to(DType::f32);
+    out.emplace_back(name, c.contiguous());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+void load_model_state(nn::LlamaForCausalLM& model, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  NoGradGuard ng;
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [n, t] : tensors) by_name[n] = &t;
+  for (auto& [name, p] : model.named_parameters()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end() && name == "lm_head.weight") it = by_name.find("model.embed_tokens.weight");
+    KILN_CHECK(it != by_name.end(), "checkpoint: tensor '", name, "' is missing");
+    const Tensor& src = *it->second;
+    KILN_CHECK(src.shape() == p->shape(), "checkpoint: tensor '", name, "' has shape ", src.shape(),
+               ", the model expects ", p->shape());
+    KILN_CHECK(is_floating(src.dtype()), "checkpoint: tensor '", name, "' has dtype ", dtype_name(src.dtype()));
+    Tensor v = src.dtype() == p->dtype() ? src : src.to(p->dtype());
+    if (v.device() != p->device()) v = v.to(p->device());
+    // write into the existing storage so that optimizers holding the parameter see it
+    p->copy_(v);
+  }
+  for (const auto& [n, t] : tensors) {
+    bool known = n.find("rotary_emb") != std::string::npos;
+    for (auto& [name, p] : model.named_parameters()) known = known || name == n;
+    if (n == "lm_head.weight" && model.config.tie_word_embeddings) known = true;
+    KILN_CHECK(known, "checkpoint: unexpected tensor '", n, "' (not a parameter of this Llama config)");
+  }
+}
+
+void save_checkpoint(const std::string& dir, const CheckpointData& d, const WriteHook& hook) {
+  KILN_CHECK(d.model != nullptr, "save_checkpoint: no model");
+  write_dir_atomic(
+      dir,
+      [&](const std::string& tmp) {
+        fs::path t(tmp);
+        nn::LlamaConfig cfg = d.model->config;
+        if (d.tokenizer) {
+          cfg.bos_token_id = d.tokenizer->bos_id();
+          cfg.eos_token_id = d.tokenizer->eos_id();
+        }
+        cfg.torch_dtype = "float32";
+        write_text_file_synced((t / "config.json").string(), cfg.to_json().dump(2) + "\n");
+        io::save_safetensors((t / "model.safetensors").string(), model_state(*d.model), {{"format", "pt"}});
+        if (d.tokenizer) d.tokenizer->save(tmp);
+        if (!d.optimizer_tensors.empty()) {
+          std::vector<std::pair<std::string, Tensor>> opt;
+          for (const auto& [n, x] : d.optimizer_tensors) opt.emplace_back(n, x.is_cpu() ? x : x.to(kCPU));
+          io::save_safetensors((t / "optimizer.safetensors").string(), opt);
+        }
+        if (!d.trainer_state.is_null())
+          write_text_file_synced((t / "trainer_state.json").string(), d.trainer_state.dump(2) + "\n");
+      },
+      hook);
+}
+
+std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& dir) {
+  // The model's weights only: never the optimizer state that sits in the same directory.
+  fs::path p(dir);
+  if (fs::is_directory(p)) {
+    if (fs::exists(p / "model.safetensors")) return io::load((p / "model.safetensors").string());
+    if (fs::exists(p / "model.safetensors.index.json")) return io::load((p / "model.safetensors.index.json").string());
+    if (fs::exists(p / "pytorch_model.bin.index.json")) return io::load((p / "pytorch_model.bin.index.json").string());
+    if (fs::exists(p / "pytorch_model.bin")) return io::load((p / "pytorch_model.bin").string());
+    fail("checkpoint: '", dir, "' has no model.safetensors, model.safetensors.index.json or pytorch_model.bin");
+  }
+  return io::load(dir);
+}
+
+std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device device) {
+  fs::path p(dir);
+  KILN_CHECK(fs::is_directory(p), "checkpoint: '", dir, "' is not a directory");
+  nn::LlamaConfig cfg = nn::LlamaConfig::from_json(read_json_file((p / "config.json").string()));
+  auto model = std::make_unique<nn::LlamaForCausalLM>(cfg, 0, device);
+  load_model_state(*model, load_weights(dir));
+  return model;
+}
+
+std::string find_checkpoint(const std::string& dir) {
+  fs::path p(dir);
+  if (fs::exists(p / "config.json")) return p.string();
+  if (fs::exists(p / "latest")) {
+    std::ifstream f(p / "latest");
+    std::string name;
+    std::getline(f, name);
+    if (!name.empty() && fs::exists(p / name / "config.json")) return (p / name).string();
+  }
+  return "";
+}
+
+void mark_latest(const std::string& run_dir, const std::string& name, int64_t keep) {
+  fs::path run(run_dir);
+  fs::path tmp = run / ".latest.tmp";
+  write_text_file_synced(tmp.string(), name + "\n");
+  fs::rename(tmp, run / "latest");
+  fsync_path(run);
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (const auto& e : fs::directory_iterator(run)) {
+    std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step-", 0) == 0 && n != name) {
+      try {
+        steps.emplace_back(std::stoll(n.substr(5)), e.path());
+      } catch (...) {
+      }
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  while (static_cast<int64_t>(steps.size()) + 1 > keep) {
+    std::error_code ec;
+    fs::remove_all(steps.front().second, ec);
+    steps.erase(steps.begin());
+  }
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,56 @@
+// Checkpoints in Hugging Face's layout: a directory with config.json (LlamaConfig),
+// model.safetensors (Hugging Face Llama names), the tokenizer's files, and kiln's training
+// state (optimizer.safetensors + trainer_state.json). Written atomically: everything goes
+// into a temporary sibling directory, each file and the directory are fsynced, then one
+// rename puts it in place and `latest` is updated; a crash at any point leaves the previous
+// checkpoint whole. load_model() also reads Hugging Face checkpoints (one file or sharded).
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kiln/data/tokenizer.h"
+#include "kiln/io/json.h"
+#include "kiln/nn/llama.h"
+
+namespace kiln::train {
+
+// Called after each file of a checkpoint is written (tests inject failures with it).
+using WriteHook = std::function<void(const std::string& file)>;
+
+// Writes a checkpoint directory `dir` atomically: `write` fills a temporary directory, which
+// then replaces `dir` (an existing `dir` is removed only after the new one is in place).
+void write_dir_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& write,
+                      const WriteHook& hook = nullptr);
+
+struct CheckpointData {
+  const nn::LlamaForCausalLM* model = nullptr;
+  const data::Tokenizer* tokenizer = nullptr;
+  // kiln's training state (absent: a model-only checkpoint)
+  std::vector<std::pair<std::string, Tensor>> optimizer_tensors;
+  json::Value trainer_state;  // null: not written
+};
+void save_checkpoint(const std::string& dir, const CheckpointData& data, const WriteHook& hook = nullptr);
+
+// The model's tensors under Hugging Face names, as f32 CPU tensors (tied: no lm_head.weight).
+std::vector<std::pair<std::string, Tensor>> model_state(const nn::LlamaForCausalLM& model);
+// Copies tensors into the model's parameters (names as model_state; extra rotary buffers are
+// ignored; a missing lm_head.weight is an error unless embeddings are tied).
+void load_model_state(nn::LlamaForCausalLM& model, const std::vector<std::pair<std::string, Tensor>>& tensors);
+
+// Reads config.json and the weights (model.safetensors, or model.safetensors.index.json shards).
+std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device device = kCPU);
+// The weights of a checkpoint directory as named tensors.
+std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& dir);
+
+// The newest checkpoint under a run directory (its `latest` file), or `dir` itself when it
+// is a checkpoint; "" when there is none.
+std::string find_checkpoint(const std::string& dir);
+// Updates `run_dir/latest` (atomically) to name checkpoint `name`, and deletes the oldest
+// step-* checkpoints beyond `keep`.
+void mark_latest(const std::string& run_dir, const std::string& name, int64_t keep);
+
+json::Value read_json_file(const std::string& path);
+void write_text_file_synced(const std::string& path, const std::string& text);
+
+}  // namespace kiln::train

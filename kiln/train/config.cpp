@@ -1,0 +1,287 @@
+// Presets, config keys, the TOML subset parser and validation for `kiln train`.
+#include "kiln/train/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "kiln/core/error.h"
+
+namespace kiln::train {
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names = {"tiny", "small", "125m", "1b"};
+  return names;
+}
+
+TrainConfig preset(const std::string& name) {
+  TrainConfig c;
+  c.preset = name;
+  if (name == "tiny") {  // seconds on a laptop: tests and smoke runs
+    c.hidden = 64; c.layers = 2; c.heads = 4; c.kv_heads = 2; c.intermediate = 176;
+    c.steps = 200; c.batch = 8; c.seq = 64; c.lr = 3e-3; c.eval_every = 50; c.ckpt_every = 0;
+  } else if (name == "small") {  // the default: about two minutes on 2 CPU cores
+    c.hidden = 128; c.layers = 4; c.heads = 4; c.kv_heads = 2; c.intermediate = 352;
+    c.steps = 300; c.batch = 8; c.seq = 128; c.lr = 2e-3; c.eval_every = 50; c.ckpt_every = 0;
+  } else if (name == "125m") {  // GPT-3 small shape
+    c.hidden = 768; c.layers = 12; c.heads = 12; c.kv_heads = 4; c.intermediate = 2048;
+    c.steps = 5000; c.batch = 16; c.seq = 2048; c.lr = 6e-4; c.eval_every = 250; c.ckpt_every = 1000;
+    c.device = "cuda"; c.tie_embeddings = true;
+  } else if (name == "1b") {  // Llama-3.2-1B shape
+    c.hidden = 2048; c.layers = 16; c.heads = 32; c.kv_heads = 8; c.intermediate = 8192;
+    c.steps = 10000; c.batch = 8; c.seq = 2048; c.lr = 3e-4; c.eval_every = 500; c.ckpt_every = 1000;
+    c.rope_theta = 500000.0; c.device = "cuda"; c.tie_embeddings = true;
+  } else {
+    std::string all;
+    for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
+    fail("config: preset '", name, "' is not one of: ", all);
+  }
+  return c;
+}
+
+nn::LlamaConfig TrainConfig::model_config(int64_t vocab) const {
+  nn::LlamaConfig m;
+  m.vocab_size = vocab;
+  m.hidden_size = hidden;
+  m.intermediate_size = intermediate;
+  m.num_hidden_layers = layers;
+  m.num_attention_heads = heads;
+  m.num_key_value_heads = kv_heads;
+  m.max_position_embeddings = std::max<int64_t>(seq, 256);
+  m.rms_norm_eps = norm_eps;
+  m.rope_theta = rope_theta;
+  m.initializer_range = init_std;
+  m.tie_word_embeddings = tie_embeddings;
+  m.attention_backend = attention;
+  m.fused_loss = fused_loss;
+  return m;
+}
+
+void TrainConfig::validate() const {
+  auto pos = [](const char* k, int64_t v) { KILN_CHECK(v > 0, "config: ", k, "=", v, " must be positive"); };
+  pos("steps", steps);
+  pos("batch", batch);
+  pos("seq", seq);
+  pos("accum", accum);
+  pos("log_every", log_every);
+  KILN_CHECK(eval_every >= 0, "config: eval_every=", eval_every, " must be >= 0 (0: never)");
+  KILN_CHECK(ckpt_every >= 0, "config: ckpt_every=", ckpt_every, " must be >= 0 (0: only at the end)");
+  KILN_CHECK(eval_batches > 0, "config: eval_batches=", eval_batches, " must be positive");
+  KILN_CHECK(keep_ckpts >= 1, "config: keep_ckpts=", keep_ckpts, " must be at least 1");
+  KILN_CHECK(lr > 0 && std::isfinite(lr), "config: lr=", lr, " must be a positive number");
+  KILN_CHECK(min_lr_ratio >= 0 && min_lr_ratio <= 1, "config: min_lr_ratio=", min_lr_ratio, " must be in [0, 1]");
+  KILN_CHECK(weight_decay >= 0, "config: weight_decay=", weight_decay, " must be >= 0");
+  KILN_CHECK(beta1 >= 0 && beta1 < 1, "config: beta1=", beta1, " must be in [0, 1)");
+  KILN_CHECK(beta2 >= 0 && beta2 < 1, "config: beta2=", beta2, " must be in [0, 1)");
+  KILN_CHECK(eps > 0, "config: eps=", eps, " must be positive");
+  KILN_CHECK(clip >= 0, "config: clip=", clip, " must be >= 0 (0: no clipping)");
+  KILN_CHECK(warmup >= -1, "config: warmup=", warmup, " must be >= 0 (or -1: 5% of steps)");
+  KILN_CHECK(max_time >= 0, "config: max_time=", max_time, " must be >= 0");
+  KILN_CHECK(sample_tokens >= 0, "config: sample_tokens=", sample_tokens, " must be >= 0");
+  KILN_CHECK(val_fraction >= 0 && val_fraction < 0.5, "config: val_fraction=", val_fraction, " must be in [0, 0.5)");
+  KILN_CHECK(sample == "windows" || sample == "packed", "config: sample='", sample, "' is not one of: windows, packed");
+  KILN_CHECK(dtype == "auto" || dtype == "f32" || dtype == "bf16", "config: dtype='", dtype,
+             "' is not one of: auto, f32, bf16");
+  KILN_CHECK(device == "cpu" || device.rfind("cuda", 0) == 0, "config: device='", device,
+             "' is not one of: cpu, cuda, cuda:N");
+  KILN_CHECK(!out.empty(), "config: out must not be empty");
+  model_config(256).validate();
+  KILN_CHECK(seq <= 1 << 20, "config: seq=", seq, " is too large");
+}
+
+json::Value TrainConfig::to_json() const {
+  json::Value v = json::Value::object();
+  v["preset"] = preset;
+  v["data"] = data;
+  v["tokenizer"] = tokenizer;
+  v["sample"] = sample;
+  v["val_fraction"] = val_fraction;
+  v["hidden"] = hidden;
+  v["layers"] = layers;
+  v["heads"] = heads;
+  v["kv_heads"] = kv_heads;
+  v["intermediate"] = intermediate;
+  v["rope_theta"] = rope_theta;
+  v["norm_eps"] = norm_eps;
+  v["init_std"] = init_std;
+  v["tie_embeddings"] = tie_embeddings;
+  v["attention"] = attention;
+  v["fused_loss"] = fused_loss;
+  v["steps"] = steps;
+  v["batch"] = batch;
+  v["seq"] = seq;
+  v["accum"] = accum;
+  v["warmup"] = warmup;
+  v["lr"] = lr;
+  v["min_lr_ratio"] = min_lr_ratio;
+  v["weight_decay"] = weight_decay;
+  v["beta1"] = beta1;
+  v["beta2"] = beta2;
+  v["eps"] = eps;
+  v["clip"] = clip;
+  v["eval_every"] = eval_every;
+  v["eval_batches"] = eval_batches;
+  v["ckpt_every"] = ckpt_every;
+  v["keep_ckpts"] = keep_ckpts;
+  v["log_every"] = log_every;
+  v["telemetry_every"] = telemetry_every;
+  v["max_time"] = max_time;
+  v["sample_tokens"] = sample_tokens;
+  v["prompt"] = prompt;
+  v["out"] = out;
+  v["device"] = device;
+  v["dtype"] = dtype;
+  v["seed"] = static_cast<int64_t>(seed);
+  v["deterministic"] = deterministic;
+  return v;
+}
+
+void set_config_value(TrainConfig& c, const std::string& key_in, const json::Value& v) {
+  std::string key = key_in;
+  for (char& ch : key)
+    if (ch == '-') ch = '_';
+  using Setter = std::function<void(TrainConfig&, const json::Value&)>;
+  auto S = [](std::string TrainConfig::*m) {
+    return Setter([m](TrainConfig& c, const json::Value& v) { c.*m = v.as_string(); });
+  };
+  auto I = [](int64_t TrainConfig::*m) {
+    return Setter([m](TrainConfig& c, const json::Value& v) { c.*m = v.as_int(); });
+  };
+  auto D = [](double TrainConfig::*m) {
+    return Setter([m](TrainConfig& c, const json::Value& v) { c.*m = v.as_double(); });
+  };
+  auto B = [](bool TrainConfig::*m) {
+    return Setter([m](TrainConfig& c, const json::Value& v) { c.*m = v.as_bool(); });
+  };
+  static const std::map<std::string, Setter> setters = {
+      {"preset", S(&TrainConfig::preset)}, {"data", S(&TrainConfig::data)},
+      {"tokenizer", S(&TrainConfig::tokenizer)}, {"sample", S(&TrainConfig::sample)},
+      {"sample_mode", S(&TrainConfig::sample)},
+      {"val_fraction", D(&TrainConfig::val_fraction)}, {"hidden", I(&TrainConfig::hidden)},
+      {"layers", I(&TrainConfig::layers)}, {"heads", I(&TrainConfig::heads)},
+      {"kv_heads", I(&TrainConfig::kv_heads)}, {"intermediate", I(&TrainConfig::intermediate)},
+      {"rope_theta", D(&TrainConfig::rope_theta)}, {"norm_eps", D(&TrainConfig::norm_eps)},
+      {"init_std", D(&TrainConfig::init_std)}, {"tie_embeddings", B(&TrainConfig::tie_embeddings)},
+      {"attention", S(&TrainConfig::attention)}, {"fused_loss", B(&TrainConfig::fused_loss)},
+      {"steps", I(&TrainConfig::steps)}, {"batch", I(&TrainConfig::batch)}, {"seq", I(&TrainConfig::seq)},
+      {"accum", I(&TrainConfig::accum)}, {"warmup", I(&TrainConfig::warmup)}, {"lr", D(&TrainConfig::lr)},
+      {"min_lr_ratio", D(&TrainConfig::min_lr_ratio)}, {"weight_decay", D(&TrainConfig::weight_decay)},
+      {"beta1", D(&TrainConfig::beta1)}, {"beta2", D(&TrainConfig::beta2)}, {"eps", D(&TrainConfig::eps)},
+      {"clip", D(&TrainConfig::clip)}, {"eval_every", I(&TrainConfig::eval_every)},
+      {"eval_batches", I(&TrainConfig::eval_batches)}, {"ckpt_every", I(&TrainConfig::ckpt_every)},
+      {"keep_ckpts", I(&TrainConfig::keep_ckpts)}, {"log_every", I(&TrainConfig::log_every)},
+      {"telemetry_every", I(&TrainConfig::telemetry_every)}, {"max_time", D(&TrainConfig::max_time)},
+      {"sample_tokens", I(&TrainConfig::sample_tokens)}, {"prompt", S(&TrainConfig::prompt)},
+      {"out", S(&TrainConfig::out)}, {"device", S(&TrainConfig::device)}, {"dtype", S(&TrainConfig::dtype)},
+      {"deterministic", B(&TrainConfig::deterministic)}, {"resume", S(&TrainConfig::resume)},
+      {"seed", Setter([](TrainConfig& c, const json::Value& v) {
+         KILN_CHECK(v.as_int() >= 0, "seed must be >= 0");
+         c.seed = static_cast<uint64_t>(v.as_int());
+       })},
+  };
+  auto it = setters.find(key);
+  KILN_CHECK(it != setters.end(), "config: unknown key '", key_in, "'");
+  try {
+    it->second(c, v);
+  } catch (const Error& e) {
+    fail("config: key '", key_in, "': ", e.what());
+  }
+}
+
+void apply_config_json(TrainConfig& c, const json::Value& obj) {
+  for (const auto& [k, v] : obj.as_object("config")) {
+    if (v.is_object()) apply_config_json(c, v);
+    else set_config_value(c, k, v);
+  }
+}
+
+json::Value parse_toml(const std::string& text, const std::string& source) {
+  json::Value root = json::Value::object();
+  json::Value* table = &root;
+  size_t line_no = 0, pos = 0;
+  auto trim = [](std::string s) {
+    size_t a = s.find_first_not_of(" \t\r"), b = s.find_last_not_of(" \t\r");
+    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+  };
+  while (pos <= text.size()) {
+    size_t nl = text.find('\n', pos);
+    std::string line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    pos = nl == std::string::npos ? text.size() + 1 : nl + 1;
+    ++line_no;
+    // strip comments outside strings
+    bool in_s = false;
+    char q = 0;
+    for (size_t i = 0; i < line.size(); ++i) {
+      char ch = line[i];
+      if (in_s) {
+        if (ch == '\\' && q == '"') ++i;
+        else if (ch == q) in_s = false;
+      } else if (ch == '"' || ch == '\'') {
+        in_s = true;
+        q = ch;
+      } else if (ch == '#') {
+        line.resize(i);
+        break;
+      }
+    }
+    line = trim(line);
+    if (line.empty()) continue;
+    auto where = [&]() { return source + ":" + std::to_string(line_no); };
+    if (line.front() == '[') {
+      KILN_CHECK(line.back() == ']' && line.size() > 2, where(), ": bad table header '", line, "'");
+      std::string name = trim(line.substr(1, line.size() - 2));
+      KILN_CHECK(!name.empty() && name.find_first_of("[]\"' ") == std::string::npos, where(), ": bad table name '",
+                 name, "'");
+      KILN_CHECK(!root.contains(name), where(), ": table [", name, "] defined twice");
+      root[name] = json::Value::object();
+      table = &root[name];
+      continue;
+    }
+    size_t eq = line.find('=');
+    KILN_CHECK(eq != std::string::npos, where(), ": expected 'key = value', got '", line, "'");
+    std::string key = trim(line.substr(0, eq)), val = trim(line.substr(eq + 1));
+    KILN_CHECK(!key.empty() && key.find_first_of(" \t\"'") == std::string::npos, where(), ": bad key '", key, "'");
+    KILN_CHECK(!val.empty(), where(), ": missing value for '", key, "'");
+    KILN_CHECK(!table->contains(key), where(), ": key '", key, "' defined twice");
+    json::Value v;
+    if (val.front() == '"') {
+      KILN_CHECK(val.size() >= 2 && val.back() == '"', where(), ": unterminated string");
+      v = json::parse(val);  // TOML basic strings use JSON's escapes
+    } else if (val.front() == '\'') {
+      KILN_CHECK(val.size() >= 2 && val.back() == '\'', where(), ": unterminated string");
+      v = val.substr(1, val.size() - 2);
+    } else if (val == "true" || val == "false") {
+      v = val == "true";
+    } else {
+      std::string num;
+      for (char ch : val)
+        if (ch != '_') num.push_back(ch);
+      size_t used = 0;
+      bool is_int = num.find_first_of(".eE") == std::string::npos || num.rfind("0x", 0) == 0;
+      try {
+        if (is_int) {
+          v = static_cast<int64_t>(std::stoll(num, &used, 0));
+        } else {
+          v = std::stod(num, &used);
+        }
+      } catch (...) {
+        used = 0;
+      }
+      KILN_CHECK(used == num.size() && used > 0, where(), ": value '", val,
+                 "' is not a string, number or boolean (kiln reads a TOML subset)");
+    }
+    (*table)[key] = std::move(v);
+  }
+  return root;
+}
+
+void apply_config_file(TrainConfig& c, const std::string& path) {
+  std::ifstream f(path);
+  KILN_CHECK(f.good(), "config: cannot open '", path, "'");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  bool is_json = path.size() >= 5 && path.substr(path.size() - 5) == ".json";
+  apply_config_json(c, is_json ? json::parse(text) : parse_toml(text, path));
+}
+
+}  // namespace kiln::train

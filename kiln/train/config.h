@@ -1,0 +1,64 @@
+// TrainConfig: everything `kiln train` needs, built in three layers: a preset (tiny, small,
+// 125m, 1b), then a config file (TOML subset or JSON), then command-line flags. Keys are the
+// flag names without dashes ("lr", "eval_every"); a TOML [table] or JSON object only groups
+// keys ([model] hidden = 256 is the key "hidden"). validate() names every bad value.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/io/json.h"
+#include "kiln/nn/llama.h"
+
+namespace kiln::train {
+
+struct TrainConfig {
+  std::string preset = "small";
+  // data
+  std::string data;          // file or folder; empty: the embedded default corpus
+  std::string tokenizer = "byte";
+  std::string sample = "windows";  // windows | packed
+  double val_fraction = 0.05;
+  // model
+  int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, intermediate = 0;
+  double rope_theta = 10000.0, norm_eps = 1e-5, init_std = 0.02;
+  bool tie_embeddings = false;
+  std::string attention = "reference";  // reference | flex
+  bool fused_loss = false;
+  // optimisation
+  int64_t steps = 0, batch = 0, seq = 0, accum = 1, warmup = -1;
+  double lr = 0, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
+  // schedule of side work
+  int64_t eval_every = 0, eval_batches = 8, ckpt_every = 0, keep_ckpts = 2, log_every = 1, telemetry_every = 50;
+  double max_time = 0;  // seconds; 0 = no limit (stops early, checkpoints)
+  int64_t sample_tokens = 200;  // generated at the end (0: none)
+  std::string prompt;           // of the final sample
+  // run
+  std::string out = "runs/kiln";
+  std::string device = "cpu";
+  std::string dtype = "auto";  // auto (bf16 on CUDA, f32 on CPU) | f32 | bf16
+  uint64_t seed = 1234;
+  bool deterministic = false;
+  std::string resume;
+
+  // The model config for a tokenizer of `vocab` ids.
+  nn::LlamaConfig model_config(int64_t vocab) const;
+  void validate() const;
+  json::Value to_json() const;
+};
+
+// The names of the presets and a preset's config.
+const std::vector<std::string>& preset_names();
+TrainConfig preset(const std::string& name);
+
+// Sets one key from a JSON value (kiln::Error naming the key for unknown keys or bad types).
+void set_config_value(TrainConfig& c, const std::string& key, const json::Value& v);
+// Applies every key of a JSON object (nested objects flattened).
+void apply_config_json(TrainConfig& c, const json::Value& obj);
+// Parses the TOML subset: comments (#), [table] headers, key = value with strings ("..." or
+// '...'), integers, floats, booleans. Returns a JSON object (tables as nested objects).
+json::Value parse_toml(const std::string& text, const std::string& source = "config");
+// Reads a .toml or .json file and applies it.
+void apply_config_file(TrainConfig& c, const std::string& path);
+
+}  // namespace kiln::train

@@ -1,0 +1,171 @@
+// Progress line, metrics log, SVG loss curve.
+#include "kiln/train/report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "kiln/core/error.h"
+
+namespace kiln::train {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[32];
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  else std::snprintf(buf, sizeof buf, "%llds", (long long)t);
+  return buf;
+}
+
+std::string format_bytes(int64_t b) {
+  char buf[32];
+  double x = static_cast<double>(b);
+  if (x >= 1 << 30) std::snprintf(buf, sizeof buf, "%.2f GiB", x / (1 << 30));
+  else if (x >= 1 << 20) std::snprintf(buf, sizeof buf, "%.1f MiB", x / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.0f KiB", x / 1024);
+  return buf;
+}
+
+Progress::Progress(FILE* out, int64_t total, int64_t every)
+    : out_(out), tty_(out && ::isatty(::fileno(out))), total_(total), every_(std::max<int64_t>(every, 1)) {}
+
+void Progress::update(int64_t step, double loss, double tps, double eta, int64_t mem, double eval_loss) {
+  if (!out_) return;
+  if (!tty_ && step % every_ != 0 && step != total_ && eval_loss < 0) return;
+  char bar[21];
+  int fill = total_ > 0 ? static_cast<int>(20 * step / total_) : 0;
+  for (int i = 0; i < 20; ++i) bar[i] = i < fill ? '#' : '.';
+  bar[20] = 0;
+  char ev[32] = "";
+  if (eval_loss >= 0) std::snprintf(ev, sizeof ev, " eval %.4f", eval_loss);
+  std::fprintf(out_, "%s[%s] step %lld/%lld  loss %.4f%s  %.0f tok/s  ETA %s  mem %s%s", tty_ ? "\r\033[K" : "",
+               bar, (long long)step, (long long)total_, loss, ev, tps, format_duration(eta).c_str(),
+               format_bytes(mem).c_str(), tty_ ? "" : "\n");
+  drawn_ = tty_;
+  std::fflush(out_);
+}
+
+void Progress::message(const std::string& text) {
+  if (!out_) return;
+  if (drawn_) std::fprintf(out_, "\r\033[K");
+  std::fprintf(out_, "%s\n", text.c_str());
+  drawn_ = false;
+  std::fflush(out_);
+}
+
+void Progress::finish() {
+  if (out_ && drawn_) std::fprintf(out_, "\n");
+  drawn_ = false;
+}
+
+MetricsLog::MetricsLog(const std::string& path, int64_t keep_until) : path_(path) {
+  std::vector<std::string> kept;
+  if (keep_until >= 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      try {
+        json::Value v = json::parse(line);
+        const json::Value* s = v.find("step");
+        if (s && s->is_integer() && s->as_int() <= keep_until) kept.push_back(line);
+      } catch (const Error&) {
+        // a torn last line from a crash: dropped
+      }
+    }
+  }
+  f_ = std::fopen(path.c_str(), "w");
+  KILN_CHECK(f_ != nullptr, "metrics: cannot open '", path, "' for writing");
+  for (const auto& l : kept) std::fprintf(f_, "%s\n", l.c_str());
+  std::fflush(f_);
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsLog::write(const json::Value& obj) {
+  std::fprintf(f_, "%s\n", obj.dump().c_str());
+  std::fflush(f_);
+}
+
+std::vector<Curve> curves_from_metrics(const std::string& path) {
+  Curve train{"train loss", {}}, eval{"eval loss", {}};
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    try {
+      json::Value v = json::parse(line);
+      const json::Value* s = v.find("step");
+      if (!s || !s->is_integer()) continue;
+      double step = static_cast<double>(s->as_int());
+      if (const json::Value* l = v.find("loss"); l && l->is_number()) train.points.emplace_back(step, l->as_double());
+      if (const json::Value* l = v.find("eval_loss"); l && l->is_number()) eval.points.emplace_back(step, l->as_double());
+    } catch (const Error&) {
+    }
+  }
+  std::vector<Curve> out{train};
+  if (!eval.points.empty()) out.push_back(eval);
+  return out;
+}
+
+std::string loss_curve_svg(const std::vector<Curve>& curves, const std::string& title) {
+  const double W = 720, H = 420, L = 64, R = 20, T = 36, B = 48;
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const auto& c : curves)
+    for (auto [x, y] : c.points) {
+      if (!std::isfinite(y)) continue;
+      x0 = std::min(x0, x); x1 = std::max(x1, x);
+      y0 = std::min(y0, y); y1 = std::max(y1, y);
+    }
+  if (x0 > x1) { x0 = 0; x1 = 1; y0 = 0; y1 = 1; }
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) { y1 += 0.5; y0 -= 0.5; }
+  const double pad = 0.05 * (y1 - y0);
+  y0 -= pad; y1 += pad;
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - B); };
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(1);
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W
+    << " " << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << title << "</text>\n";
+  s << "<g stroke=\"#ccc\">\n";
+  for (int i = 0; i <= 5; ++i) {
+    double y = y0 + (y1 - y0) * i / 5, x = x0 + (x1 - x0) * i / 5;
+    s << "<line x1=\"" << L << "\" x2=\"" << W - R << "\" y1=\"" << py(y) << "\" y2=\"" << py(y) << "\"/>\n";
+    s << "<line y1=\"" << T << "\" y2=\"" << H - B << "\" x1=\"" << px(x) << "\" x2=\"" << px(x) << "\"/>\n";
+  }
+  s << "</g>\n<g fill=\"#333\">\n";
+  for (int i = 0; i <= 5; ++i) {
+    double y = y0 + (y1 - y0) * i / 5, x = x0 + (x1 - x0) * i / 5;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", y);
+    s << "<text x=\"" << L - 6 << "\" y=\"" << py(y) + 4 << "\" text-anchor=\"end\">" << buf << "</text>\n";
+    std::snprintf(buf, sizeof buf, "%.0f", x);
+    s << "<text x=\"" << px(x) << "\" y=\"" << H - B + 16 << "\" text-anchor=\"middle\">" << buf << "</text>\n";
+  }
+  s << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text>\n";
+  s << "<text transform=\"translate(16 " << (T + H - B) / 2 << ") rotate(-90)\" text-anchor=\"middle\">loss</text>\n";
+  s << "</g>\n";
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
+  for (size_t c = 0; c < curves.size(); ++c) {
+    const char* col = colors[c % 4];
+    s << "<polyline fill=\"none\" stroke=\"" << col << "\" stroke-width=\"1.5\" points=\"";
+    for (auto [x, y] : curves[c].points)
+      if (std::isfinite(y)) s << px(x) << "," << py(y) << " ";
+    s << "\"/>\n";
+    s << "<rect x=\"" << W - R - 130 << "\" y=\"" << T + 8 + 18 * c << "\" width=\"12\" height=\"3\" fill=\"" << col
+      << "\"/><text x=\"" << W - R - 112 << "\" y=\"" << T + 13 + 18 * c << "\">" << curves[c].name << "</text>\n";
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+}  // namespace kiln::train

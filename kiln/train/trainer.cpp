@@ -1,0 +1,300 @@
+// The training loop (see trainer.h).
+#include "kiln/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/core/allocator.h"
+#include "kiln/data/dataset.h"
+#include "kiln/data/default_corpus.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/nn/generate.h"
+#include "kiln/ops/ops.h"
+#include "kiln/optim/adamw.h"
+#include "kiln/optim/clip.h"
+#include "kiln/optim/schedule.h"
+#include "kiln/telemetry/telemetry.h"
+#include "kiln/train/report.h"
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Forward in bf16 copies of the f32 master weights: for the scope of the guard each module
+// parameter is replaced by a (recorded) cast, so gradients flow back to the f32 masters.
+class Bf16Params {
+ public:
+  Bf16Params(nn::Module& m, bool on) {
+    if (!on) return;
+    for (auto& [n, p] : m.named_parameters()) {
+      saved_.emplace_back(p, *p);
+      *p = p->to(DType::bf16);
+    }
+  }
+  ~Bf16Params() {
+    for (auto& [p, master] : saved_) *p = master;
+  }
+
+ private:
+  std::vector<std::pair<Tensor*, Tensor>> saved_;
+};
+
+double evaluate(const nn::LlamaForCausalLM& model, data::Sampler& val, int64_t batches, Device dev, bool bf16) {
+  NoGradGuard ng;
+  val.set_position(0);  // the same held-out batches every time
+  double sum = 0;
+  int64_t count = 0;
+  Bf16Params cast(const_cast<nn::LlamaForCausalLM&>(model), bf16);
+  for (int64_t i = 0; i < batches; ++i) {
+    data::Batch b = val.next(dev);
+    sum += model.loss_sum(b.input, b.target, b.doc_ids).item();
+    count += b.num_targets;
+  }
+  return count ? sum / static_cast<double>(count) : 0.0;
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
+  TrainConfig cfg = cfg_in;
+  // ---- resume: the saved configuration wins, except for what may change between runs ----
+  std::string resume_dir;
+  json::Value resume_state;
+  if (!cfg_in.resume.empty()) {
+    resume_dir = find_checkpoint(cfg_in.resume);
+    KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'");
+    KILN_CHECK(fs::exists(fs::path(resume_dir) / "trainer_state.json"), "resume: '", resume_dir,
+               "' has no trainer_state.json (a model-only checkpoint cannot be resumed)");
+    resume_state = read_json_file((fs::path(resume_dir) / "trainer_state.json").string());
+    cfg = TrainConfig{};
+    apply_config_json(cfg, *resume_state.find("config"));
+    cfg.steps = cfg_in.steps;
+    cfg.out = cfg_in.out;
+    cfg.max_time = cfg_in.max_time;
+    cfg.eval_every = cfg_in.eval_every;
+    cfg.ckpt_every = cfg_in.ckpt_every;
+    cfg.log_every = cfg_in.log_every;
+    cfg.keep_ckpts = cfg_in.keep_ckpts;
+    cfg.sample_tokens = cfg_in.sample_tokens;
+    cfg.prompt = cfg_in.prompt;
+    cfg.resume = cfg_in.resume;
+  }
+  cfg.validate();
+  set_deterministic(cfg.deterministic);
+  const Device dev = Device::parse(cfg.device);
+  check_device_available(dev, "train");
+  const bool bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && dev.is_cuda());
+  Progress progress(hooks.progress, cfg.steps, cfg.log_every);
+  fs::create_directories(cfg.out);
+
+  // ---- data ----
+  std::unique_ptr<data::Tokenizer> tok =
+      data::load_tokenizer(!resume_dir.empty() && cfg.tokenizer != "byte" ? resume_dir : cfg.tokenizer);
+  data::TokenStream stream = cfg.data.empty()
+                                 ? data::tokenize_documents({data::default_corpus()}, *tok)
+                                 : data::load_corpus(cfg.data, *tok, cfg.out);
+  data::Split split = data::split_stream(stream, cfg.val_fraction, cfg.seq);
+  const data::SampleMode mode = data::parse_sample_mode(cfg.sample);
+  data::Sampler train_sampler(stream, 0, split.train_end, cfg.batch, cfg.seq, cfg.seed, mode);
+  std::unique_ptr<data::Sampler> val_sampler;
+  if (split.train_end < stream.size())
+    val_sampler = std::make_unique<data::Sampler>(stream, split.train_end, stream.size(), cfg.batch, cfg.seq,
+                                                  cfg.seed + 1, mode);
+
+  // ---- model and optimizer ----
+  nn::LlamaConfig mcfg = cfg.model_config(tok->vocab_size());
+  nn::LlamaForCausalLM model(mcfg, cfg.seed, dev);
+  optim::NamedTensors named;
+  for (auto& [n, p] : model.named_parameters()) named.emplace_back(n, *p);
+  optim::AdamWOptions ao;
+  ao.lr = cfg.lr;
+  ao.beta1 = cfg.beta1;
+  ao.beta2 = cfg.beta2;
+  ao.eps = cfg.eps;
+  ao.weight_decay = cfg.weight_decay;
+  ao.decay = optim::decay_matrices_only;
+  optim::AdamW opt(named, ao);
+  std::vector<Tensor> params;
+  for (auto& [n, p] : named) params.push_back(p);
+  optim::LrSchedule sched;
+  sched.kind = optim::ScheduleKind::cosine;
+  sched.max_lr = cfg.lr;
+  sched.min_lr = cfg.lr * cfg.min_lr_ratio;
+  sched.warmup_steps = cfg.warmup >= 0 ? cfg.warmup : std::max<int64_t>(1, cfg.steps / 20);
+  sched.total_steps = std::max(cfg.steps, sched.warmup_steps + 1);
+
+  TrainSummary sum;
+  sum.num_parameters = model.num_parameters();
+  int64_t step = 0, tokens_seen = 0;
+  double elapsed_before = 0;
+  if (!resume_dir.empty()) {
+    load_model_state(model, load_weights(resume_dir));
+    optim::OptimizerState st;
+    fs::path of = fs::path(resume_dir) / "optimizer.safetensors";
+    if (fs::exists(of)) st.tensors = io::load_safetensors(of.string());
+    st.scalars = *resume_state.find("optimizer");
+    opt.load_state_dict(st);
+    step = resume_state.find("step")->as_int("step");
+    train_sampler.set_position(static_cast<uint64_t>(resume_state.find("sampler_position")->as_int()));
+    tokens_seen = resume_state.find("tokens_seen")->as_int();
+    elapsed_before = resume_state.find("elapsed_s")->as_double();
+    KILN_CHECK(step <= cfg.steps, "resume: the checkpoint is at step ", step, ", beyond --steps ", cfg.steps);
+  }
+  sum.start_step = step;
+  MetricsLog metrics((fs::path(cfg.out) / "metrics.jsonl").string(), resume_dir.empty() ? -1 : step);
+  {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "kiln train: %s model, %.2fM parameters, %zu tokens (%s), batch %lld x %lld x %lld, "
+                  "%s%s, %s", cfg.preset.c_str(), static_cast<double>(sum.num_parameters) / 1e6, stream.size(),
+                  cfg.data.empty() ? "default corpus" : cfg.data.c_str(), (long long)cfg.batch, (long long)cfg.seq,
+                  (long long)cfg.accum, dev.str().c_str(), bf16 ? " bf16" : "", resume_dir.empty() ? "from scratch"
+                  : ("resumed at step " + std::to_string(step)).c_str());
+    progress.message(buf);
+  }
+
+  const auto t0 = Clock::now();
+  auto save = [&](const std::string& why) {
+    json::Value st = json::Value::object();
+    optim::OptimizerState os = opt.state_dict();
+    st["step"] = step;
+    st["sampler_position"] = static_cast<int64_t>(train_sampler.position());
+    st["tokens_seen"] = tokens_seen;
+    st["elapsed_s"] = elapsed_before + std::chrono::duration<double>(Clock::now() - t0).count();
+    st["reason"] = why;
+    st["config"] = cfg.to_json();
+    st["optimizer"] = os.scalars;
+    CheckpointData d;
+    d.model = &model;
+    d.tokenizer = tok.get();
+    d.optimizer_tensors = os.tensors;
+    d.trainer_state = std::move(st);
+    std::string name = "step-" + std::to_string(step);
+    std::string dir = (fs::path(cfg.out) / name).string();
+    save_checkpoint(dir, d, hooks.checkpoint_hook);
+    mark_latest(cfg.out, name, cfg.keep_ckpts);
+    sum.checkpoint = dir;
+  };
+
+  auto window_t = t0;
+  int64_t window_tokens = 0;
+  double tps = 0;
+  model.train();
+  while (step < cfg.steps) {
+    const double lr = sched.lr_at(step);
+    opt.set_lr(lr);
+    std::vector<data::Batch> micro;
+    int64_t targets = 0;
+    for (int64_t a = 0; a < cfg.accum; ++a) {
+      micro.push_back(train_sampler.next(dev));
+      targets += micro.back().num_targets;
+    }
+    double loss_total = 0;
+    {
+      Bf16Params cast(model, bf16);
+      for (auto& b : micro) {
+        if (b.num_targets == 0) continue;
+        // this micro-batch's share of the mean over the whole accumulated batch
+        Tensor ls = model.loss_sum(b.input, b.target, b.doc_ids, static_cast<double>(targets));
+        loss_total += ls.item();
+        ls.backward();
+      }
+    }
+    const double loss = loss_total;
+    double gnorm = cfg.clip > 0 ? optim::clip_grad_norm_(params, cfg.clip) : optim::grad_norm(params);
+    bool skipped = !std::isfinite(gnorm);
+    if (!skipped) opt.step();
+    opt.zero_grad();
+    ++step;
+    const int64_t step_tokens = cfg.batch * cfg.seq * cfg.accum;
+    tokens_seen += step_tokens;
+    window_tokens += step_tokens;
+    sum.losses.push_back(loss);
+    if (sum.losses.size() == 1) sum.first_loss = loss;
+    sum.final_loss = loss;
+    const auto now = Clock::now();
+    const double wdt = std::chrono::duration<double>(now - window_t).count();
+    if (wdt > 0.5 || step == cfg.steps) {
+      tps = window_tokens / std::max(wdt, 1e-9);
+      window_t = now;
+      window_tokens = 0;
+    } else if (tps == 0) {
+      tps = window_tokens / std::max(wdt, 1e-9);
+    }
+    const double run_s = std::chrono::duration<double>(now - t0).count();
+    double eval_loss = -1;
+    if (val_sampler && cfg.eval_every > 0 && (step % cfg.eval_every == 0 || step == cfg.steps)) {
+      model.eval();
+      eval_loss = evaluate(model, *val_sampler, cfg.eval_batches, dev, bf16);
+      model.train();
+      sum.final_eval_loss = eval_loss;
+    }
+    const int64_t mem = memory_stats(dev).current_bytes;
+    if (step % cfg.log_every == 0 || eval_loss >= 0 || step == cfg.steps) {
+      json::Value m = json::Value::object();
+      m["step"] = step;
+      m["loss"] = loss;
+      m["lr"] = lr;
+      m["grad_norm"] = gnorm;
+      m["tokens_per_s"] = tps;
+      m["tokens"] = tokens_seen;
+      m["elapsed_s"] = elapsed_before + run_s;
+      m["memory_bytes"] = mem;
+      if (eval_loss >= 0) m["eval_loss"] = eval_loss;
+      if (skipped) m["skipped"] = true;
+      if (cfg.telemetry_every > 0 && (step % cfg.telemetry_every == 0 || step == 1)) {
+        try {
+          m["telemetry"] = telemetry::to_json(telemetry::sample(dev));
+        } catch (const Error&) {
+          // telemetry is informative only: a platform that cannot say is not a training error
+        }
+      }
+      metrics.write(m);
+    }
+    const double eta = (cfg.steps - step) * run_s / std::max<int64_t>(step - sum.start_step, 1);
+    progress.update(step, loss, tps, eta, mem, eval_loss);
+    if (skipped) progress.message("warning: non-finite gradient norm at step " + std::to_string(step) + ", step skipped");
+    if (hooks.on_step) hooks.on_step(step);
+    const bool stop = hooks.stop && hooks.stop->load();
+    const bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
+    if (stop || out_of_time) {
+      sum.interrupted = stop;
+      progress.message(stop ? "interrupted: saving a checkpoint" : "time limit reached: saving a checkpoint");
+      break;
+    }
+    if (cfg.ckpt_every > 0 && step % cfg.ckpt_every == 0 && step < cfg.steps) save("interval");
+  }
+  progress.finish();
+  sum.steps_done = step;
+  sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  sum.tokens_seen = tokens_seen;
+  sum.tokens_per_s = sum.seconds > 0 ? (step - sum.start_step) * cfg.batch * cfg.seq * cfg.accum / sum.seconds : 0;
+  sum.peak_memory_bytes = memory_stats(dev).peak_bytes;
+  save(sum.interrupted ? "interrupted" : "end");
+  {
+    std::ofstream svg(fs::path(cfg.out) / "loss.svg");
+    svg << loss_curve_svg(curves_from_metrics(metrics.path()), "kiln train: " + cfg.preset + " preset");
+  }
+  if (cfg.sample_tokens > 0 && !sum.interrupted) {
+    model.eval();
+    std::string prompt = cfg.prompt.empty() ? "kiln " : cfg.prompt;
+    std::vector<int32_t> ids;
+    if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
+    for (int32_t t : tok->encode(prompt)) ids.push_back(t);
+    nn::GenerateOptions go;
+    go.max_new_tokens = cfg.sample_tokens;
+    go.temperature = 0.8;
+    go.top_k = 40;
+    go.seed = cfg.seed;
+    go.eos_id = tok->eos_id();
+    sum.sample = prompt + tok->decode(nn::generate(model, ids, go));
+  }
+  return sum;
+}
+
+}  // namespace kiln::train

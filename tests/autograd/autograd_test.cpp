@@ -1,0 +1,157 @@
+// Tests of the autograd engine: diamond graphs, a tensor used twice, accumulation across
+// backward calls, NoGradGuard, detach, retain_graph, version checks on saved tensors, in-place
+// rules, requires_grad rules, non-scalar backward, and gradients of views.
+#include <cmath>
+
+#include "kiln/autograd/grad_mode.h"
+#include "tests/ops/harness.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+}  // namespace
+
+TEST(Autograd, DiamondGraph) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    Tensor x = randn({5}, gen, DType::f64, dev).requires_grad_();
+    Tensor a = x * 2.0, b = exp(x);
+    Tensor y = sum(a * b);  // d/dx = 2 e^x + 2x e^x
+    y.backward();
+    auto xv = vals(x), g = vals(x.grad());
+    for (size_t i = 0; i < xv.size(); ++i) EXPECT_NEAR(g[i], 2 * std::exp(xv[i]) * (1 + xv[i]), 1e-12);
+  }
+}
+
+TEST(Autograd, TensorUsedTwiceAndThroughSeveralPaths) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    Tensor x = randn({4}, gen, DType::f64, dev).requires_grad_();
+    sum(x * x + x).backward();  // 2x + 1
+    auto xv = vals(x), g = vals(x.grad());
+    for (size_t i = 0; i < xv.size(); ++i) EXPECT_NEAR(g[i], 2 * xv[i] + 1, 1e-12);
+    // Multiple outputs of one op (split), one of them unused.
+    Tensor z = randn({6}, gen, DType::f64, dev).requires_grad_();
+    auto parts = split(z, 2, 0);
+    sum(parts[0] * 3.0 + parts[2]).backward();
+    EXPECT_EQ(vals(z.grad()), (std::vector<double>{3, 3, 0, 0, 1, 1}));
+  }
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
+  for (Device dev : test_devices()) {
+    Tensor x = from_vector(std::vector<double>{1, 2, 3}, {3}, dev).requires_grad_();
+    sum(x * x).backward();
+    EXPECT_EQ(vals(x.grad()), (std::vector<double>{2, 4, 6}));
+    sum(x * 3.0).backward();
+    EXPECT_EQ(vals(x.grad()), (std::vector<double>{5, 7, 9}));
+    x.set_grad(Tensor());
+    sum(x).backward();
+    EXPECT_EQ(vals(x.grad()), (std::vector<double>{1, 1, 1}));
+  }
+}
+
+TEST(Autograd, NoGradGuardAndDetach) {
+  Tensor x = ones({3}).requires_grad_();
+  {
+    NoGradGuard ng;
+    EXPECT_FALSE(grad_enabled());
+    Tensor y = x * 2.0;
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_TRUE(y.is_leaf());
+    {
+      NoGradGuard inner;
+    }
+    EXPECT_FALSE(grad_enabled());  // the inner guard restores "off"
+  }
+  EXPECT_TRUE(grad_enabled());
+  Tensor d = x.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_EQ(d.storage(), x.storage());
+  // A detached path contributes no gradient.
+  sum(x * d + x).backward();
+  EXPECT_EQ(vals(x.grad()), (std::vector<double>{2, 2, 2}));
+  Tensor m = mul(x, 2.0);
+  EXPECT_TRUE(m.requires_grad());
+  EXPECT_FALSE(m.is_leaf());
+  EXPECT_NE(m.grad_fn(), nullptr);
+}
+
+TEST(Autograd, RetainGraph) {
+  Tensor x = full({2}, 3.0, DType::f64).requires_grad_();
+  Tensor y = sum(exp(x));
+  y.backward(Tensor(), true);
+  y.backward(Tensor(), true);
+  EXPECT_NEAR(vals(x.grad())[0], 2 * std::exp(3.0), 1e-12);
+  y.backward();  // frees the graph
+  EXPECT_KILN_ERROR(y.backward(), "retain_graph", "second time");
+}
+
+TEST(Autograd, InPlaceOnSavedTensorFailsAtBackward) {
+  Tensor a = full({3}, 2.0);
+  Tensor w = ones({3}).requires_grad_();
+  Tensor y = sum(a * w);  // saves a
+  a.fill_(5.0);
+  EXPECT_KILN_ERROR(y.backward(), "modified by an in-place operation", "mul");
+  // Not saved: in-place on an input whose value backward does not need is fine.
+  Tensor b = full({3}, 2.0);
+  Tensor w2 = ones({3}).requires_grad_();
+  Tensor y2 = sum(b + w2);
+  b.fill_(7.0);
+  y2.backward();
+  EXPECT_EQ(vals(w2.grad()), (std::vector<double>{1, 1, 1}));
+}
+
+TEST(Autograd, InPlaceRules) {
+  Tensor leaf = zeros({3}).requires_grad_();
+  EXPECT_KILN_ERROR(leaf.fill_(1.0), "fill_", "leaf", "requires grad");
+  EXPECT_KILN_ERROR(add_(leaf, ones({3})), "add_", "leaf");
+  EXPECT_KILN_ERROR(leaf.copy_(ones({3})), "copy_", "leaf");
+  Tensor mid = leaf * 2.0;
+  EXPECT_KILN_ERROR(mul_(mid, 2.0), "mul_", "autograd graph");
+  {
+    NoGradGuard ng;  // optimizer-style update
+    add_(leaf, ones({3}), -0.5);
+  }
+  EXPECT_EQ(vals(leaf), (std::vector<double>{-0.5, -0.5, -0.5}));
+}
+
+TEST(Autograd, RequiresGradAndBackwardArguments) {
+  Tensor i = zeros({3}, DType::i64);
+  EXPECT_KILN_ERROR(i.requires_grad_(), "requires_grad", "floating", "i64");
+  Tensor x = ones({2, 3}).requires_grad_();
+  Tensor y = x * 2.0;
+  EXPECT_KILN_ERROR(y.backward(), "backward", "scalar", "[2, 3]");
+  EXPECT_KILN_ERROR(y.backward(ones({3})), "backward", "gradient shape [3]", "[2, 3]");
+  EXPECT_KILN_ERROR(y.backward(ones({2, 3}, DType::f64)), "backward", "f64");
+  EXPECT_KILN_ERROR(zeros({}).backward(), "backward", "does not require grad");
+  EXPECT_KILN_ERROR(y.requires_grad_(false), "requires_grad_", "non-leaf");
+  // A non-scalar output with an explicit gradient.
+  y.backward(full({2, 3}, 0.5));
+  EXPECT_EQ(vals(x.grad()), std::vector<double>(6, 1.0));
+}
+
+TEST(Autograd, GradientsOfViewsScatter) {
+  for (Device dev : test_devices()) {
+    auto leaf = [&](Shape s) { return arange(0, static_cast<double>(shape_numel(s)), 1, DType::f64, dev).view(s).detach().requires_grad_(); };
+    Tensor x = leaf({3, 4});
+    sum(x.slice(1, 1, 4, 2) * 10.0).backward();
+    EXPECT_EQ(vals(x.grad()), (std::vector<double>{0, 10, 0, 10, 0, 10, 0, 10, 0, 10, 0, 10}));
+    Tensor s = leaf({3, 4});
+    sum(s.select(0, 1) * s.select(1, 0).select(0, 1)).backward();  // s[1,:] * s[1,0]
+    // d/ds[1,j] = s[1,0] for j != 0; d/ds[1,0] = s[1,0] + sum(s[1,:])
+    EXPECT_EQ(vals(s.grad()), (std::vector<double>{0, 0, 0, 0, 4 + 22, 4, 4, 4, 0, 0, 0, 0}));
+    Tensor e = leaf({3, 1});
+    sum(e.expand({2, 3, 5})).backward();
+    EXPECT_EQ(vals(e.grad()), (std::vector<double>{10, 10, 10}));
+    Tensor p = leaf({2, 3});
+    Tensor w = arange(0, 6, 1, DType::f64, dev).view({3, 2});
+    sum(p.permute({1, 0}) * w).backward();  // grad p[i,j] = w[j,i]
+    EXPECT_EQ(vals(p.grad()), (std::vector<double>{0, 2, 4, 1, 3, 5}));
+    Tensor t = leaf({2, 3});
+    sum(t.t().reshape({6}) * arange(0, 6, 1, DType::f64, dev)).backward();  // t.t() flat order: t[0,0], t[1,0], t[0,1], ...
+    EXPECT_EQ(vals(t.grad()), (std::vector<double>{0, 2, 4, 1, 3, 5}));
+  }
+}

@@ -1,0 +1,222 @@
+// Slow end-to-end training tests (label e2e): the loss falls on a small corpus, two
+// deterministic runs give bitwise-identical loss curves, a resumed run continues bitwise, and
+// the kiln program itself: a short run, Ctrl-C (checkpoint and exit 130), bad flags.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/ops/ops.h"
+#include "kiln/train/checkpoint.h"
+#include "kiln/train/report.h"
+#include "kiln/train/trainer.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("kiln_train_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+train::TrainConfig tiny_run(const fs::path& out, int64_t steps) {
+  train::TrainConfig c = train::preset("tiny");
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.intermediate = 64;
+  c.layers = 2;
+  c.batch = 4;
+  c.seq = 32;
+  c.steps = steps;
+  c.eval_every = 5;
+  c.eval_batches = 2;
+  c.ckpt_every = 0;
+  c.sample_tokens = 0;
+  c.out = out.string();
+  c.deterministic = true;
+  return c;
+}
+
+std::vector<std::string> metric_lines(const fs::path& out, const std::string& key) {
+  std::vector<std::string> v;
+  std::ifstream f(out / "metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    json::Value j = json::parse(line);
+    std::string s = std::to_string(j.find("step")->as_int()) + ":" + j.find(key)->dump();
+    v.push_back(s);
+  }
+  return v;
+}
+
+train::TrainHooks quiet() {
+  train::TrainHooks h;
+  h.progress = nullptr;
+  return h;
+}
+train::TrainHooks stop_hooks(std::atomic<bool>* stop) {
+  train::TrainHooks h = quiet();
+  h.stop = stop;
+  return h;
+}
+
+std::vector<float> logits_of(const nn::LlamaForCausalLM& m) {
+  NoGradGuard ng;
+  return m.logits(from_vector(std::vector<int64_t>{1, 5, 9, 200, 7, 3}, {1, 6})).to_vector<float>();
+}
+
+}  // namespace
+
+TEST(TrainE2E, LossFallsOnASmallCorpus) {
+  fs::path out = temp_dir("falls");
+  train::TrainConfig c = tiny_run(out, 60);
+  c.hidden = 64;
+  c.intermediate = 128;
+  c.lr = 5e-3;
+  c.eval_every = 30;
+  train::TrainSummary s = train::run_training(c, quiet());
+  ASSERT_EQ(s.losses.size(), 60u);
+  EXPECT_NEAR(s.first_loss, std::log(259.0), 0.3);  // starts near uniform
+  double tail = 0;
+  for (size_t i = 55; i < 60; ++i) tail += s.losses[i] / 5;
+  EXPECT_LT(tail, s.first_loss - 1.5) << "loss did not fall: " << s.first_loss << " -> " << tail;
+  EXPECT_GT(s.final_eval_loss, 0);
+  EXPECT_TRUE(fs::exists(out / "loss.svg"));
+  EXPECT_TRUE(fs::exists(out / "step-60" / "model.safetensors"));
+  fs::remove_all(out);
+}
+
+
+TEST(TrainE2E, DeterministicRunsAreBitwiseIdenticalAndResumeContinuesBitwise) {
+  fs::path a = temp_dir("det_a"), b = temp_dir("det_b"), r = temp_dir("det_r");
+  train::TrainConfig ca = tiny_run(a, 12), cb = tiny_run(b, 12);
+  ca.accum = cb.accum = 2;
+  train::run_training(ca, quiet());
+  train::run_training(cb, quiet());
+  auto la = metric_lines(a, "loss"), lb = metric_lines(b, "loss");
+  ASSERT_EQ(la.size(), 12u);
+  EXPECT_EQ(la, lb);
+
+  // stop at step 6 (as Ctrl-C does: a checkpoint), resume to 12: the same curve
+  train::TrainConfig c1 = tiny_run(r, 12);
+  c1.accum = 2;
+  std::atomic<bool> stop{false};
+  train::TrainHooks h = stop_hooks(&stop);
+  h.on_step = [&](int64_t step) { stop.store(step == 6); };
+  train::TrainSummary s1 = train::run_training(c1, h);
+  EXPECT_TRUE(s1.interrupted);
+  EXPECT_EQ(s1.steps_done, 6);
+  train::TrainConfig c2 = tiny_run(r, 12);
+  c2.resume = r.string();
+  train::TrainSummary s2 = train::run_training(c2, quiet());
+  EXPECT_EQ(s2.start_step, 6);
+  EXPECT_EQ(metric_lines(r, "loss"), la);
+  auto ma = train::load_model((a / "step-12").string()), mr = train::load_model((r / "step-12").string());
+  EXPECT_EQ(logits_of(*ma), logits_of(*mr));
+  for (auto& p : {a, b, r}) fs::remove_all(p);
+}
+
+
+namespace {
+struct CliRun {
+  int status;
+  std::string output;
+};
+CliRun run_cli(const std::string& args) {
+  std::string cmd = std::string(KILN_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+}  // namespace
+
+TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
+  fs::path out = temp_dir("cli");
+  CliRun r = run_cli("train --preset tiny --steps 6 --eval-every 3 --sample-tokens 20 --prompt 'The ' --out " +
+                  out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--- sample ---"), std::string::npos) << r.output;
+  auto lines = metric_lines(out, "lr");
+  EXPECT_EQ(lines.size(), 6u);
+  EXPECT_TRUE(fs::exists(out / "loss.svg"));
+  EXPECT_EQ(train::find_checkpoint(out.string()), (out / "step-6").string());
+  CliRun e = run_cli("eval --ckpt " + out.string() + " --ids 1,2,3 --logits-out " + (out / "l.safetensors").string());
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_EQ(io::load_safetensors((out / "l.safetensors").string())[0].second.shape(), (Shape{1, 3, 259}));
+  std::ofstream(out / "held_out.txt") << "kiln trains language models. kiln trains language models again.";
+  CliRun ev = run_cli("eval --json --seq 16 --ckpt " + out.string() + " --data " + (out / "held_out.txt").string());
+  ASSERT_EQ(ev.status, 0) << ev.output;
+  json::Value evj = json::parse(ev.output);
+  EXPECT_NEAR(std::exp(evj.find("loss")->as_double()), evj.find("perplexity")->as_double(), 1e-3);
+  for (const auto& f : fs::directory_iterator(out))  // eval caches tokens in the temp dir, not next to the text
+    EXPECT_NE(f.path().filename().string().rfind("tokens-", 0), 0u) << f.path();
+  // resume the run directory (no --out: it continues there) for two more steps
+  CliRun rr = run_cli("train --resume " + out.string() + " --steps 8 --sample-tokens 0");
+  ASSERT_EQ(rr.status, 0) << rr.output;
+  EXPECT_EQ(metric_lines(out, "lr").size(), 8u);
+  EXPECT_EQ(train::find_checkpoint(out.string()), (out / "step-8").string());
+  CliRun g = run_cli("generate --ckpt " + out.string() + " --prompt 'ab' --max-tokens 10 --seed 3");
+  ASSERT_EQ(g.status, 0) << g.output;
+  EXPECT_EQ(g.output, run_cli("generate --ckpt " + out.string() + " --prompt 'ab' --max-tokens 10 --seed 3").output);
+  fs::remove_all(out);
+}
+
+TEST(TrainCli, BadValuesGiveClearMessages) {
+  CliRun r = run_cli("train --lr -1 --steps 1 --out /nonexistent/x");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("lr=-1"), std::string::npos) << r.output;
+  r = run_cli("train --steps many");
+  EXPECT_NE(r.output.find("--steps: expected an integer, got 'many'"), std::string::npos) << r.output;
+  r = run_cli("train --preset galaxy");
+  EXPECT_NE(r.output.find("preset 'galaxy'"), std::string::npos) << r.output;
+  r = run_cli("train --kv-heads 3 --steps 1");
+  EXPECT_NE(r.output.find("num_key_value_heads=3"), std::string::npos) << r.output;
+  r = run_cli("train --help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* f : {"--preset", "--data", "--steps", "--out", "--seed", "--deterministic", "--resume", "--device",
+                        "--accum", "--attention", "--fused-loss"})
+    EXPECT_NE(r.output.find(f), std::string::npos) << f;
+}
+
+TEST(TrainCli, CtrlCCheckpointsAndExits) {
+  fs::path out = temp_dir("sigint");
+  std::string cmd = std::string(KILN_CLI_PATH) + " train --preset tiny --steps 100000 --sample-tokens 0 --out " +
+                    out.string() + " > " + (out / "log.txt").string() + " 2>&1";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // wait until it has trained a few steps
+  for (int i = 0; i < 600 && !fs::exists(out / "metrics.jsonl"); ++i) ::usleep(100000);
+  ::usleep(500000);
+  ::kill(pid, SIGINT);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 130);
+  std::string ck = train::find_checkpoint(out.string());
+  ASSERT_FALSE(ck.empty());
+  json::Value state = train::read_json_file(ck + "/trainer_state.json");
+  EXPECT_EQ(state.find("reason")->as_string(), "interrupted");
+  EXPECT_GT(state.find("step")->as_int(), 0);
+  train::load_model(ck);
+  fs::remove_all(out);
+}

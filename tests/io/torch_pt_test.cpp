@@ -1,0 +1,230 @@
+// The PyTorch zip checkpoint reader without torch: zip archives and pickles built byte by byte
+// here exercise the zip reader (plain and ZIP64), the restricted unpickler, views/strides and
+// flattening; malicious pickles (os.system, builtins.eval) are refused, never run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "kiln/io/load.h"
+#include "kiln/io/torch_pt.h"
+#include "tests/io/io_test_util.h"
+
+namespace kiln::io {
+namespace {
+
+void put_le(std::string& s, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) s += static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+
+// A stored-only zip with 64-byte aligned data (as torch writes), optionally in ZIP64 form.
+std::string make_zip(const std::vector<std::pair<std::string, std::string>>& entries, bool zip64) {
+  std::string out, cd;
+  for (const auto& [name, data] : entries) {
+    const uint64_t local = out.size();
+    const size_t base = out.size() + 30 + name.size() + 4;
+    const size_t pad = (64 - base % 64) % 64;
+    std::string extra;
+    put_le(extra, 0x1234, 2);  // padding field, as torch's writer does
+    put_le(extra, pad, 2);
+    extra.append(pad, 'Z');
+    put_le(out, 0x04034b50, 4);
+    put_le(out, 20, 2); put_le(out, 0, 2); put_le(out, 0, 2); put_le(out, 0, 4);
+    put_le(out, 0, 4); put_le(out, data.size(), 4); put_le(out, data.size(), 4);
+    put_le(out, name.size(), 2); put_le(out, extra.size(), 2);
+    out += name + extra + data;
+    std::string cextra;
+    if (zip64) {
+      put_le(cextra, 0x0001, 2); put_le(cextra, 24, 2);
+      put_le(cextra, data.size(), 8); put_le(cextra, data.size(), 8); put_le(cextra, local, 8);
+    }
+    put_le(cd, 0x02014b50, 4);
+    put_le(cd, 45, 2); put_le(cd, 45, 2); put_le(cd, 0, 2); put_le(cd, 0, 2); put_le(cd, 0, 4); put_le(cd, 0, 4);
+    put_le(cd, zip64 ? 0xFFFFFFFF : data.size(), 4); put_le(cd, zip64 ? 0xFFFFFFFF : data.size(), 4);
+    put_le(cd, name.size(), 2); put_le(cd, cextra.size(), 2); put_le(cd, 0, 2);
+    put_le(cd, 0, 2); put_le(cd, 0, 2); put_le(cd, 0, 4); put_le(cd, zip64 ? 0xFFFFFFFF : local, 4);
+    cd += name + cextra;
+  }
+  const uint64_t cd_off = out.size();
+  out += cd;
+  if (zip64) {
+    const uint64_t z = out.size();
+    put_le(out, 0x06064b50, 4); put_le(out, 44, 8); put_le(out, 45, 2); put_le(out, 45, 2);
+    put_le(out, 0, 4); put_le(out, 0, 4); put_le(out, entries.size(), 8); put_le(out, entries.size(), 8);
+    put_le(out, cd.size(), 8); put_le(out, cd_off, 8);
+    put_le(out, 0x07064b50, 4); put_le(out, 0, 4); put_le(out, z, 8); put_le(out, 1, 4);
+  }
+  put_le(out, 0x06054b50, 4); put_le(out, 0, 2); put_le(out, 0, 2);
+  put_le(out, zip64 ? 0xFFFF : entries.size(), 2); put_le(out, zip64 ? 0xFFFF : entries.size(), 2);
+  put_le(out, zip64 ? 0xFFFFFFFF : cd.size(), 4); put_le(out, zip64 ? 0xFFFFFFFF : cd_off, 4); put_le(out, 0, 2);
+  return out;
+}
+
+// Pickle opcodes, protocol 2.
+struct Pickle {
+  std::string b = "\x80\x02";
+  Pickle& op(char c) { b += c; return *this; }
+  Pickle& global(const std::string& m, const std::string& n) { b += 'c' + m + '\n' + n + '\n'; return *this; }
+  Pickle& str(const std::string& s) { b += 'X'; put_le(b, s.size(), 4); b += s; return *this; }
+  Pickle& i(int v) { b += 'K'; b += static_cast<char>(v); return *this; }
+  Pickle& put(int k) { b += 'q'; b += static_cast<char>(k); return *this; }
+  Pickle& get(int k) { b += 'h'; b += static_cast<char>(k); return *this; }
+  // _rebuild_tensor_v2(storage(key, numel), offset, size, stride, False, OrderedDict())
+  Pickle& tensor(const std::string& type, const std::string& key, int numel, int offset, std::vector<int> size,
+                 std::vector<int> stride) {
+    global("torch._utils", "_rebuild_tensor_v2").op('(');
+    op('(').str("storage").global("torch", type).str(key).str("cpu").i(numel).op('t').op('Q');
+    i(offset);
+    op('(');
+    for (int s : size) i(s);
+    op('t').op('(');
+    for (int s : stride) i(s);
+    op('t').op('\x89').global("collections", "OrderedDict").op(')').op('R').op('t').op('R');
+    return *this;
+  }
+  std::string done() { return b + "."; }
+};
+
+std::string f32_bytes(const std::vector<float>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+
+std::string state_dict_pickle() {
+  Pickle p;
+  p.global("collections", "OrderedDict").op(')').op('R').put(0).op('(');
+  p.str("w").tensor("FloatStorage", "0", 6, 0, {2, 3}, {3, 1});
+  p.str("wt").tensor("FloatStorage", "0", 6, 0, {3, 2}, {1, 3});  // a transposed view of the same storage
+  p.str("nested").op('}').str("col").tensor("FloatStorage", "0", 6, 1, {2}, {3}).op('s');
+  p.str("ids").tensor("LongStorage", "1", 3, 0, {3}, {1});
+  p.str("layers").op(']').op('(').tensor("HalfStorage", "2", 2, 0, {2}, {1}).op('e');
+  p.str("step").i(5);
+  p.op('u');
+  return p.done();
+}
+
+std::string torch_zip(const std::string& pkl, bool zip64 = false) {
+  const std::vector<float> w = {0.5f, 1, 2, 3, 4, 5};
+  std::string ids;
+  for (int64_t v : std::vector<int64_t>{7, -1, int64_t{1} << 40}) ids.append(reinterpret_cast<const char*>(&v), 8);
+  const std::string half("\x00\x3c\x00\xc0", 4);  // 1.0, -2.0 in f16
+  return make_zip({{"archive/data.pkl", pkl}, {"archive/byteorder", "little"}, {"archive/data/0", f32_bytes(w)},
+                   {"archive/data/1", ids}, {"archive/data/2", half}, {"archive/version", "3\n"}},
+                  zip64);
+}
+
+TEST(TorchPt, HandCraftedCheckpointLoads) {
+  TempDir dir;
+  for (bool zip64 : {false, true}) {
+    SCOPED_TRACE(zip64 ? "zip64" : "zip");
+    const std::string path = dir.file(zip64 ? "m64.pt" : "m.bin");
+    write_bytes(path, torch_zip(state_dict_pickle(), zip64));
+    EXPECT_EQ(sniff_format(path), FileFormat::torch_zip);
+    TensorMap t = load(path);
+    ASSERT_EQ(t.size(), 5u);
+    std::map<std::string, Tensor> m(t.begin(), t.end());
+    ASSERT_TRUE(m.count("w") && m.count("wt") && m.count("nested.col") && m.count("ids") && m.count("layers.0"));
+    EXPECT_EQ(m["w"].shape(), (Shape{2, 3}));
+    EXPECT_EQ(m["w"].to_vector<float>(), (std::vector<float>{0.5f, 1, 2, 3, 4, 5}));
+    EXPECT_EQ(m["wt"].to_vector<float>(), (std::vector<float>{0.5f, 3, 1, 4, 2, 5}));
+    EXPECT_EQ(m["nested.col"].to_vector<float>(), (std::vector<float>{1, 4}));
+    EXPECT_EQ(m["ids"].to_vector<int64_t>(), (std::vector<int64_t>{7, -1, 1LL << 40}));
+    EXPECT_EQ(m["layers.0"].dtype(), DType::f16);
+    EXPECT_EQ(m["layers.0"].to(DType::f32).to_vector<float>(), (std::vector<float>{1, -2}));
+    // Zero-copy: views share one borrowed storage.
+    EXPECT_EQ(m["w"].storage(), m["wt"].storage());
+    EXPECT_TRUE(m["w"].storage()->borrowed());
+  }
+}
+
+TEST(TorchPt, ConvertsToSafetensorsThroughTheCli) {
+  TempDir dir;
+  write_bytes(dir.file("m.pt"), torch_zip(state_dict_pickle()));
+  const std::string cmd = std::string(KILN_CLI_PATH) + " convert " + dir.file("m.pt") + " " + dir.file("m.safetensors") +
+                          " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  TensorMap a = load(dir.file("m.pt")), b = load(dir.file("m.safetensors"));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_EQ(a[k].first, b[k].first);
+    expect_bitwise_equal(a[k].second.contiguous(), b[k].second, a[k].first);
+  }
+}
+
+void expect_refused(const std::string& path, const std::string& needle) {
+  try {
+    load(path);
+    ADD_FAILURE() << "accepted; expected an error containing " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(TorchPt, MaliciousGlobalsAreRefusedNotRun) {
+  TempDir dir;
+  const std::string marker = dir.file("pwned");
+  // os.system("touch <marker>") via GLOBAL + REDUCE.
+  Pickle a;
+  a.global("os", "system").op('(').str("touch " + marker).op('t').op('R');
+  write_bytes(dir.file("a.pt"), make_zip({{"archive/data.pkl", a.done()}}, false));
+  expect_refused(dir.file("a.pt"), "'os.system'");
+  // builtins.eval via STACK_GLOBAL (protocol 4 opcodes).
+  Pickle b;
+  b.b = "\x80\x04";
+  b.str("builtins").str("eval").op('\x93').op('(').str("__import__('os').system('touch " + marker + "')").op('t').op('R');
+  write_bytes(dir.file("b.pt"), make_zip({{"archive/data.pkl", b.done()}}, false));
+  expect_refused(dir.file("b.pt"), "'builtins.eval'");
+  // A callable that is allowed as a name but not as a call target.
+  Pickle c;
+  c.global("torch", "FloatStorage").op(')').op('R');
+  write_bytes(dir.file("c.pt"), make_zip({{"archive/data.pkl", c.done()}}, false));
+  expect_refused(dir.file("c.pt"), "cannot be called");
+  EXPECT_FALSE(std::filesystem::exists(marker));
+}
+
+TEST(TorchPt, MalformedArchivesAreErrors) {
+  TempDir dir;
+  const std::string good = torch_zip(state_dict_pickle());
+  // Truncated: the end record is gone.
+  write_bytes(dir.file("t.pt"), good.substr(0, good.size() / 2));
+  expect_refused(dir.file("t.pt"), "end-of-central-directory");
+  // A tensor reaching past its storage.
+  Pickle big;
+  big.tensor("FloatStorage", "0", 6, 4, {2, 3}, {3, 1});
+  write_bytes(dir.file("o.pt"), make_zip({{"archive/data.pkl", big.done()}, {"archive/data/0", f32_bytes({1, 2, 3, 4, 5, 6})}}, false));
+  expect_refused(dir.file("o.pt"), "reaches past its storage");
+  // Missing storage entry.
+  Pickle miss;
+  miss.tensor("FloatStorage", "9", 6, 0, {6}, {1});
+  write_bytes(dir.file("m.pt"), make_zip({{"archive/data.pkl", miss.done()}}, false));
+  expect_refused(dir.file("m.pt"), "missing from the archive");
+  // Storage type with no kiln dtype.
+  Pickle cplx;
+  cplx.tensor("ComplexFloatStorage", "0", 1, 0, {1}, {1});
+  write_bytes(dir.file("c.pt"), make_zip({{"archive/data.pkl", cplx.done()}, {"archive/data/0", std::string(8, '\0')}}, false));
+  expect_refused(dir.file("c.pt"), "ComplexFloatStorage");
+  // Truncated pickle, unknown opcode, memo miss.
+  write_bytes(dir.file("p1.pt"), make_zip({{"archive/data.pkl", std::string("\x80\x02(X\xff\x00\x00\x00ab", 10)}}, false));
+  expect_refused(dir.file("p1.pt"), "runs past the end");
+  write_bytes(dir.file("p2.pt"), make_zip({{"archive/data.pkl", std::string("\x80\x02\xfe.", 4)}}, false));
+  expect_refused(dir.file("p2.pt"), "opcode 0xfe");
+  write_bytes(dir.file("p3.pt"), make_zip({{"archive/data.pkl", std::string("\x80\x02h\x05.", 4)}}, false));
+  expect_refused(dir.file("p3.pt"), "memo key 5");
+  // A zip that is not a torch checkpoint.
+  write_bytes(dir.file("z.pt"), make_zip({{"readme.txt", "hi"}}, false));
+  expect_refused(dir.file("z.pt"), "without a data.pkl");
+  // Every truncation of a good file is an error or a valid load, never a crash.
+  for (size_t n = 0; n < good.size(); n += 37) {
+    write_bytes(dir.file("cut.pt"), good.substr(0, n));
+    try {
+      load(dir.file("cut.pt"));
+    } catch (const Error&) {
+    }
+  }
+}
+
+TEST(TorchPt, AllowListIsSmall) {
+  const auto& g = torch_allowed_globals();
+  EXPECT_NE(std::find(g.begin(), g.end(), "torch._utils._rebuild_tensor_v2"), g.end());
+  EXPECT_EQ(std::find(g.begin(), g.end(), "builtins.eval"), g.end());
+  EXPECT_LT(g.size(), 20u);
+}
+
+}  // namespace
+}  // namespace kiln::io

@@ -1,0 +1,459 @@
+// Tests of the fused linear + cross-entropy (kiln/loss/): loss, lse and every gradient vs the
+// float64 composed reference for each option alone and all combined, in f32, bf16 (judged as
+// Cut Cross-Entropy does: |truth − kiln| ≤ |truth − same-dtype reference| + tol) and f64;
+// finite differences; odd shapes and chunk boundaries; ignored targets; tied weights;
+// micro-batches with num_items; determinism bits; the module; bad input errors.
+// Each test runs on the CPU and, when a GPU is present, on CUDA (skipped otherwise).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/loss/linear_cross_entropy.h"
+#include "kiln/loss/module.h"
+#include "kiln/ops/ops.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Inputs {
+  Tensor hidden, weight, bias, cweight, target;  // CPU, f64 (target i64)
+};
+
+// Fresh random inputs: logits of order a few units, `ignore_frac` of targets ignored.
+Inputs make_inputs(uint64_t seed, Shape hshape, int64_t v, double ignore_frac, int64_t ignore_index = -100) {
+  Generator gen(seed);
+  Inputs in;
+  const int64_t d = hshape.back();
+  in.hidden = randn(hshape, gen, DType::f64);
+  in.weight = mul(randn({v, d}, gen, DType::f64), 1.5 / std::sqrt(static_cast<double>(d)));
+  in.bias = mul(randn({v}, gen, DType::f64), 0.5);
+  in.cweight = add(rand({v}, gen, DType::f64), 0.5);
+  Shape tshape(hshape.begin(), hshape.end() - 1);
+  const int64_t n = shape_numel(tshape);
+  std::vector<double> u = rand({n}, gen, DType::f64).to_vector<double>();
+  std::vector<double> w = rand({n}, gen, DType::f64).to_vector<double>();
+  std::vector<int64_t> t(static_cast<size_t>(n));
+  for (size_t i = 0; i < t.size(); ++i)
+    t[i] = w[i] < ignore_frac ? ignore_index : std::min<int64_t>(v - 1, static_cast<int64_t>(u[i] * v));
+  in.target = from_vector<int64_t>(t, tshape);
+  return in;
+}
+
+struct Outcome {
+  Tensor loss, zloss, lse, gh, gw, gb;  // CPU, f64
+};
+
+enum class Impl { fused, reference };
+
+// Runs one implementation in `dtype` on `dev`; backward with grad_output (random for none).
+Outcome run(Impl impl, const Inputs& in, LinearCrossEntropyOptions o, bool use_bias, bool use_cw, DType dtype,
+            Device dev, uint64_t seed = 7) {
+  Tensor h = in.hidden.to(dtype).to(dev).detach().requires_grad_();
+  Tensor w = in.weight.to(dtype).to(dev).detach().requires_grad_();
+  Tensor b;
+  if (use_bias) {
+    b = in.bias.to(dtype).to(dev).detach().requires_grad_();
+    o.bias = b;
+  }
+  if (use_cw) o.weight = in.cweight.to(dtype).to(dev);
+  o.return_lse = true;
+  Tensor tg = in.target.to(dev);
+  LinearCrossEntropyResult r = impl == Impl::fused ? linear_cross_entropy(h, w, tg, o)
+                                                    : linear_cross_entropy_reference(h, w, tg, o);
+  Tensor go;
+  if (o.reduction == Reduction::none) {
+    Generator gen(seed);
+    go = randn(r.loss.shape(), gen, DType::f64).to(dtype).to(dev);
+  } else {
+    go = full({}, 0.75, dtype, dev);  // not 1, so that the scaling by grad_output is tested
+  }
+  r.loss.backward(go);
+  Outcome out;
+  out.loss = r.loss.detach().to(kCPU).to(DType::f64);
+  out.zloss = r.z_loss.to(kCPU).to(DType::f64);
+  out.lse = r.lse.to(kCPU).to(DType::f64);
+  out.gh = h.grad().to(kCPU).to(DType::f64);
+  out.gw = w.grad().to(kCPU).to(DType::f64);
+  if (use_bias) out.gb = b.grad().to(kCPU).to(DType::f64);
+  return out;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double x : t.to_vector<double>()) m = std::max(m, std::abs(x));
+  return m;
+}
+double max_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (std::isnan(va[i]) != std::isnan(vb[i])) return INFINITY;
+    if (!std::isnan(va[i])) m = std::max(m, std::abs(va[i] - vb[i]));
+  }
+  return m;
+}
+
+// f32/f64: relative to the truth's scale. bf16: no worse than the same-dtype reference + tol.
+void expect_close(const char* what, const Tensor& truth, const Tensor& got, const Tensor& same_dtype_ref, DType dtype) {
+  if (!truth.defined()) return;
+  ASSERT_TRUE(got.defined()) << what;
+  const double scale = std::max(max_abs(truth), 1e-30);
+  const double err = max_diff(truth, got);
+  if (dtype == DType::f64) {
+    EXPECT_LE(err, 1e-10 * scale + 1e-300) << what;
+  } else if (dtype == DType::f32) {
+    EXPECT_LE(err, 2e-5 * scale) << what << ": max |truth − kiln| = " << err << ", scale " << scale;
+  } else {
+    const double ref_err = max_diff(truth, same_dtype_ref);
+    EXPECT_LE(err, ref_err + 1e-2 * scale)
+        << what << ": |truth − kiln| = " << err << " vs |truth − same-dtype reference| = " << ref_err;
+  }
+}
+
+struct Case {
+  const char* name;
+  std::function<void(LinearCrossEntropyOptions&)> set;
+  bool bias = false, cw = false;
+  double ignore_frac = 0.0;
+};
+
+std::vector<Case> option_cases() {
+  return {
+      {"default", [](auto&) {}},
+      {"ignore_index", [](auto& o) { o.ignore_index = 3; }, false, false, 0.2},
+      {"sum", [](auto& o) { o.reduction = Reduction::sum; }},
+      {"none", [](auto& o) { o.reduction = Reduction::none; }, false, false, 0.2},
+      {"label_smoothing", [](auto& o) { o.label_smoothing = 0.1; }},
+      {"z_loss", [](auto& o) { o.z_loss = 0.05; }},
+      {"softcap", [](auto& o) { o.softcap = 2.0; }},
+      {"class_weight", [](auto&) {}, false, true, 0.2},
+      {"bias", [](auto&) {}, true, false},
+      {"num_items", [](auto& o) { o.num_items = 37.5; }},
+      {"weight_grad_f32", [](auto& o) { o.weight_grad_f32 = true; }},  // CUDA: f32 dW accumulator
+      {"all_combined",
+       [](auto& o) {
+         o.label_smoothing = 0.1;
+         o.z_loss = 0.05;
+         o.softcap = 2.5;
+         o.num_items = 23.0;
+       },
+       true, true, 0.2},
+      {"all_combined_none",
+       [](auto& o) {
+         o.reduction = Reduction::none;
+         o.label_smoothing = 0.2;
+         o.z_loss = 0.01;
+         o.softcap = 3.0;
+       },
+       true, true, 0.2},
+  };
+}
+
+class Lce : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (GetParam().is_cuda() && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+  Device dev() const { return GetParam(); }
+
+  // Compares fused (dtype, device) with the f64 truth for one case.
+  void check_case(const Case& c, Shape hshape, int64_t v, DType dtype, int64_t chunk, uint64_t seed) {
+    SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dtype) + " hidden " + shape_str(hshape) + " V=" +
+                 std::to_string(v) + " chunk=" + std::to_string(chunk));
+    LinearCrossEntropyOptions o;
+    c.set(o);
+    o.chunk_tokens = chunk;
+    Inputs in = make_inputs(seed, hshape, v, c.ignore_frac, o.ignore_index);
+    Outcome truth = run(Impl::reference, in, o, c.bias, c.cw, DType::f64, kCPU);
+    Outcome got = run(Impl::fused, in, o, c.bias, c.cw, dtype, dev());
+    Outcome ref;
+    if (dtype == DType::bf16 || dtype == DType::f16) ref = run(Impl::reference, in, o, c.bias, c.cw, dtype, kCPU);
+    expect_close("loss", truth.loss, got.loss, ref.loss, dtype);
+    expect_close("z_loss", truth.zloss, got.zloss, ref.zloss, dtype);
+    expect_close("lse", truth.lse, got.lse, ref.lse, dtype);
+    expect_close("grad hidden", truth.gh, got.gh, ref.gh, dtype);
+    expect_close("grad weight", truth.gw, got.gw, ref.gw, dtype);
+    expect_close("grad bias", truth.gb, got.gb, ref.gb, dtype);
+  }
+};
+
+TEST_P(Lce, EachOptionAloneAndCombinedF32) {
+  uint64_t seed = 100;
+  for (const Case& c : option_cases()) check_case(c, {48, 32}, 1000, DType::f32, 16, ++seed);
+}
+
+TEST_P(Lce, EachOptionAloneAndCombinedBF16) {
+  uint64_t seed = 200;
+  for (const Case& c : option_cases()) check_case(c, {48, 32}, 1000, DType::bf16, 16, ++seed);
+}
+
+TEST_P(Lce, EachOptionAloneAndCombinedF64) {
+  if (dev().is_cuda()) GTEST_SKIP() << "the CUDA kernel takes 16-bit and f32 inputs";
+  uint64_t seed = 300;
+  for (const Case& c : option_cases()) check_case(c, {20, 8}, 97, DType::f64, 6, ++seed);
+}
+
+TEST_P(Lce, OddShapesAndChunkBoundaries) {
+  const std::vector<Case> cs = option_cases();
+  const Case& all = cs[cs.size() - 2];
+  uint64_t seed = 400;
+  for (int64_t n : {1, 7, 257})
+    for (int64_t v : {1, 129, 1000})
+      for (int64_t chunk : {0, 3, 64}) check_case(all, {n, 24}, v, DType::f32, chunk, ++seed);
+  check_case(all, {1, 1}, 7, DType::f32, 0, ++seed);
+}
+
+TEST_P(Lce, BatchedNonContiguousHidden) {
+  // hidden [B, T, d] as a transposed view of a [T, B, d] leaf; target [B, T].
+  Inputs in = make_inputs(500, {3, 5, 16}, 300, 0.2);
+  Tensor base = in.hidden.transpose(0, 1).contiguous().to(DType::f32).to(dev()).requires_grad_();
+  Tensor h = base.transpose(0, 1);
+  ASSERT_FALSE(h.is_contiguous());
+  Tensor w = in.weight.to(DType::f32).to(dev());
+  LinearCrossEntropyOptions o;
+  o.chunk_tokens = 4;
+  LinearCrossEntropyResult r = linear_cross_entropy(h, w, in.target.to(dev()), o);
+  r.loss.backward();
+  Tensor b64 = in.hidden.transpose(0, 1).contiguous().requires_grad_();
+  LinearCrossEntropyResult t = linear_cross_entropy_reference(b64.transpose(0, 1), in.weight, in.target, o);
+  t.loss.backward();
+  EXPECT_NEAR(r.loss.item(), t.loss.item(), 1e-5 * std::abs(t.loss.item()));
+  Tensor g = base.grad().to(kCPU).to(DType::f64);
+  EXPECT_EQ(g.shape(), (Shape{5, 3, 16}));
+  EXPECT_LE(max_diff(g, b64.grad()), 2e-5 * max_abs(b64.grad()));
+}
+
+TEST_P(Lce, FiniteDifferencesF64) {
+  if (dev().is_cuda()) GTEST_SKIP() << "f64 runs on the CPU kernel only";
+  Inputs in = make_inputs(600, {5, 4}, 11, 0.2);
+  LinearCrossEntropyOptions o;
+  o.label_smoothing = 0.15;
+  o.z_loss = 0.1;
+  o.softcap = 1.5;
+  o.weight = in.cweight;
+  o.chunk_tokens = 2;
+  auto loss_at = [&](const Tensor& h, const Tensor& w, const Tensor& b) {
+    LinearCrossEntropyOptions oo = o;
+    oo.bias = b;
+    return linear_cross_entropy(h, w, in.target, oo).loss.item();
+  };
+  Tensor h = in.hidden.clone().requires_grad_(), w = in.weight.clone().requires_grad_(),
+         b = in.bias.clone().requires_grad_();
+  LinearCrossEntropyOptions ob = o;
+  ob.bias = b;
+  linear_cross_entropy(h, w, in.target, ob).loss.backward();
+  const double step = 1e-6;
+  for (int which = 0; which < 3; ++which) {
+    Tensor& x = which == 0 ? h : which == 1 ? w : b;
+    std::vector<double> g = x.grad().to_vector<double>();
+    for (int64_t i = 0; i < x.numel(); i += 3) {
+      Tensor xp = x.detach().clone(), xm = x.detach().clone();
+      Tensor fp = xp.reshape({-1}), fm = xm.reshape({-1});
+      fp.narrow(0, i, 1).fill_(fp.narrow(0, i, 1).item() + step);
+      fm.narrow(0, i, 1).fill_(fm.narrow(0, i, 1).item() - step);
+      double lp = which == 0 ? loss_at(xp, w.detach(), b.detach())
+                  : which == 1 ? loss_at(h.detach(), xp, b.detach()) : loss_at(h.detach(), w.detach(), xp);
+      double lm = which == 0 ? loss_at(xm, w.detach(), b.detach())
+                  : which == 1 ? loss_at(h.detach(), xm, b.detach()) : loss_at(h.detach(), w.detach(), xm);
+      EXPECT_NEAR(g[static_cast<size_t>(i)], (lp - lm) / (2 * step), 1e-7) << "input " << which << " element " << i;
+    }
+  }
+}
+
+TEST_P(Lce, AllTargetsIgnored) {
+  Inputs in = make_inputs(700, {9, 8}, 50, 1.0);
+  for (Reduction red : {Reduction::mean, Reduction::sum}) {
+    Tensor h = in.hidden.to(DType::f32).to(dev()).requires_grad_();
+    Tensor w = in.weight.to(DType::f32).to(dev()).requires_grad_();
+    LinearCrossEntropyOptions o;
+    o.reduction = red;
+    LinearCrossEntropyResult r = linear_cross_entropy(h, w, in.target.to(dev()), o);
+    if (red == Reduction::mean) EXPECT_TRUE(std::isnan(r.loss.item()));
+    else EXPECT_EQ(r.loss.item(), 0.0);
+    r.loss.backward();
+    EXPECT_EQ(max_abs(h.grad().to(kCPU).to(DType::f64)), 0.0);
+    EXPECT_EQ(max_abs(w.grad().to(kCPU).to(DType::f64)), 0.0);
+  }
+}
+
+TEST_P(Lce, TiedWeightAccumulatesWithEmbeddingGradient) {
+  // The weight is used as the embedding (one-hot · W) and as the output projection.
+  const int64_t n = 12, d = 16, v = 40;
+  Inputs in = make_inputs(800, {n, d}, v, 0.1);
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7) % v;
+  Tensor idt = from_vector<int64_t>(ids, {n});
+  Tensor onehot = eq(arange(v).view({1, v}), idt.view({n, 1})).to(DType::f64);
+  auto run_tied = [&](bool fused, DType dt, Device dv) {
+    Tensor w = in.weight.to(dt).to(dv).detach().requires_grad_();
+    nn::LinearCrossEntropyLoss head(w, LinearCrossEntropyOptions{});
+    head.options().chunk_tokens = 5;
+    EXPECT_FALSE(head.owns_weight());
+    Tensor hidden = tanh(matmul(onehot.to(dt).to(dv), w));
+    Tensor loss = fused ? head(hidden, in.target.to(dv)).loss
+                        : linear_cross_entropy_reference(hidden, w, in.target.to(dv), head.options()).loss;
+    loss.backward();
+    EXPECT_TRUE(head.weight().grad().defined());
+    return w.grad().to(kCPU).to(DType::f64);
+  };
+  Tensor truth = run_tied(false, DType::f64, kCPU);
+  Tensor got = run_tied(true, DType::f32, dev());
+  EXPECT_LE(max_diff(truth, got), 2e-5 * max_abs(truth));
+}
+
+TEST_P(Lce, MicroBatchesWithNumItemsEqualOneBatch) {
+  const int64_t n = 64, d = 16, v = 200;
+  Inputs in = make_inputs(900, {n, d}, v, 0.25);
+  int64_t count = 0;
+  for (int64_t t : in.target.to_vector<int64_t>()) count += t != -100;
+  Tensor h = in.hidden.to(DType::f32).to(dev()).requires_grad_();
+  Tensor w1 = in.weight.to(DType::f32).to(dev()).requires_grad_();
+  Tensor tg = in.target.to(dev());
+  LinearCrossEntropyOptions o;
+  o.z_loss = 0.01;
+  Tensor big = linear_cross_entropy(h, w1, tg, o).loss;
+  big.backward();
+  Tensor w2 = in.weight.to(DType::f32).to(dev()).requires_grad_();
+  LinearCrossEntropyOptions om = o;
+  om.num_items = static_cast<double>(count);
+  double total = 0;
+  for (int64_t part = 0; part < 2; ++part) {
+    Tensor l = linear_cross_entropy(h.detach().narrow(0, part * 32, 32), w2, tg.narrow(0, part * 32, 32), om).loss;
+    total += l.item();
+    l.backward();
+  }
+  EXPECT_NEAR(total, big.item(), 1e-5 * std::abs(big.item()));
+  Tensor a = w1.grad().to(kCPU).to(DType::f64), b = w2.grad().to(kCPU).to(DType::f64);
+  EXPECT_LE(max_diff(a, b), 1e-5 * max_abs(a));
+}
+
+TEST_P(Lce, DeterministicBits) {
+  set_deterministic(true);
+  Inputs in = make_inputs(1000, {70, 24}, 333, 0.2);
+  const std::vector<Case> cs = option_cases();
+  const Case& all = cs[cs.size() - 2];
+  LinearCrossEntropyOptions o;
+  all.set(o);
+  o.chunk_tokens = 16;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Outcome a = run(Impl::fused, in, o, true, true, dt, dev());
+    Outcome b = run(Impl::fused, in, o, true, true, dt, dev());
+    for (auto [x, y] : {std::pair{a.loss, b.loss}, {a.gh, b.gh}, {a.gw, b.gw}, {a.gb, b.gb}, {a.lse, b.lse}}) {
+      auto vx = x.to_vector<double>(), vy = y.to_vector<double>();
+      ASSERT_EQ(vx.size(), vy.size());
+      EXPECT_EQ(0, std::memcmp(vx.data(), vy.data(), vx.size() * sizeof(double))) << dtype_name(dt);
+    }
+  }
+  set_deterministic(false);
+}
+
+TEST_P(Lce, SecondBackwardWithRetainGraphRecomputes) {
+  Inputs in = make_inputs(1100, {10, 8}, 60, 0.1);
+  Tensor h = in.hidden.to(DType::f32).to(dev()).requires_grad_();
+  Tensor w = in.weight.to(DType::f32).to(dev());
+  Tensor loss = linear_cross_entropy(h, w, in.target.to(dev())).loss;
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  Tensor g1 = h.grad().to(kCPU).to(DType::f64).clone();
+  loss.backward();
+  Tensor g2 = h.grad().to(kCPU).to(DType::f64);
+  EXPECT_LE(max_diff(mul(g1, 2.0), g2), 1e-6 * max_abs(g2));
+}
+
+TEST_P(Lce, NoGradForwardOnly) {
+  Inputs in = make_inputs(1200, {10, 8}, 60, 0.1);
+  Tensor h = in.hidden.to(DType::f32).to(dev()).requires_grad_();
+  NoGradGuard ng;
+  LinearCrossEntropyResult r = linear_cross_entropy(h, in.weight.to(DType::f32).to(dev()), in.target.to(dev()));
+  EXPECT_FALSE(r.loss.requires_grad());
+  LinearCrossEntropyResult t = linear_cross_entropy_reference(in.hidden, in.weight, in.target);
+  EXPECT_NEAR(r.loss.item(), t.loss.item(), 1e-5 * std::abs(t.loss.item()));
+}
+
+TEST_P(Lce, ModuleOwnsItsWeight) {
+  Generator gen(5);
+  nn::LinearCrossEntropyLoss head(16, 100, LinearCrossEntropyOptions{}, gen, DType::f32, dev());
+  EXPECT_TRUE(head.owns_weight());
+  EXPECT_EQ(head.weight().shape(), (Shape{100, 16}));
+  EXPECT_TRUE(head.weight().requires_grad());
+  EXPECT_LE(max_abs(head.weight().to(kCPU).to(DType::f64)), 0.25);
+  Inputs in = make_inputs(1300, {6, 16}, 100, 0.0);
+  head(in.hidden.to(DType::f32).to(dev()), in.target.to(dev())).loss.backward();
+  ASSERT_TRUE(head.weight().grad().defined());
+  Tensor w64 = head.weight().detach().to(kCPU).to(DType::f64).requires_grad_();
+  linear_cross_entropy_reference(in.hidden, w64, in.target).loss.backward();
+  EXPECT_LE(max_diff(w64.grad(), head.weight().grad().to(kCPU).to(DType::f64)), 2e-5 * max_abs(w64.grad()));
+}
+
+TEST_P(Lce, Int32TargetsAndGradientFilter) {
+  Inputs in = make_inputs(1500, {33, 16}, 257, 0.1);
+  Tensor h = in.hidden.to(DType::f32).to(dev()), w = in.weight.to(DType::f32).to(dev());
+  LinearCrossEntropyOptions o;
+  o.chunk_tokens = 8;
+  Tensor base = linear_cross_entropy(h, w, in.target.to(dev()), o).loss;
+  Tensor i32 = linear_cross_entropy(h, w, in.target.to(DType::i32).to(dev()), o).loss;
+  EXPECT_EQ(base.item(), i32.item());
+  // The filter leaves the loss alone and moves the gradient by at most eps per dropped entry.
+  auto grad_w = [&](double eps) {
+    Tensor wl = w.detach().requires_grad_();
+    LinearCrossEntropyOptions of = o;
+    of.filter_eps = eps;
+    Tensor l = linear_cross_entropy(h, wl, in.target.to(dev()), of).loss;
+    l.backward();
+    return std::pair{l.item(), wl.grad().to(kCPU).to(DType::f64)};
+  };
+  auto [l0, g0] = grad_w(0.0);
+  auto [l1, g1] = grad_w(1e-3);
+  auto [l2, g2] = grad_w(0.5);
+  EXPECT_EQ(l0, l1);
+  const double bound = 1e-3 * max_abs(in.hidden) * 257 / 30.0;  // eps · |h| · dropped entries / divisor
+  EXPECT_LE(max_diff(g0, g1), bound);
+  EXPECT_GT(max_diff(g0, g2), 0.0);  // a large eps does drop entries
+}
+
+TEST_P(Lce, BadInputsNameTheProblem) {
+  Inputs in = make_inputs(1400, {4, 8}, 10, 0.0);
+  Tensor h = in.hidden.to(DType::f32).to(dev()), w = in.weight.to(DType::f32).to(dev());
+  auto expect_error = [](const std::function<void()>& f, const std::string& part) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error containing '" << part << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  Tensor bad = from_vector<int64_t>({1, 2, 10, 3}, {4}).to(dev());
+  expect_error([&] { linear_cross_entropy(h, w, bad); }, "linear_cross_entropy: target[2]=10 out of range [0, 10)");
+  Tensor neg = from_vector<int64_t>({1, -5, 0, 3}, {4}).to(dev());
+  expect_error([&] { linear_cross_entropy(h, w, neg); }, "target[1]=-5 out of range");
+  expect_error([&] { linear_cross_entropy(h, w.narrow(1, 0, 7).contiguous(), in.target.to(dev())); }, "weight is [10, 7]");
+  expect_error([&] { linear_cross_entropy(h, w, in.target.narrow(0, 0, 3).to(dev())); }, "target has shape [3]");
+  expect_error([&] { linear_cross_entropy(h, w.to(DType::f64), in.target.to(dev())); }, "weight has dtype f64");
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(DType::f32).to(dev())); }, "target must be i64 or i32");
+  LinearCrossEntropyOptions o;
+  o.label_smoothing = 1.5;
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "label_smoothing=1.5");
+  o = {};
+  o.reduction = Reduction::none;
+  o.num_items = 3;
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "num_items needs reduction mean or sum");
+  o = {};
+  o.bias = zeros({9}, DType::f32, dev());
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "bias must be [10]");
+  o = {};
+  o.weight = ones({10}, DType::f32, dev()).requires_grad_();
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "class weights that require grad");
+  o = {};
+  o.softcap = -1;
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "softcap=-1");
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, Lce, ::testing::Values(kCPU, cuda(0)),
+                         [](const ::testing::TestParamInfo<Device>& i) { return i.param.is_cuda() ? "cuda" : "cpu"; });
+
+}  // namespace

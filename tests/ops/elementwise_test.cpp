@@ -1,0 +1,203 @@
+// Tests of the elementwise ops: every unary op (incl. scalar variants), binary ops with
+// broadcasting, comparisons (with ties), where/masked_fill, the in-place add_/mul_, and their
+// bad-input errors. Each op runs through the harness (dtypes, layouts, finite differences)
+// and against an independent per-element float64 reference.
+#include <cmath>
+
+#include "tests/ops/harness.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+struct UnaryCase {
+  const char* name;
+  std::function<Tensor(const Tensor&)> op;
+  std::function<double(double)> ref;
+  bool positive;  // domain (0.5, 1.5)
+};
+
+std::vector<UnaryCase> unary_cases() {
+  return {
+      {"neg", [](const Tensor& x) { return neg(x); }, [](double x) { return -x; }, false},
+      {"exp", [](const Tensor& x) { return exp(x); }, [](double x) { return std::exp(x); }, false},
+      {"log", [](const Tensor& x) { return log(x); }, [](double x) { return std::log(x); }, true},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); }, true},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); }, true},
+      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); }, false},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, [](double x) { return 1 / (1 + std::exp(-x)); }, false},
+      {"silu", [](const Tensor& x) { return silu(x); }, [](double x) { return x / (1 + std::exp(-x)); }, false},
+      {"gelu", [](const Tensor& x) { return gelu(x); },
+       [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }, false},
+      {"gelu_tanh", [](const Tensor& x) { return gelu(x, true); },
+       [](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }, false},
+      {"abs", [](const Tensor& x) { return abs(x); }, [](double x) { return std::fabs(x); }, false},
+      {"relu", [](const Tensor& x) { return relu(x); }, [](double x) { return x > 0 ? x : 0; }, false},
+      {"pow", [](const Tensor& x) { return pow(x, 2.5); }, [](double x) { return std::pow(x, 2.5); }, true},
+      {"add_scalar", [](const Tensor& x) { return x + 1.25; }, [](double x) { return x + 1.25; }, false},
+      {"sub_scalar", [](const Tensor& x) { return x - 0.5; }, [](double x) { return x - 0.5; }, false},
+      {"mul_scalar", [](const Tensor& x) { return x * -3.0; }, [](double x) { return x * -3.0; }, false},
+      {"div_scalar", [](const Tensor& x) { return x / 4.0; }, [](double x) { return x / 4.0; }, false},
+      {"rmul_scalar", [](const Tensor& x) { return 2.0 * x; }, [](double x) { return 2.0 * x; }, false},
+  };
+}
+
+}  // namespace
+
+TEST(Unary, HarnessAndReference) {
+  KILN_TEST_GENERATOR(gen);
+  for (const auto& c : unary_cases()) {
+    SCOPED_TRACE(c.name);
+    for (Shape s : {Shape{1}, Shape{129}, Shape{3, 7}}) {
+      Input in = c.positive ? positive(s) : Input{s};
+      check_op({c.name, {in}, [op = c.op](const std::vector<Tensor>& v) { return op(v[0]); }});
+    }
+    for (Device dev : test_devices()) {
+      Tensor x = c.positive ? add(rand({2, 7}, gen, DType::f64, dev), 0.5) : mul(randn({2, 7}, gen, DType::f64, dev), 2.0);
+      auto xv = x.to_vector<double>(), yv = c.op(x).to_vector<double>();
+      for (size_t i = 0; i < xv.size(); ++i) EXPECT_NEAR(yv[i], c.ref(xv[i]), 1e-12 * (1 + std::fabs(c.ref(xv[i])))) << xv[i];
+    }
+  }
+}
+
+namespace {
+
+struct BinaryCase {
+  const char* name;
+  std::function<Tensor(const Tensor&, const Tensor&)> op;
+  std::function<double(double, double)> ref;
+};
+
+std::vector<BinaryCase> binary_cases() {
+  return {
+      {"add", [](const Tensor& a, const Tensor& b) { return a + b; }, [](double a, double b) { return a + b; }},
+      {"sub", [](const Tensor& a, const Tensor& b) { return a - b; }, [](double a, double b) { return a - b; }},
+      {"mul", [](const Tensor& a, const Tensor& b) { return a * b; }, [](double a, double b) { return a * b; }},
+      {"div", [](const Tensor& a, const Tensor& b) { return a / b; }, [](double a, double b) { return a / b; }},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); },
+       [](double a, double b) { return std::max(a, b); }},
+      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); },
+       [](double a, double b) { return std::min(a, b); }},
+  };
+}
+
+const std::vector<std::pair<Shape, Shape>> kBroadcastShapes = {
+    {{7}, {7}}, {{3, 1, 5}, {4, 1}}, {{1}, {2, 3}}, {{2, 3}, {}}, {{129}, {1}}};
+
+}  // namespace
+
+TEST(Binary, HarnessAndReferenceWithBroadcasting) {
+  KILN_TEST_GENERATOR(gen);
+  for (const auto& c : binary_cases()) {
+    SCOPED_TRACE(c.name);
+    bool is_div = std::string(c.name) == "div";
+    for (const auto& [sa, sb] : kBroadcastShapes) {
+      check_op({c.name, {{sa}, is_div ? positive(sb) : Input{sb}},
+                [op = c.op](const std::vector<Tensor>& v) { return op(v[0], v[1]); }});
+      for (Device dev : test_devices()) {
+        Tensor a = randn(sa, gen, DType::f64, dev), b = add(rand(sb, gen, DType::f64, dev), 0.5);
+        Tensor y = c.op(a, b);
+        Shape s = broadcast_shapes(sa, sb, "test");
+        ASSERT_EQ(y.shape(), s);
+        auto av = a.expand(s).to_vector<double>(), bv = b.expand(s).to_vector<double>(), yv = y.to_vector<double>();
+        for (size_t i = 0; i < yv.size(); ++i) EXPECT_DOUBLE_EQ(yv[i], c.ref(av[i], bv[i]));
+      }
+    }
+  }
+}
+
+TEST(Binary, MaximumTiesSendGradientToA) {
+  for (Device dev : test_devices()) {
+    Tensor a = from_vector(std::vector<double>{1, 2, 3}, {3}, dev).requires_grad_();
+    Tensor b = from_vector(std::vector<double>{1, 5, 0}, {3}, dev).requires_grad_();
+    sum(maximum(a, b)).backward();
+    EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{1, 0, 1}));
+    EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{0, 1, 0}));
+  }
+}
+
+TEST(Comparison, AllSixWithTiesAndBroadcasting) {
+  KILN_TEST_GENERATOR(gen);
+  using Cmp = std::function<Tensor(const Tensor&, const Tensor&)>;
+  std::vector<std::tuple<const char*, Cmp, std::function<bool(double, double)>>> cases = {
+      {"eq", [](auto& a, auto& b) { return eq(a, b); }, [](double a, double b) { return a == b; }},
+      {"ne", [](auto& a, auto& b) { return ne(a, b); }, [](double a, double b) { return a != b; }},
+      {"lt", [](auto& a, auto& b) { return lt(a, b); }, [](double a, double b) { return a < b; }},
+      {"le", [](auto& a, auto& b) { return le(a, b); }, [](double a, double b) { return a <= b; }},
+      {"gt", [](auto& a, auto& b) { return gt(a, b); }, [](double a, double b) { return a > b; }},
+      {"ge", [](auto& a, auto& b) { return ge(a, b); }, [](double a, double b) { return a >= b; }},
+  };
+  for (Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::bf16, DType::i64}) {
+      // Small integers: many ties.
+      Tensor a = mul(rand({4, 7}, gen, DType::f64, dev), 3.0).to(DType::i64).to(dt);
+      Tensor b = mul(rand({7}, gen, DType::f64, dev), 3.0).to(DType::i64).to(dt);
+      auto av = a.to_vector<double>(), bv = b.expand({4, 7}).to_vector<double>();
+      for (auto& [name, op, ref] : cases) {
+        Tensor y = op(a, strided_copy(b));
+        EXPECT_EQ(y.dtype(), DType::boolean) << name;
+        auto yv = y.to_vector<bool>();
+        for (size_t i = 0; i < yv.size(); ++i) EXPECT_EQ(yv[i], ref(av[i], bv[i])) << name << " " << av[i] << " " << bv[i];
+      }
+    }
+  }
+}
+
+TEST(Where, HarnessAndMaskedFill) {
+  check_op({"where", {bmask({3, 1, 5}), {{4, 1}}, {{5}}},
+            [](const std::vector<Tensor>& v) { return where(v[0], v[1], v[2]); }});
+  check_op({"masked_fill", {{{3, 7}}, bmask({7})}, [](const std::vector<Tensor>& v) { return masked_fill(v[0], v[1], -2.5); }});
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    Tensor x = randn({3, 7}, gen, DType::f32, dev);
+    Tensor m = lt(rand({3, 7}, gen, DType::f32, dev), full({}, 0.5, DType::f32, dev));
+    auto xv = x.to_vector<double>(), yv = masked_fill(x, m, -1e9).to_vector<double>();
+    auto mv = m.to_vector<bool>();
+    for (size_t i = 0; i < xv.size(); ++i) EXPECT_EQ(yv[i], mv[i] ? static_cast<double>(-1e9f) : xv[i]);
+    // Integer where.
+    Tensor wi = where(m, full({}, 1, DType::i64, dev), full({3, 7}, 2, DType::i64, dev));
+    auto wv = wi.to_vector<int64_t>();
+    for (size_t i = 0; i < wv.size(); ++i) EXPECT_EQ(wv[i], mv[i] ? 1 : 2);
+  }
+}
+
+TEST(InPlace, AddMulBumpVersionAndBroadcast) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    Tensor a = randn({3, 5}, gen, DType::f32, dev);
+    Tensor b = randn({5}, gen, DType::f32, dev);
+    auto av = a.to_vector<float>(), bv = b.to_vector<float>();
+    uint64_t v0 = a.version();
+    add_(a, b, -0.5);
+    EXPECT_GT(a.version(), v0);
+    auto r = a.to_vector<float>();
+    for (size_t i = 0; i < r.size(); ++i) EXPECT_NEAR(r[i], av[i] - 0.5f * bv[i % 5], 1e-6);
+    mul_(a, 2.0);
+    auto r2 = a.to_vector<float>();
+    for (size_t i = 0; i < r2.size(); ++i) EXPECT_FLOAT_EQ(r2[i], 2 * r[i]);
+    // In place through a view writes the base.
+    Tensor base = zeros({4, 4}, DType::f32, dev);
+    Tensor col = base.select(1, 2);
+    add_(col, ones({4}, DType::f32, dev));
+    auto bvv = base.to_vector<float>();
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(bvv[static_cast<size_t>(i)], i % 4 == 2 ? 1.0f : 0.0f);
+  }
+}
+
+TEST(ElementwiseErrors, NameOpAndValues) {
+  Tensor a = zeros({2, 3}), b = zeros({4});
+  EXPECT_KILN_ERROR(add(a, b), "add", "[2, 3]", "[4]", "cannot be broadcast");
+  EXPECT_KILN_ERROR(mul(a, zeros({2, 3}, DType::f16)), "mul", "dtype mismatch", "f32", "f16");
+  EXPECT_KILN_ERROR(lt(a, zeros({3}, DType::i64)), "lt", "dtype mismatch", "i64");
+  EXPECT_KILN_ERROR(exp(zeros({2}, DType::i64)), "exp", "floating", "i64");
+  EXPECT_KILN_ERROR(where(zeros({2, 3}), a, a), "where", "bool", "f32");
+  EXPECT_KILN_ERROR(where(zeros({2, 3}, DType::boolean), a, b), "where", "cannot be broadcast");
+  Tensor w = zeros({3});
+  EXPECT_KILN_ERROR(add_(w, zeros({3}, DType::f64)), "add_", "dtype mismatch");
+  Tensor leaf = zeros({3}).requires_grad_();
+  EXPECT_KILN_ERROR(mul_(leaf, 2.0), "mul_");
+  EXPECT_KILN_ERROR(add(a, Tensor()), "add", "undefined");
+  if (cuda_device_count() > 0)
+    EXPECT_KILN_ERROR(add(a, zeros({2, 3}, DType::f32, cuda(0))), "add", "device mismatch", "cpu", "cuda:0");
+}

@@ -1,0 +1,88 @@
+// Tests of matmul (1-D, 2-D, batched with broadcast, transposed views) and linear (with and
+// without bias): float64 loop references, the harness (dtypes, layouts, finite differences)
+// and bad-input errors.
+#include "tests/ops/harness.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+// Loop reference of a [B, m, k] @ b [B, k, n] with both already broadcast to B.
+std::vector<double> bmm_ref(const Tensor& a, const Tensor& b) {
+  auto av = a.to_vector<double>(), bv = b.to_vector<double>();
+  int64_t B = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
+  std::vector<double> out(static_cast<size_t>(B * m * n), 0.0);
+  for (int64_t z = 0; z < B; ++z)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t q = 0; q < k; ++q) s += av[static_cast<size_t>((z * m + i) * k + q)] * bv[static_cast<size_t>((z * k + q) * n + j)];
+        out[static_cast<size_t>((z * m + i) * n + j)] = s;
+      }
+  return out;
+}
+
+}  // namespace
+
+TEST(Matmul, MatchesLoopsForEveryRankCombination) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    auto r = [&](Shape s) { return randn(s, gen, DType::f64, dev); };
+    // 1-D · 1-D → scalar.
+    Tensor v = r({7}), w = r({7});
+    double dot = 0;
+    auto vv = v.to_vector<double>(), wv = w.to_vector<double>();
+    for (int i = 0; i < 7; ++i) dot += vv[static_cast<size_t>(i)] * wv[static_cast<size_t>(i)];
+    Tensor y = matmul(v, w);
+    EXPECT_EQ(y.dim(), 0);
+    EXPECT_NEAR(y.item(), dot, 1e-12);
+    // 2-D, 1-D on either side, batched with broadcast, transposed operands.
+    Tensor a = r({5, 7}), b = r({7, 3});
+    EXPECT_TRUE(all_close(matmul(a, b), from_vector(bmm_ref(a.view({1, 5, 7}), b.view({1, 7, 3})), {5, 3}), {1e-12, 1e-12}, "2-D"));
+    EXPECT_TRUE(all_close(matmul(a, w), from_vector(bmm_ref(a.view({1, 5, 7}), w.view({1, 7, 1})), {5}), {1e-12, 1e-12}, "2-D·1-D"));
+    EXPECT_TRUE(all_close(matmul(v, b), from_vector(bmm_ref(v.view({1, 1, 7}), b.view({1, 7, 3})), {3}), {1e-12, 1e-12}, "1-D·2-D"));
+    Tensor at = r({7, 5}).t(), bt = r({3, 7}).t();
+    EXPECT_TRUE(all_close(matmul(at, bt), from_vector(bmm_ref(at.contiguous().view({1, 5, 7}), bt.contiguous().view({1, 7, 3})), {5, 3}),
+                          {1e-12, 1e-12}, "transposed"));
+    Tensor ba = r({2, 1, 5, 7}), bb = r({3, 7, 4});
+    Tensor yb = matmul(ba, bb);
+    ASSERT_EQ(yb.shape(), (Shape{2, 3, 5, 4}));
+    EXPECT_TRUE(all_close(yb, from_vector(bmm_ref(ba.expand({2, 3, 5, 7}).reshape({6, 5, 7}), bb.expand({2, 3, 7, 4}).reshape({6, 7, 4})),
+                                          {2, 3, 5, 4}), {1e-12, 1e-12}, "batched broadcast"));
+    // Batched · 1-D.
+    EXPECT_EQ(matmul(ba, w).shape(), (Shape{2, 1, 5}));
+    // linear = x Wᵀ + b.
+    Tensor x = r({2, 3, 7}), W = r({4, 7}), bias = r({4});
+    Tensor yl = linear(x, W, bias);
+    ASSERT_EQ(yl.shape(), (Shape{2, 3, 4}));
+    auto ref = bmm_ref(x.reshape({1, 6, 7}), W.t().contiguous().view({1, 7, 4}));
+    auto bv = bias.to_vector<double>();
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += bv[i % 4];
+    EXPECT_TRUE(all_close(yl, from_vector(ref, {2, 3, 4}), {1e-12, 1e-12}, "linear"));
+    EXPECT_TRUE(all_close(linear(x, W), matmul(x, W.t()), {1e-12, 1e-12}, "linear without bias"));
+  }
+}
+
+TEST(Matmul, Harness) {
+  auto mm = [](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); };
+  const std::vector<DType> all{DType::f64, DType::f32, DType::f16, DType::bf16};
+  check_op({"matmul 2-D", {{{5, 7}}, {{7, 3}}}, mm, all, true, true, 4.0});
+  check_op({"matmul 1-D·1-D", {{{7}}, {{7}}}, mm, all, true, true, 4.0});
+  check_op({"matmul 1-D·2-D", {{{7}}, {{7, 1}}}, mm, all, true, true, 4.0});
+  check_op({"matmul 2-D·1-D", {{{1, 7}}, {{7}}}, mm, all, true, true, 4.0});
+  check_op({"matmul batched broadcast", {{{2, 1, 3, 4}}, {{3, 4, 2}}}, mm, all, true, true, 4.0});
+  check_op({"matmul k=129", {{{2, 129}}, {{129, 2}}}, mm, all, true, true, 16.0});
+  check_op({"linear bias", {{{2, 3, 7}}, {{4, 7}}, {{4}}},
+            [](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); }, all, true, true, 4.0});
+  check_op({"linear", {{{3, 5}}, {{2, 5}}}, [](const std::vector<Tensor>& v) { return linear(v[0], v[1]); }, all, true, true, 4.0});
+}
+
+TEST(MatmulErrors, NameOpAndValues) {
+  EXPECT_KILN_ERROR(matmul(zeros({2, 3}), zeros({4, 5})), "matmul", "3", "4");
+  EXPECT_KILN_ERROR(matmul(zeros({2, 3}), zeros({3, 2}, DType::f64)), "matmul", "f32", "f64");
+  EXPECT_KILN_ERROR(matmul(zeros({2, 2, 3}), zeros({3, 3, 2})), "matmul", "broadcast");
+  EXPECT_KILN_ERROR(matmul(zeros({}), zeros({3})), "matmul");
+  EXPECT_KILN_ERROR(linear(zeros({2, 3}), zeros({4, 5})), "linear", "[4, 5]");
+  EXPECT_KILN_ERROR(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), "linear", "bias", "[5]");
+}

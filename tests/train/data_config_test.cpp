@@ -1,0 +1,147 @@
+// Data and configuration tests: byte tokenizer, token cache, split, sampler reproducibility
+// and resumption, the TOML subset, presets and clear errors for bad values.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/data/dataset.h"
+#include "kiln/data/default_corpus.h"
+#include "kiln/train/config.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("kiln_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+template <class F>
+void expect_error(F&& f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected one containing: " << text;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+}  // namespace
+
+TEST(Tokenizer, ByteRoundTrip) {
+  data::ByteTokenizer t;
+  std::string s = "héllo\n\x01\xff";
+  auto ids = t.encode(s);
+  EXPECT_EQ(ids.size(), s.size());
+  EXPECT_EQ(t.decode(ids), s);
+  ids.push_back(t.eos_id());
+  EXPECT_EQ(t.decode(ids), s);
+  EXPECT_EQ(t.vocab_size(), 259);
+}
+
+TEST(Data, DefaultCorpusIsEmbedded) {
+  std::string_view c = data::default_corpus();
+  EXPECT_GT(c.size(), 10000u);
+  EXPECT_NE(c.find("kiln"), std::string_view::npos);
+}
+
+TEST(Data, TokenCacheIsWrittenOnceAndReused) {
+  fs::path d = temp_dir("cache");
+  fs::create_directories(d / "corpus");
+  std::ofstream(d / "corpus" / "a.txt") << "first document";
+  std::ofstream(d / "corpus" / "b.txt") << "second";
+  data::ByteTokenizer tok;
+  bool hit = true;
+  data::TokenStream s1 = data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(s1.size(), 14u + 2 + 6 + 2);
+  EXPECT_EQ(s1.tokens[0], tok.bos_id());
+  EXPECT_EQ(s1.doc.back(), 1);
+  data::TokenStream s2 = data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(s1.tokens, s2.tokens);
+  EXPECT_EQ(s1.doc, s2.doc);
+  std::ofstream(d / "corpus" / "b.txt") << "changed!";  // new contents: a new key
+  data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
+  EXPECT_FALSE(hit);
+  fs::remove_all(d);
+}
+
+TEST(Data, SamplerIsReproducibleAndResumable) {
+  data::ByteTokenizer tok;
+  std::string text(5000, 'a');
+  for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>('a' + (i * 7919) % 26);
+  data::TokenStream s = data::tokenize_documents({text, text.substr(0, 700)}, tok);
+  data::Split sp = data::split_stream(s, 0.1, 32);
+  EXPECT_EQ(s.size() - sp.train_end, static_cast<size_t>(0.1 * static_cast<double>(s.size())));
+  for (auto mode : {data::SampleMode::windows, data::SampleMode::packed}) {
+    data::Sampler a(s, 0, sp.train_end, 4, 32, 9, mode), b(s, 0, sp.train_end, 4, 32, 9, mode);
+    std::vector<std::vector<int64_t>> seq_a;
+    for (int i = 0; i < 5; ++i) seq_a.push_back(a.next().input.to_vector<int64_t>());
+    for (int i = 0; i < 3; ++i) b.next();
+    data::Sampler c(s, 0, sp.train_end, 4, 32, 9, mode);
+    c.set_position(b.position());
+    EXPECT_EQ(c.next().input.to_vector<int64_t>(), seq_a[3]);
+    data::Batch x = c.next();
+    EXPECT_EQ(x.input.to_vector<int64_t>(), seq_a[4]);
+    // targets are the inputs shifted by one
+    auto in = x.input.to_vector<int64_t>(), tg = x.target.to_vector<int64_t>();
+    for (size_t i = 0; i + 1 < 32; ++i) {
+      if (tg[i] != -100) {
+        EXPECT_EQ(tg[i], in[i + 1]);
+      }
+    }
+    data::Sampler other(s, 0, sp.train_end, 4, 32, 10, mode);
+    if (mode == data::SampleMode::windows) {
+      EXPECT_NE(other.next().input.to_vector<int64_t>(), seq_a[0]);
+    } else {
+      EXPECT_TRUE(x.doc_ids.defined());
+    }
+  }
+  expect_error([&] { data::split_stream(s, 0.1, 100000); }, "too few for sequence length 100000");
+}
+
+TEST(Config, TomlSubset) {
+  json::Value v = train::parse_toml(
+      "# comment\npreset = \"tiny\"  # trailing\nsteps = 1_000\nlr = 3e-4\n[model]\nhidden = 96\n"
+      "tie_embeddings = true\nname = 'lit#eral'\n");
+  EXPECT_EQ(v.find("preset")->as_string(), "tiny");
+  EXPECT_EQ(v.find("steps")->as_int(), 1000);
+  EXPECT_DOUBLE_EQ(v.find("lr")->as_double(), 3e-4);
+  EXPECT_EQ(v.find("model")->find("hidden")->as_int(), 96);
+  EXPECT_TRUE(v.find("model")->find("tie_embeddings")->as_bool());
+  EXPECT_EQ(v.find("model")->find("name")->as_string(), "lit#eral");
+  expect_error([] { train::parse_toml("a = [1, 2]"); }, "config:1");
+  expect_error([] { train::parse_toml("x = 1\nx = 2"); }, "defined twice");
+  expect_error([] { train::parse_toml("just text"); }, "expected 'key = value'");
+}
+
+TEST(Config, FileFlagsAndValidation) {
+  fs::path d = temp_dir("config");
+  std::ofstream(d / "run.toml") << "[train]\nsteps = 77\nlr = 0.01\n[model]\nhidden = 96\nheads = 4\n";
+  train::TrainConfig c = train::preset("tiny");
+  train::apply_config_file(c, (d / "run.toml").string());
+  EXPECT_EQ(c.steps, 77);
+  EXPECT_EQ(c.hidden, 96);
+  c.validate();
+  std::ofstream(d / "run.json") << R"({"batch": 3, "model": {"layers": 1}})";
+  train::apply_config_file(c, (d / "run.json").string());
+  EXPECT_EQ(c.batch, 3);
+  EXPECT_EQ(c.layers, 1);
+  expect_error([&] { train::set_config_value(c, "stepz", json::Value(int64_t{1})); }, "unknown key 'stepz'");
+  expect_error([&] { train::set_config_value(c, "steps", json::Value("many")); }, "key 'steps'");
+  train::TrainConfig bad = train::preset("tiny");
+  bad.lr = -1;
+  expect_error([&] { bad.validate(); }, "lr=-1");
+  bad = train::preset("tiny");
+  bad.heads = 5;
+  expect_error([&] { bad.validate(); }, "hidden_size=64 is not divisible by num_attention_heads=5");
+  bad = train::preset("tiny");
+  bad.dtype = "f8";
+  expect_error([&] { bad.validate(); }, "dtype='f8'");
+  expect_error([] { train::preset("huge"); }, "preset 'huge' is not one of: tiny, small, 125m, 1b");
+  for (const auto& n : train::preset_names()) train::preset(n).validate();
+  fs::remove_all(d);
+}
