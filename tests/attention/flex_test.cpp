@@ -477,6 +477,10 @@ TEST(FlexCuda, MatchesCpuAndReference) {
                v = make({sh.B, sh.Hkv, sh.S, sh.E}, gen, dt), dout = make({sh.B, sh.Hq, sh.L, sh.E}, gen, dt);
         MaskSpec ms = parse_mask_spec(spec, std::max(sh.L, sh.S));
         AnyBlockMask cm = create_block_mask(ms, sh.L, sh.S, kCPU), gm = create_block_mask(ms, sh.L, sh.S, gpu);
+        {  // the GPU builder equals the CPU one
+          auto a = cm.layout.to_dense().to_vector<int32_t>(), b = gm.layout.to_dense().to_vector<int32_t>();
+          ASSERT_EQ(a, b) << "GPU block mask differs from the CPU one";
+        }
         auto run = [&](const AnyBlockMask& m, Device d) {
           Tensor qg = q.to(d).detach().requires_grad_(), kg = k.to(d).detach().requires_grad_(),
                  vg = v.to(d).detach().requires_grad_();
