@@ -108,8 +108,37 @@ MaskSpec parse_mask_spec(const std::string& text, int64_t seq_len, Device device
   return s;
 }
 
+namespace {
+#ifdef KILN_CUDA
+// The GPU builder: tile classes computed on the device, index lists derived from them.
+template <class MM>
+BlockLayout build_on_gpu(const MM& mm, int64_t L, int64_t S, int64_t bs, Device device) {
+  const int64_t nq = (L + bs - 1) / bs, nk = (S + bs - 1) / bs;
+  Tensor cls = Tensor::empty({1, 1, nq, nk}, DType::u8, device);
+  kernels::cuda::classify_tiles(mm, 1, 1, L, S, bs, bs, static_cast<uint8_t*>(cls.data_ptr()));
+  return layout_from_class_tensor(cls, L, S, bs, bs);
+}
+#endif
+}  // namespace
+
 AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_len, Device device) {
   AnyBlockMask m;
+#ifdef KILN_CUDA
+  if (device.is_cuda()) {
+    m.spec = spec;
+    const int64_t bs = spec.block_size;
+    switch (spec.kind) {
+      case MaskSpec::Kind::none: m.layout = build_on_gpu(NoMask{}, q_len, kv_len, bs, device); return m;
+      case MaskSpec::Kind::causal: m.layout = build_on_gpu(Causal{}, q_len, kv_len, bs, device); return m;
+      case MaskSpec::Kind::sliding_window:
+        KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31), "sliding window: window must be >= 1, got ",
+                   spec.window);
+        m.layout = build_on_gpu(SlidingWindow{static_cast<int>(spec.window)}, q_len, kv_len, bs, device);
+        return m;
+      case MaskSpec::Kind::document: break;  // below (needs the host ids as well)
+    }
+  }
+#endif
   m.spec = spec;
   const int64_t bs = spec.block_size;
   switch (spec.kind) {
@@ -127,6 +156,13 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
       m.document_ids_cpu = spec.document_ids.to(DType::i32).to(kCPU).contiguous();
       m.spec.document_ids = spec.document_ids.to(DType::i32).to(device).contiguous();
       const int32_t* ids = m.document_ids_cpu.data<int32_t>();
+#ifdef KILN_CUDA
+      if (device.is_cuda()) {
+        const int32_t* dids = m.spec.document_ids.data<int32_t>();
+        m.layout = build_on_gpu(DocumentCausal{Causal{}, Document{dids, dids}}, q_len, kv_len, bs, device);
+        return m;
+      }
+#endif
       m.layout = create_block_mask(DocumentCausal{Causal{}, Document{ids, ids}}, 1, 1, q_len, kv_len, bs, bs).layout;
       break;
     }

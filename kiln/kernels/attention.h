@@ -39,6 +39,11 @@ struct FlexParams {
 namespace cuda {
 template <class SM, class MM> void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm);
 template <class SM, class MM> void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm);
+// The GPU BlockMask builder: writes the tile classes (0 empty, 1 partial, 2 full) of
+// [Bm, Hm, nQ, nKV] to `classes` (device memory), one thread per tile evaluating its elements.
+template <class MM>
+void classify_tiles(const MM& mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t qb, int64_t kb,
+                    uint8_t* classes);
 }  // namespace cuda
 template <class SM, class MM> inline constexpr bool has_cuda_flex = false;
 

@@ -12,6 +12,7 @@
 
 #include <cmath>
 
+#include "kiln/attention/block_mask.h"
 #include "kiln/attention/mods.h"
 #include "kiln/core/error.h"
 #include "kiln/core/half.h"
@@ -179,6 +180,17 @@ __global__ void flex_dkdv_kernel(FlexParams p, SM sm, MM mm) {
   }
 }
 
+template <class MM>
+__global__ void classify_tiles_kernel(MM mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t qb, int64_t kb,
+                                      uint8_t* out) {
+  const int64_t nq = (L + qb - 1) / qb, nk = (S + kb - 1) / kb;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= Bm * Hm * nq * nk) return;
+  const int64_t c = t % nk, a = (t / nk) % nq, h = (t / (nk * nq)) % Hm, b = t / (nk * nq * Hm);
+  out[t] = static_cast<uint8_t>(attention::classify_tile(mm, int(b), int(h), a * qb, min(L, (a + 1) * qb), c * kb,
+                                                         min(S, (c + 1) * kb)));
+}
+
 int current_device() {
   int d = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&d));
@@ -233,6 +245,16 @@ void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   });
 }
 
+template <class MM>
+void classify_tiles(const MM& mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t qb, int64_t kb,
+                    uint8_t* classes) {
+  const int64_t n = Bm * Hm * ((L + qb - 1) / qb) * ((S + kb - 1) / kb);
+  if (n == 0) return;
+  classify_tiles_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, flex_stream()>>>(mm, Bm, Hm, L, S, qb, kb,
+                                                                                           classes);
+  KILN_CUDA_CHECK_LAUNCH("classify_tiles_kernel");
+}
+
 #define KILN_FLEX_CUDA_INSTANTIATE(SM, MM)                                                        \
   template void flex_forward<SM, MM>(const FlexParams&, DType, const SM&, const MM&); \
   template void flex_backward<SM, MM>(const FlexParams&, DType, const SM&, const MM&);
@@ -241,5 +263,15 @@ KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::Causal)
 KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::SlidingWindow)
 KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::DocumentCausal)
 KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::PrefixLM)
+template void classify_tiles<attention::NoMask>(const attention::NoMask&, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                int64_t, uint8_t*);
+template void classify_tiles<attention::Causal>(const attention::Causal&, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                int64_t, uint8_t*);
+template void classify_tiles<attention::SlidingWindow>(const attention::SlidingWindow&, int64_t, int64_t, int64_t,
+                                                       int64_t, int64_t, int64_t, uint8_t*);
+template void classify_tiles<attention::DocumentCausal>(const attention::DocumentCausal&, int64_t, int64_t, int64_t,
+                                                        int64_t, int64_t, int64_t, uint8_t*);
+template void classify_tiles<attention::PrefixLM>(const attention::PrefixLM&, int64_t, int64_t, int64_t, int64_t,
+                                                  int64_t, int64_t, uint8_t*);
 
 }  // namespace kiln::kernels::cuda
