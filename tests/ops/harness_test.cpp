@@ -6,20 +6,39 @@
 using namespace kiln;
 using namespace kiln::test;
 
+// The harness runs each case on every test device: a broken op must fail once per device.
+template <class F>
+void expect_one_failure_per_device(F&& body, const std::string& substring) {
+  ::testing::TestPartResultArray results;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+    body();
+  }
+  EXPECT_EQ(results.size(), static_cast<int>(test_devices().size()));
+  for (int i = 0; i < results.size(); ++i) {
+    EXPECT_TRUE(results.GetTestPartResult(i).nonfatally_failed());
+    EXPECT_NE(std::string(results.GetTestPartResult(i).message()).find(substring), std::string::npos)
+        << results.GetTestPartResult(i).message();
+  }
+}
+
 TEST(Harness, CatchesWrongGradient) {
   // y = x*x + x, with the x*x part hidden from autograd: the recorded gradient is 1, not 2x+1.
-  EXPECT_NONFATAL_FAILURE(check_op({"wrong grad", {{{3}}}, [](const std::vector<Tensor>& in) {
-                                      return add(mul(in[0].detach(), in[0].detach()), in[0]);
-                                    }, {DType::f64}}),
-                          "finite differences");
+  expect_one_failure_per_device([] {
+    check_op({"wrong grad", {{{3}}}, [](const std::vector<Tensor>& in) {
+                return add(mul(in[0].detach(), in[0].detach()), in[0]);
+              }, {DType::f64}});
+  }, "finite differences");
 }
 
 TEST(Harness, CatchesDtypeDependentOutput) {
   // An op that is off by 0.1 in every dtype but f64.
-  EXPECT_NONFATAL_FAILURE(check_op({"wrong output", {{{3}}}, [](const std::vector<Tensor>& in) {
-                                      return in[0].dtype() == DType::f64 ? in[0] : add(in[0], 0.1);
-                                    }, {DType::f32}, false, false}),
-                          "output");
+  expect_one_failure_per_device([] {
+    check_op({"wrong output", {{{3}}}, [](const std::vector<Tensor>& in) {
+                return in[0].dtype() == DType::f64 ? in[0] : add(in[0], 0.1);
+              }, {DType::f32}, false, false});
+  }, "output");
 }
 
 TEST(Harness, StridedCopyIsNonContiguousWithSameValues) {
