@@ -62,6 +62,16 @@ KILN_HD void sgd_update(float& p, float* b, float g, const SgdStep& s) {
 inline constexpr int64_t kNormChunk = 8192;
 inline int64_t norm_partials_count(int64_t numel) { return (numel + kNormChunk - 1) / kNormChunk; }
 
+// Calls f.template operator()<G>() for the gradient dtypes the updates accept.
+template <class F>
+void dispatch_grad(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: f.template operator()<float>(); return;
+    case DType::bf16: f.template operator()<BFloat16>(); return;
+    default: fail(op, ": gradient dtype ", dtype_name(t), " is not supported (expected f32 or bf16)");
+  }
+}
+
 namespace cpu {
 // param, exp_avg, exp_avg_sq: contiguous f32; grad: contiguous f32 or bf16; same numel.
 void adamw(const AdamWStep& s, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,

@@ -18,37 +18,15 @@
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/report.h"
 #include "kiln/train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("kiln_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-train::TrainConfig tiny_run(const fs::path& out, int64_t steps) {
-  train::TrainConfig c = train::preset("tiny");
-  c.hidden = 32;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.intermediate = 64;
-  c.layers = 2;
-  c.batch = 4;
-  c.seq = 32;
-  c.steps = steps;
-  c.eval_every = 5;
-  c.eval_batches = 2;
-  c.ckpt_every = 0;
-  c.sample_tokens = 0;
-  c.out = out.string();
-  c.deterministic = true;
-  return c;
-}
+using test::temp_dir;
+using test::tiny_run;
 
 std::vector<std::string> metric_lines(const fs::path& out, const std::string& key) {
   std::vector<std::string> v;

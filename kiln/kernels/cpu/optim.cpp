@@ -8,20 +8,6 @@
 #include "kiln/kernels/cpu/loops.h"
 
 namespace kiln::kernels::cpu {
-namespace {
-
-// Calls f.template operator()<G>() for the gradient dtypes the updates accept.
-template <class F>
-void dispatch_grad(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f.template operator()<float>(); return;
-    case DType::bf16: f.template operator()<BFloat16>(); return;
-    default: fail(op, ": gradient dtype ", dtype_name(t), " is not supported (expected f32 or bf16)");
-  }
-}
-
-}  // namespace
-
 void adamw(const AdamWStep& s, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
            const Tensor& exp_avg_sq) {
   float* p = param.data<float>();

@@ -72,15 +72,6 @@ __global__ void norm_partials_kernel(const T* __restrict__ g, int64_t n, double 
   if (threadIdx.x == 0) out[blockIdx.x] = sh[0];
 }
 
-template <class F>
-void dispatch_grad(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: f.template operator()<float>(); return;
-    case DType::bf16: f.template operator()<BFloat16>(); return;
-    default: fail(op, ": gradient dtype ", dtype_name(t), " is not supported (expected f32 or bf16)");
-  }
-}
-
 }  // namespace
 
 void adamw(const AdamWStep& s, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,

@@ -1,0 +1,41 @@
+// Helpers shared by the trainer tests (tests/train) and the end-to-end runs (tests/e2e):
+// a fresh temporary directory and a tiny, fast, deterministic training configuration.
+#pragma once
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "kiln/train/trainer.h"
+
+namespace kiln::test {
+
+inline std::filesystem::path temp_dir(const std::string& name) {
+  std::filesystem::path p =
+      std::filesystem::temp_directory_path() / ("kiln_train_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+inline train::TrainConfig tiny_run(const std::filesystem::path& out, int64_t steps) {
+  train::TrainConfig c = train::preset("tiny");
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.intermediate = 64;
+  c.layers = 2;
+  c.batch = 4;
+  c.seq = 32;
+  c.steps = steps;
+  c.eval_every = 5;
+  c.eval_batches = 2;
+  c.ckpt_every = 0;
+  c.sample_tokens = 0;
+  c.out = out.string();
+  c.deterministic = true;
+  return c;
+}
+
+}  // namespace kiln::test
