@@ -11,6 +11,7 @@
 // For config-driven masks (the trainer), flex_attention(q, k, v, const MaskSpec&) selects a
 // library mask at run time.
 #pragma once
+#include <cstdint>
 #include <cmath>
 #include <optional>
 #include <string>

@@ -4,6 +4,7 @@
 // - dense_attention_ops: the "reference path" built from kiln ops (matmul + mask + softmax +
 //   matmul, autograd by the engine) — what the fused kernels are benchmarked against.
 #pragma once
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <vector>

@@ -4,6 +4,7 @@
 // SavedTensor keeps a tensor for backward together with its version at save time, so that an
 // in-place edit in between makes backward fail with a clear message.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>

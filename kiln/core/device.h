@@ -1,5 +1,6 @@
 // Device: where a tensor lives ("cpu" or "cuda:N"), parsed from and printed as text.
 #pragma once
+#include <cstdint>
 #include <ostream>
 #include <string>
 #include <string_view>

@@ -1,6 +1,7 @@
 // list_devices(): what kiln sees — the host CPU (model name, memory) and each CUDA device
 // (name, memory, compute capability) — for `kiln info` and logs.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>

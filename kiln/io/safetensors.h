@@ -7,6 +7,7 @@
 // and `kiln convert` and save_safetensors(…, StoredTensors) copy them through unchanged.
 // load_safetensors (name → Tensor) refuses them with an error that names the tensor.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>

@@ -29,8 +29,21 @@ constexpr StorageType kStorageTypes[] = {
     {"ShortStorage", DType::i16},   {"CharStorage", DType::i8},    {"ByteStorage", DType::u8},
     {"BoolStorage", DType::boolean}, {"Float8_e4m3fnStorage", DType::f8_e4m3},
     {"Float8_e5m2Storage", DType::f8_e5m2},
+    {"UntypedStorage", DType::u8},  // bytes; _rebuild_tensor_v3 names the dtype
+};
+// The dtype objects _rebuild_tensor_v3 passes (torch.float8_e4m3fn, ...).
+struct DTypeObject {
+  const char* name;
+  DType dtype;
+};
+constexpr DTypeObject kDTypeObjects[] = {
+    {"float32", DType::f32}, {"float64", DType::f64}, {"float16", DType::f16}, {"bfloat16", DType::bf16},
+    {"int64", DType::i64},   {"int32", DType::i32},   {"int16", DType::i16},   {"int8", DType::i8},
+    {"uint8", DType::u8},    {"bool", DType::boolean}, {"float8_e4m3fn", DType::f8_e4m3},
+    {"float8_e5m2", DType::f8_e5m2},
 };
 constexpr const char* kRebuildTensor = "torch._utils._rebuild_tensor_v2";
+constexpr const char* kRebuildTensorV3 = "torch._utils._rebuild_tensor_v3";
 constexpr const char* kRebuildParameter = "torch._utils._rebuild_parameter";
 constexpr const char* kOrderedDict = "collections.OrderedDict";
 constexpr int kMaxFlattenDepth = 64;
@@ -125,6 +138,30 @@ class TorchReader {
       return d;
     }
     if (f == kRebuildTensor) return rebuild_tensor(a);
+    if (f == kRebuildTensorV3) {
+      // _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype[, metadata]):
+      // the storage is untyped bytes and the dtype comes as an object.
+      KILN_CHECK(a.size() >= 7 && a[6]->kind == Kind::global && a[0]->kind == Kind::opaque && a[0]->storage, path_,
+                 ": _rebuild_tensor_v3 called with unexpected arguments");
+      const std::string dname = a[6]->s.substr(a[6]->s.rfind('.') + 1);
+      const DTypeObject* d = nullptr;
+      for (const auto& o : kDTypeObjects)
+        if (dname == o.name) d = &o;
+      KILN_CHECK(d != nullptr, path_, ": tensor dtype torch.", dname, " has no kiln dtype");
+      std::vector<Ref> typed = a;
+      auto st = Object::make(Kind::opaque);
+      st->s = "storage";
+      st->dtype = d->dtype;
+      st->storage = a[0]->storage;
+      if (reinterpret_cast<uintptr_t>(st->storage->data()) % itemsize(d->dtype) != 0) {
+        // Misaligned for the element type: copy into an aligned block.
+        auto copy = std::make_shared<Storage>(st->storage->nbytes(), kCPU);
+        std::copy_n(static_cast<const char*>(st->storage->data()), st->storage->nbytes(), static_cast<char*>(copy->data()));
+        st->storage = std::move(copy);
+      }
+      typed[0] = st;
+      return rebuild_tensor(typed);
+    }
     if (f == kRebuildParameter) {
       KILN_CHECK(!a.empty() && a[0]->kind == Kind::tensor, path_, ": _rebuild_parameter without a tensor");
       return a[0];
@@ -229,7 +266,9 @@ class TorchReader {
 
 const std::vector<std::string>& torch_allowed_globals() {
   static const std::vector<std::string> kAllowed = [] {
-    std::vector<std::string> v = {kRebuildTensor, kRebuildParameter, kOrderedDict};
+    std::vector<std::string> v = {kRebuildTensor, kRebuildTensorV3, kRebuildParameter, kOrderedDict};
+    for (const auto& d : kDTypeObjects) v.push_back(std::string("torch.") + d.name);
+    v.push_back("torch.storage.UntypedStorage");
     for (const auto& s : kStorageTypes) v.push_back(std::string("torch.") + s.name);
     return v;
   }();

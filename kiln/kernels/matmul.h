@@ -3,6 +3,7 @@
 // all contiguous; out [batch, m, n] contiguous. f16/bf16 accumulate in f32 (CPU: converted to
 // f32 for OpenBLAS; CUDA: cuBLASLt with f32 compute). A batch stride of 0 broadcasts.
 #pragma once
+#include <cstdint>
 #include "kiln/core/tensor.h"
 
 namespace kiln::kernels {

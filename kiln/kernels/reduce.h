@@ -3,6 +3,7 @@
 // thread (CPU) or one block (CUDA) in a fixed order, so results are deterministic. Sums of
 // f32 and 16-bit inputs accumulate in f64 on CPU and f32 (fixed tree) on CUDA.
 #pragma once
+#include <cstdint>
 #include "kiln/core/tensor.h"
 
 namespace kiln::kernels {

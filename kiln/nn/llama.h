@@ -7,6 +7,7 @@
 // ops (matmul, mask, softmax, matmul); "flex" will call kiln::flex_attention once it lands.
 // The loss is likewise unfused (linear + cross_entropy) or fused (kiln::linear_cross_entropy).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>

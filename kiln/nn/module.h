@@ -5,6 +5,7 @@
 // shared_ptr and never copied, so the registered pointers to their members stay valid.
 // Also the simple layers: Linear, Embedding, RMSNorm.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>

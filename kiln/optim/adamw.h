@@ -2,6 +2,7 @@
 // moments, eps added after the square root of the bias-corrected second moment. One fused
 // kernel per parameter (kernels/optim.h). State buffers: "exp_avg", "exp_avg_sq".
 #pragma once
+#include <cstdint>
 #include "kiln/optim/optimizer.h"
 
 namespace kiln::optim {

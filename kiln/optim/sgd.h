@@ -2,6 +2,7 @@
 // torch.optim.SGD. One fused kernel per parameter (kernels/optim.h). State buffer:
 // "momentum_buffer" (only when momentum != 0).
 #pragma once
+#include <cstdint>
 #include "kiln/optim/optimizer.h"
 
 namespace kiln::optim {

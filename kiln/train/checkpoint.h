@@ -5,6 +5,7 @@
 // rename puts it in place and `latest` is updated; a crash at any point leaves the previous
 // checkpoint whole. load_model() also reads Hugging Face checkpoints (one file or sharded).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>

@@ -5,6 +5,7 @@
 // (every N steps, at the end, and when `stop` is set, e.g. by Ctrl-C), resume, metrics log,
 // progress, loss-curve SVG, and a generated sample at the end.
 #pragma once
+#include <cstdint>
 #include <atomic>
 #include <cstdio>
 #include <functional>

@@ -1,6 +1,7 @@
 // Helpers of the CUDA tests: skip without a GPU, fresh random inputs, and CPU-vs-CUDA
 // comparison with per-dtype tolerances (reporting the first mismatches and their count).
 #pragma once
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,6 +1,7 @@
 // Helpers for the io tests: a temporary folder, random tensors of any dtype (random bytes for
 // the storage-only ones), bitwise comparison, raw file writing.
 #pragma once
+#include <cstdint>
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -7,6 +7,7 @@
 // Inputs are fresh random numbers each run from a Generator seeded by test_seed() (printed on
 // failure; set KILN_TEST_SEED to replay). Outputs land in NaN-poisoned destinations.
 #pragma once
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,9 +36,16 @@ inline std::vector<Device> test_devices() {
     if (::kiln::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
-// A fresh seed per test run, or KILN_TEST_SEED when set.
+// The seed of a test's random inputs: KILN_TEST_SEED when set; else, under --gtest_shuffle,
+// GoogleTest's random seed mixed with the test's name (so --gtest_random_seed replays a run);
+// else a fresh one each run.
 inline uint64_t test_seed() {
   if (const char* s = std::getenv("KILN_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  const auto* ut = ::testing::UnitTest::GetInstance();
+  if (ut->random_seed() != 0 && ut->current_test_info()) {
+    std::string name = std::string(ut->current_test_info()->test_suite_name()) + "." + ut->current_test_info()->name();
+    return static_cast<uint64_t>(ut->random_seed()) * 0x9E3779B97F4A7C15ull ^ std::hash<std::string>{}(name);
+  }
   return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
 }
 
@@ -224,7 +232,7 @@ inline void check_op(const OpCase& c) {
           ref = c.fn(in_ref);
         }
         EXPECT_EQ(y.device(), dev);
-        if (is_floating(ref.dtype())) EXPECT_EQ(y.dtype(), in.empty() ? dt : y.dtype());
+        EXPECT_EQ(is_floating(y.dtype()), is_floating(ref.dtype()));
         Tol tol = default_tol(dt);
         tol.atol *= c.tol_scale;
         tol.rtol *= c.tol_scale;
@@ -240,8 +248,9 @@ inline void check_op(const OpCase& c) {
           gt.atol *= 4;
           gt.rtol *= 4;
           for (size_t i = 0; i < g.size(); ++i)
-            if (g[i].defined() && rg[i].defined())
+            if (g[i].defined() && rg[i].defined()) {
               EXPECT_TRUE(all_close(g[i].to(DType::f64), rg[i], gt, "grad of input " + std::to_string(i)));
+            }
         }
       }
     }

@@ -288,6 +288,14 @@ TEST(CrossEntropy, BadInputs) {
     o.label_smoothing = 1.5;
     EXPECT_KILN_ERROR(cross_entropy(x, zeros({4}, DType::i64, dev), o), "label_smoothing", "1.5");
   }
+  if (cuda_device_count() > 0) {
+    Device g = cuda(0);
+    EXPECT_KILN_ERROR(embedding(zeros({10, 3}), zeros({3}, DType::i64, g)), "embedding", "device mismatch", "cuda:0");
+    EXPECT_KILN_ERROR(rms_norm(zeros({2, 3}), zeros({3}, DType::f32, g)), "rms_norm", "device mismatch", "cuda:0");
+    EXPECT_KILN_ERROR(cross_entropy(zeros({2, 3}), zeros({2}, DType::i64, g)), "cross_entropy", "device mismatch");
+    EXPECT_KILN_ERROR(rotary_embedding(zeros({1, 1, 2, 4}), zeros({2, 4}, DType::f32, g), zeros({2, 4})),
+                      "rotary_embedding", "device mismatch");
+  }
   EXPECT_EQ(parse_reduction("none"), Reduction::none);
   EXPECT_EQ(parse_reduction("mean"), Reduction::mean);
   EXPECT_EQ(parse_reduction("sum"), Reduction::sum);

@@ -2,6 +2,7 @@
 // generator, bit comparisons, a checkpoint round trip (JSON text + tensor copies), and
 // tolerance checks against float64 references.
 #pragma once
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -12,6 +12,7 @@
 // Extra memory per thread is O(block · (E + Ev + block)); inner loops run over contiguous
 // f32 rows (`omp simd`), exp is a vectorisable polynomial (fast_expf).
 #pragma once
+#include <cstdint>
 #include <omp.h>
 
 #include <algorithm>
