@@ -40,21 +40,9 @@ std::vector<std::string> metric_lines(const fs::path& out, const std::string& ke
   return v;
 }
 
-train::TrainHooks quiet() {
-  train::TrainHooks h;
-  h.progress = nullptr;
-  return h;
-}
-train::TrainHooks stop_hooks(std::atomic<bool>* stop) {
-  train::TrainHooks h = quiet();
-  h.stop = stop;
-  return h;
-}
-
-std::vector<float> logits_of(const nn::LlamaForCausalLM& m) {
-  NoGradGuard ng;
-  return m.logits(from_vector(std::vector<int64_t>{1, 5, 9, 200, 7, 3}, {1, 6})).to_vector<float>();
-}
+using test::logits_of;
+using test::quiet;
+using test::stop_hooks;
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 // Helpers shared by the trainer tests (tests/train) and the end-to-end runs (tests/e2e):
-// a fresh temporary directory and a tiny, fast, deterministic training configuration.
+// a fresh temporary directory, a tiny deterministic training configuration, quiet hooks and
+// the logits of a fixed sequence.
 #pragma once
 #include <unistd.h>
 
@@ -7,6 +8,12 @@
 #include <filesystem>
 #include <string>
 
+#include <atomic>
+#include <vector>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/nn/llama.h"
+#include "kiln/ops/ops.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::test {
@@ -36,6 +43,24 @@ inline train::TrainConfig tiny_run(const std::filesystem::path& out, int64_t ste
   c.out = out.string();
   c.deterministic = true;
   return c;
+}
+
+// Hooks that print nothing (and optionally stop when *stop becomes true).
+inline train::TrainHooks quiet() {
+  train::TrainHooks h;
+  h.progress = nullptr;
+  return h;
+}
+inline train::TrainHooks stop_hooks(std::atomic<bool>* stop) {
+  train::TrainHooks h = quiet();
+  h.stop = stop;
+  return h;
+}
+
+// The logits of a fixed six-token sequence, for comparing models.
+inline std::vector<float> logits_of(const nn::LlamaForCausalLM& m) {
+  NoGradGuard ng;
+  return m.logits(from_vector(std::vector<int64_t>{1, 5, 9, 200, 7, 3}, {1, 6})).to_vector<float>();
 }
 
 }  // namespace kiln::test
