@@ -32,6 +32,19 @@ struct FlexParams {
   const int32_t *kv_num = nullptr, *kv_idx = nullptr, *fkv_num = nullptr, *fkv_idx = nullptr;
   const int32_t *q_num = nullptr, *q_idx = nullptr, *fq_num = nullptr, *fq_idx = nullptr;
   int64_t Bm = 1, Hm = 1, nQ = 0, nKV = 0, QB = 128, KB = 128, nk1 = 1, nq1 = 1;
+
+  struct BlockList {
+    int32_t count;
+    const int32_t* index;
+  };
+  // The KV blocks of mask row `row` (a Q block): partial ones (mask evaluated) or full ones.
+  KILN_HD BlockList kv_blocks(int64_t row, bool partial) const {
+    return {partial ? kv_num[row] : fkv_num[row], (partial ? kv_idx : fkv_idx) + row * nk1};
+  }
+  // The Q blocks of mask column `col` (a KV block), for the dK/dV pass.
+  KILN_HD BlockList q_blocks(int64_t col, bool partial) const {
+    return {partial ? q_num[col] : fq_num[col], (partial ? q_idx : fq_idx) + col * nq1};
+  }
 };
 
 // CUDA bodies (kernels/cuda/attention.cu): explicit instantiations for NoScoreMod × {NoMask,

@@ -140,8 +140,7 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
       const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
       for (int pass = 0; pass < 2; ++pass) {
         const bool partial = pass == 0;
-        const int32_t cnt = partial ? p.kv_num[row] : p.fkv_num[row];
-        const int32_t* idx = (partial ? p.kv_idx : p.fkv_idx) + row * p.nk1;
+        const auto [cnt, idx] = p.kv_blocks(row, partial);
         for (int32_t c = 0; c < cnt; ++c) {
           const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
           load_transposed(kt.data(), KB, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
@@ -279,8 +278,7 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
       const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
       for (int pass = 0; pass < 2; ++pass) {
         const bool partial = pass == 0;
-        const int32_t cnt = partial ? p.kv_num[row] : p.fkv_num[row];
-        const int32_t* idx = (partial ? p.kv_idx : p.fkv_idx) + row * p.nk1;
+        const auto [cnt, idx] = p.kv_blocks(row, partial);
         for (int32_t c = 0; c < cnt; ++c) {
           const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
           load_transposed(kt.data(), KB, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
@@ -319,8 +317,7 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
         const int64_t col = Geo{p}.mask_row(b, h) * p.nKV + kb;
         for (int pass = 0; pass < 2; ++pass) {
           const bool partial = pass == 0;
-          const int32_t cnt = partial ? p.q_num[col] : p.fq_num[col];
-          const int32_t* idx = (partial ? p.q_idx : p.fq_idx) + col * p.nq1;
+          const auto [cnt, idx] = p.q_blocks(col, partial);
           for (int32_t c = 0; c < cnt; ++c) {
             const int64_t i0 = static_cast<int64_t>(idx[c]) * QB, nq = std::min(QB, p.L - i0);
             const int64_t o = (b * p.Hq + h) * p.L + i0;

@@ -49,8 +49,7 @@ __global__ void flex_fwd_kernel(FlexParams p, SM sm, MM mm) {
     float m = -INFINITY, l = 0.0f;
     for (int pass = 0; pass < 2; ++pass) {
       const bool partial = pass == 0;
-      const int32_t cnt = partial ? p.kv_num[row] : p.fkv_num[row];
-      const int32_t* idx = (partial ? p.kv_idx : p.fkv_idx) + row * p.nk1;
+      const auto [cnt, idx] = p.kv_blocks(row, partial);
       for (int32_t c = 0; c < cnt; ++c) {
         const int64_t j0 = static_cast<int64_t>(idx[c]) * p.KB, j1 = min(j0 + p.KB, p.S);
         for (int64_t j = j0; j < j1; ++j) {
@@ -117,8 +116,7 @@ __global__ void flex_dq_kernel(FlexParams p, SM sm, MM mm) {
     const float lse = p.lse[o], delta = p.delta[o];
     for (int pass = 0; pass < 2; ++pass) {
       const bool partial = pass == 0;
-      const int32_t cnt = partial ? p.kv_num[row] : p.fkv_num[row];
-      const int32_t* idx = (partial ? p.kv_idx : p.fkv_idx) + row * p.nk1;
+      const auto [cnt, idx] = p.kv_blocks(row, partial);
       for (int32_t c = 0; c < cnt; ++c) {
         const int64_t j0 = static_cast<int64_t>(idx[c]) * p.KB, j1 = min(j0 + p.KB, p.S);
         for (int64_t j = j0; j < j1; ++j) {
@@ -152,8 +150,7 @@ __global__ void flex_dkdv_kernel(FlexParams p, SM sm, MM mm) {
       const int64_t col = mask_row(p, b, h) * p.nKV + kb;
       for (int pass = 0; pass < 2; ++pass) {
         const bool partial = pass == 0;
-        const int32_t cnt = partial ? p.q_num[col] : p.fq_num[col];
-        const int32_t* idx = (partial ? p.q_idx : p.fq_idx) + col * p.nq1;
+        const auto [cnt, idx] = p.q_blocks(col, partial);
         for (int32_t c = 0; c < cnt; ++c) {
           const int64_t i0 = static_cast<int64_t>(idx[c]) * p.QB, i1 = min(i0 + p.QB, p.L);
           for (int64_t i = i0; i < i1; ++i) {
