@@ -1,10 +1,9 @@
-// `kiln bench attention` (for now also `kiln bench-attention`): times flex_attention against the
+// `kiln bench attention`: times flex_attention against the
 // dense reference path built from kiln ops (matmul + mask + softmax + matmul, autograd by the
 // engine) at one shape and mask. One JSON line per implementation on stdout (bench, impl, device,
 // shape, dtype, mask, ms_median, peak_bytes, extra_peak_bytes, tflops counted on the unmasked
 // (q, kv) pairs: forward 4·pairs·D, backward 10·pairs·D), a table on stderr.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 
 #include "cli/args.h"
@@ -107,13 +106,8 @@ int run_bench_attention(const Args& args) {
     const int64_t base = memory_stats(dev).current_bytes;
     reset_peak_memory_stats(dev);
     std::vector<double> ms;
-    for (int64_t i = 0; i < iters; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      once();
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
+    for (int64_t i = 0; i < iters; ++i) ms.push_back(bench_time_ms(dev, once));
+    const double med = median(ms);
     const int64_t peak = memory_stats(dev).peak_bytes;
     json::Value o = json::Value::object();
     o["bench"] = "attention";
