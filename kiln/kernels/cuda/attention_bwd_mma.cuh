@@ -15,7 +15,7 @@
 // Q/dO (dK/dV kernel) and K/V (dQ kernel) tiles are double-buffered with cp.async into
 // swizzled shared tiles; the resident tile is loaded once. Tails are zero-filled and masked by
 // bounds; fully masked rows (lse = −inf) contribute nothing.
-// flex_backward_mma() returns false when it does not apply (f32, other head dims, E != Ev,
+// flex_mma::flex_backward_mma() returns false when it does not apply (f32, other head dims, E != Ev,
 // block sizes not multiples of the tiles, learnable score mods, unaligned pointers or strides):
 // the caller then runs the SIMT kernels.
 #pragma once
@@ -27,39 +27,15 @@
 #include <type_traits>
 
 #include "kiln/attention/mods.h"
-#include "kiln/core/half.h"
-#include "kiln/kernels/attention.h"
+#include "kiln/kernels/cuda/attention_mma_common.cuh"
 #include "kiln/kernels/cuda/context.h"
-#include "kiln/kernels/cuda/mma.cuh"
 
-namespace kiln::kernels::cuda {
-namespace bwd_mma {
-
-template <class T> struct Native { using type = void; };
-template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
-template <> struct Native<Half> { using type = __half; };
+namespace kiln::kernels::cuda::flex_mma {
+namespace bwd {
 
 constexpr int kTile = 64;     // keys per dK/dV CTA, queries per dQ CTA (4 warps × 16 rows)
 constexpr int kWarps = kTile / 16;
 constexpr int kThreads = kWarps * 32;
-
-__device__ __forceinline__ int64_t mask_row_of(const FlexParams& p, int64_t b, int64_t h) {
-  return (p.Bm == 1 ? 0 : b) * p.Hm + (p.Hm == 1 ? 0 : h);
-}
-
-// cp.async of rows row0 .. row0+ROWS-1 (of nrows) of a [*, COLS] 16-bit matrix with row stride
-// `stride` elements into a swizzled shared tile; rows past nrows are zero-filled.
-template <int ROWS, int COLS>
-__device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* g, int64_t stride, int64_t row0,
-                                          int64_t nrows) {
-  constexpr int kChunks = COLS / 8;
-  for (int c = threadIdx.x; c < ROWS * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    const bool ok = row0 + r < nrows;
-    const uint16_t* src = ok ? g + (row0 + r) * stride + col : g;
-    mma::cp_async_16(mma::smem_addr(tile + mma::swz<COLS>(r, col)), src, ok);
-  }
-}
 
 // One step of a block-list walk: (head offset in the group, partial?, list position, sub-tile).
 struct Cursor {
@@ -83,7 +59,7 @@ __device__ __forceinline__ void advance(const FlexParams& p, int64_t b, int64_t 
         return;
       }
       FlexParams::BlockList lst;
-      if constexpr (KV_SIDE) lst = p.q_blocks(mask_row_of(p, b, h0 + s.hi) * p.nKV + blk, s.pass == 0);
+      if constexpr (KV_SIDE) lst = p.q_blocks(mask_row(p, b, h0 + s.hi) * p.nKV + blk, s.pass == 0);
       else lst = p.kv_blocks(blk, s.pass == 0);
       if (s.c < lst.count) {
         s.start = static_cast<int64_t>(lst.index[s.c]) * block + static_cast<int64_t>(s.sub) * STEP;
@@ -118,56 +94,47 @@ __device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, con
 // (converted to 16-bit A fragments in registers) and the tile [k][n] is swizzled in shared memory.
 template <class NT, int K, int N>
 __device__ __forceinline__ void acc_c_times_tile(float (&acc)[N / 8][4], const float (&c)[K / 8][4],
-                                                 const uint16_t* tile, int lane) {
+                                                 const NT* tile, int lane) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
-    const uint32_t a[4] = {mma::pack2<NT>(c[2 * kk][0], c[2 * kk][1]), mma::pack2<NT>(c[2 * kk][2], c[2 * kk][3]),
-                           mma::pack2<NT>(c[2 * kk + 1][0], c[2 * kk + 1][1]),
-                           mma::pack2<NT>(c[2 * kk + 1][2], c[2 * kk + 1][3])};
+    uint32_t a[4];
+    c_to_a<NT>(a, c[2 * kk], c[2 * kk + 1]);
 #pragma unroll
     for (int np = 0; np < N / 16; ++np) {
       uint32_t bb[2][2];
-      mma::ldmatrix_b_trans<N>(bb, tile, kk * 16, np * 16, lane);
-      mma::mma_16816<NT>(acc[2 * np], a, bb[0]);
-      mma::mma_16816<NT>(acc[2 * np + 1], a, bb[1]);
+      ldmatrix_b_trans<N>(bb, tile, kk * 16, np * 16, lane);
+      mma_16816<NT>(acc[2 * np], a, bb[0]);
+      mma_16816<NT>(acc[2 * np + 1], a, bb[1]);
     }
   }
 }
 
 // c[16 × N] = A · Bᵀ: A = rows row0.. of swizzled [*, E] tile `a_tile`, B = swizzled [N][E] tile.
 template <class NT, int E, int N>
-__device__ __forceinline__ void rows_times_tile_t(float (&c)[N / 8][4], const uint16_t* a_tile, int row0,
-                                                  const uint16_t* b_tile, int lane) {
+__device__ __forceinline__ void rows_times_tile_t(float (&c)[N / 8][4], const NT* a_tile, int row0,
+                                                  const NT* b_tile, int lane) {
 #pragma unroll
   for (int nf = 0; nf < N / 8; ++nf) c[nf][0] = c[nf][1] = c[nf][2] = c[nf][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < E / 16; ++kk) {
     uint32_t a[4];
-    mma::ldmatrix_a<E>(a, a_tile, row0, kk * 16, lane);
+    ldmatrix_a<E>(a, a_tile, row0, kk * 16, lane);
 #pragma unroll
     for (int np = 0; np < N / 16; ++np) {
       uint32_t bb[2][2];
-      mma::ldmatrix_b<E>(bb, b_tile, np * 16, kk * 16, lane);
-      mma::mma_16816<NT>(c[2 * np], a, bb[0]);
-      mma::mma_16816<NT>(c[2 * np + 1], a, bb[1]);
+      ldmatrix_b<E>(bb, b_tile, np * 16, kk * 16, lane);
+      mma_16816<NT>(c[2 * np], a, bb[0]);
+      mma_16816<NT>(c[2 * np + 1], a, bb[1]);
     }
   }
 }
 
-// Writes a 16 × N f32 fragment block (rows row0 + g, row0 + g + 8) as 16-bit rows of length N.
+// Writes a warp's 16 × N f32 accumulators (rows row0 ..) as 16-bit rows of length N.
 template <class NT, int N>
 __device__ __forceinline__ void store_rows(const float (&acc)[N / 8][4], NT* out, int64_t row0, int64_t nrows,
                                            int lane) {
-  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t r = row0 + g + 8 * half;
-    if (r >= nrows) continue;
-#pragma unroll
-    for (int nf = 0; nf < N / 8; ++nf)
-      *reinterpret_cast<uint32_t*>(out + r * N + nf * 8 + 2 * t) =
-          mma::pack2<NT>(acc[nf][2 * half], acc[nf][2 * half + 1]);
-  }
+  for (int nf = 0; nf < N / 8; ++nf) store_c<NT>(out, N, acc[nf], row0, nf * 8, nrows, lane);
 }
 
 template <class NT, int EV>
@@ -183,7 +150,7 @@ __global__ void __launch_bounds__(256) delta_kernel(FlexParams p) {
     const uint32_t ov[4] = {o.x, o.y, o.z, o.w}, gv[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float2 a = mma::unpack2<NT>(ov[k]), c = mma::unpack2<NT>(gv[k]);
+      const float2 a = unpack2<NT>(ov[k]), c = unpack2<NT>(gv[k]);
       d += a.x * c.x + a.y * c.y;
     }
   }
@@ -195,27 +162,27 @@ __global__ void __launch_bounds__(256) delta_kernel(FlexParams p) {
 // dK/dV: grid (ceil(S / 64), Hkv, B); BQ queries per step.
 template <class NT, int E, int BQ, class SM, class MM>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM mm) {
-  extern __shared__ __align__(128) uint16_t kiln_flex_bwd_smem[];
-  uint16_t* smem = kiln_flex_bwd_smem;
-  uint16_t* Ks = smem;
-  uint16_t* Vs = Ks + kTile * E;
-  uint16_t* Qs = Vs + kTile * E;                           // [2][BQ][E]
-  uint16_t* Gs = Qs + 2 * BQ * E;                          // dO, [2][BQ][E]
+  extern __shared__ __align__(128) unsigned char kiln_flex_bwd_smem[];
+  NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
+  NT* Ks = smem;
+  NT* Vs = Ks + kTile * E;
+  NT* Qs = Vs + kTile * E;                           // [2][BQ][E]
+  NT* Gs = Qs + 2 * BQ * E;                          // dO, [2][BQ][E]
   float* stat = reinterpret_cast<float*>(Gs + 2 * BQ * E);  // [2][2][BQ]: lse, delta
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile, hk = blockIdx.y, b = blockIdx.z;
   const int64_t G = p.Hq / p.Hkv, kb = j0 / p.KB;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
 
-  load_tile<kTile, E>(Ks, static_cast<const uint16_t*>(p.k) + b * p.k_st[0] + hk * p.k_st[1], p.k_st[2], j0, p.S);
-  load_tile<kTile, E>(Vs, static_cast<const uint16_t*>(p.v) + b * p.v_st[0] + hk * p.v_st[1], p.v_st[2], j0, p.S);
-  mma::cp_async_commit();
+  load_tile_async<kTile, E, kThreads>(Ks, static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1], p.k_st[2], j0, p.S, tid);
+  load_tile_async<kTile, E, kThreads>(Vs, static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1], p.v_st[2], j0, p.S, tid);
+  cp_async_commit();
 
   auto issue = [&](const Cursor& c, int buf) {
     const int64_t h = hk * G + c.hi, row = (b * p.Hq + h) * p.L;
-    load_tile<BQ, E>(Qs + buf * BQ * E, static_cast<const uint16_t*>(p.q) + b * p.q_st[0] + h * p.q_st[1],
-                     p.q_st[2], c.start, p.L);
-    load_tile<BQ, E>(Gs + buf * BQ * E, static_cast<const uint16_t*>(p.dout) + row * E, E, c.start, p.L);
-    for (int x = threadIdx.x; x < BQ; x += kThreads) {
+    load_tile_async<BQ, E, kThreads>(Qs + buf * BQ * E, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1],
+                     p.q_st[2], c.start, p.L, tid);
+    load_tile_async<BQ, E, kThreads>(Gs + buf * BQ * E, static_cast<const NT*>(p.dout) + row * E, E, c.start, p.L, tid);
+    for (int x = tid; x < BQ; x += kThreads) {
       const int64_t i = c.start + x;
       stat[(buf * 2) * BQ + x] = i < p.L ? p.lse[row + i] : -INFINITY;
       stat[(buf * 2 + 1) * BQ + x] = i < p.L ? p.delta[row + i] : 0.0f;
@@ -225,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
   Cursor cur;
   advance<BQ, true>(p, b, hk * G, G, kb, p.L, cur);
   if (cur.valid) issue(cur, 0);
-  mma::cp_async_commit();
+  cp_async_commit();
 
   float dk[E / 8][4], dv[E / 8][4];
 #pragma unroll
@@ -239,12 +206,12 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
     const int buf = step & 1;
     __syncthreads();  // every warp is done with buffer buf ^ 1 (the previous step)
     if (nxt.valid) issue(nxt, buf ^ 1);
-    mma::cp_async_commit();
-    mma::cp_async_wait<1>();
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
 
-    const uint16_t* Qb = Qs + buf * BQ * E;
-    const uint16_t* Gb = Gs + buf * BQ * E;
+    const NT* Qb = Qs + buf * BQ * E;
+    const NT* Gb = Gs + buf * BQ * E;
     const float* lse_s = stat + (buf * 2) * BQ;
     const float* del_s = stat + (buf * 2 + 1) * BQ;
     const int h = static_cast<int>(hk * G + cur.hi);
@@ -264,7 +231,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
     acc_c_times_tile<NT, BQ, E>(dk, dp, Qb, lane);  // dK += dSᵀ·Q
     cur = nxt;
   }
-  mma::cp_async_wait<0>();
+  cp_async_wait<0>();
 
   const int64_t o = (b * p.Hkv + hk) * p.S;
   store_rows<NT, E>(dk, static_cast<NT*>(p.dk) + o * E, j0 + w * 16, p.S, lane);
@@ -274,31 +241,31 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
 // dQ: grid (ceil(L / 64), Hq, B); BK keys per step.
 template <class NT, int E, int BK, class SM, class MM>
 __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm) {
-  extern __shared__ __align__(128) uint16_t kiln_flex_bwd_smem[];
-  uint16_t* smem = kiln_flex_bwd_smem;
-  uint16_t* Qs = smem;
-  uint16_t* Gs = Qs + kTile * E;
-  uint16_t* Ks = Gs + kTile * E;  // [2][BK][E]
-  uint16_t* Vs = Ks + 2 * BK * E;  // [2][BK][E]
+  extern __shared__ __align__(128) unsigned char kiln_flex_bwd_smem[];
+  NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
+  NT* Qs = smem;
+  NT* Gs = Qs + kTile * E;
+  NT* Ks = Gs + kTile * E;  // [2][BK][E]
+  NT* Vs = Ks + 2 * BK * E;  // [2][BK][E]
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kTile, h = blockIdx.y, b = blockIdx.z;
-  const int64_t hk = h / (p.Hq / p.Hkv), row = mask_row_of(p, b, h) * p.nQ + i0 / p.QB;
+  const int64_t hk = h / (p.Hq / p.Hkv), row = mask_row(p, b, h) * p.nQ + i0 / p.QB;
   const int64_t orow = (b * p.Hq + h) * p.L;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];
-  const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+  const NT* kbase = static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];
+  const NT* vbase = static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];
 
-  load_tile<kTile, E>(Qs, static_cast<const uint16_t*>(p.q) + b * p.q_st[0] + h * p.q_st[1], p.q_st[2], i0, p.L);
-  load_tile<kTile, E>(Gs, static_cast<const uint16_t*>(p.dout) + orow * E, E, i0, p.L);
-  mma::cp_async_commit();
+  load_tile_async<kTile, E, kThreads>(Qs, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1], p.q_st[2], i0, p.L, tid);
+  load_tile_async<kTile, E, kThreads>(Gs, static_cast<const NT*>(p.dout) + orow * E, E, i0, p.L, tid);
+  cp_async_commit();
 
   auto issue = [&](const Cursor& c, int buf) {
-    load_tile<BK, E>(Ks + buf * BK * E, kbase, p.k_st[2], c.start, p.S);
-    load_tile<BK, E>(Vs + buf * BK * E, vbase, p.v_st[2], c.start, p.S);
+    load_tile_async<BK, E, kThreads>(Ks + buf * BK * E, kbase, p.k_st[2], c.start, p.S, tid);
+    load_tile_async<BK, E, kThreads>(Vs + buf * BK * E, vbase, p.v_st[2], c.start, p.S, tid);
   };
   Cursor cur;
   advance<BK, false>(p, b, h, 1, row, p.S, cur);
   if (cur.valid) issue(cur, 0);
-  mma::cp_async_commit();
+  cp_async_commit();
 
   float lse[2], del[2];
 #pragma unroll
@@ -319,12 +286,12 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
     const int buf = step & 1;
     __syncthreads();
     if (nxt.valid) issue(nxt, buf ^ 1);
-    mma::cp_async_commit();
-    mma::cp_async_wait<1>();
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
 
-    const uint16_t* Kb = Ks + buf * BK * E;
-    const uint16_t* Vb = Vs + buf * BK * E;
+    const NT* Kb = Ks + buf * BK * E;
+    const NT* Vb = Vs + buf * BK * E;
     const bool partial = cur.pass == 0;
     float s[BK / 8][4], dp[BK / 8][4];
     rows_times_tile_t<NT, E, BK>(s, Qs, w * 16, Kb, lane);   // S = Q·Kᵀ
@@ -339,17 +306,11 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
     acc_c_times_tile<NT, BK, E>(dq, dp, Kb, lane);  // dQ += dS·K
     cur = nxt;
   }
-  mma::cp_async_wait<0>();
+  cp_async_wait<0>();
   store_rows<NT, E>(dq, static_cast<NT*>(p.dq) + orow * E, i0 + w * 16, p.L, lane);
 }
 
 inline bool aligned16(const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; }
-inline bool strides_ok(const int64_t (&st)[3], int64_t n0, int64_t n1, int64_t n2) {
-  const int64_t n[3] = {n0, n1, n2};
-  for (int d = 0; d < 3; ++d)
-    if (n[d] > 1 && st[d] % 8 != 0) return false;
-  return true;
-}
 
 template <class K>
 void set_smem(K kernel, int bytes) {
@@ -380,30 +341,24 @@ void launch(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   KILN_CUDA_CHECK_LAUNCH("flex dq_kernel (mma)");
 }
 
-}  // namespace bwd_mma
+}  // namespace bwd
 
 // Runs the tensor-core backward (delta, dK/dV, dQ) and returns true, or returns false without
 // launching anything when it does not apply (the caller falls back to the SIMT kernels).
 template <class T, class SM, class MM>
 bool flex_backward_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  using NT = typename bwd_mma::Native<T>::type;
+  using NT = cuda_t<T>;
   if constexpr (std::is_void_v<NT> || attention::is_learnable_v<SM>) {
-    return false;
+    return false;  // f32 storage, or a learnable table (dbias is not implemented here)
   } else {
-    using bwd_mma::aligned16;
-    if (p.E != p.Ev || (p.E != 64 && p.E != 128)) return false;
-    if (p.QB % bwd_mma::kTile != 0 || p.KB % bwd_mma::kTile != 0) return false;
-    if (p.L <= 0 || p.S <= 0 || p.B > 65535 || p.Hq > 65535) return false;
-    if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out) || !aligned16(p.dout) ||
-        !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv))
+    if (!mma_layout_ok(p, bwd::kTile, bwd::kTile) || p.L <= 0 || p.S <= 0) return false;
+    if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
+        !bwd::aligned16(p.dv))
       return false;
-    if (!bwd_mma::strides_ok(p.q_st, p.B, p.Hq, p.L) || !bwd_mma::strides_ok(p.k_st, p.B, p.Hkv, p.S) ||
-        !bwd_mma::strides_ok(p.v_st, p.B, p.Hkv, p.S))
-      return false;
-    if (p.E == 64) bwd_mma::launch<NT, 64>(p, sm, mm, st);
-    else bwd_mma::launch<NT, 128>(p, sm, mm, st);
+    if (p.E == 64) bwd::launch<NT, 64>(p, sm, mm, st);
+    else bwd::launch<NT, 128>(p, sm, mm, st);
     return true;
   }
 }
 
-}  // namespace kiln::kernels::cuda
+}  // namespace kiln::kernels::cuda::flex_mma
