@@ -72,18 +72,38 @@ __device__ __forceinline__ void advance(const FlexParams& p, int64_t b, int64_t 
   }
 }
 
-// P and dS of one score element (rows/cols already resolved); 0 when masked or out of bounds.
-template <class SM, class MM>
-__device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, const MM& mm, bool partial, int b, int h,
-                                          int64_t i, int64_t j, float& s_to_p, float& dp_to_ds, float lse,
-                                          float delta) {
+// Which elements of a warp's 16 × N fragment block are kept (in bounds and, on partial tiles,
+// mask_mod true): bit 4·nf + r for c[nf][r]. ROWS_ARE_Q: rows are queries (S), else keys (Sᵀ).
+// N ≤ 64, so one 32-bit word holds the warp-lane's N / 2 elements.
+template <int N, bool ROWS_ARE_Q, class MM>
+__device__ __forceinline__ uint32_t kept_bits(const FlexParams& p, const MM& mm, bool partial, int b, int h, int row0,
+                                              int col0, int lane) {
+  static_assert(N / 2 <= 32, "one bit per fragment element");
+  const int g = lane >> 2, t = lane & 3, L = static_cast<int>(p.L), S = static_cast<int>(p.S);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int nf = 0; nf < N / 8; ++nf)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = row0 + g + (r >> 1) * 8, col = col0 + nf * 8 + 2 * t + (r & 1);
+      const int i = ROWS_ARE_Q ? row : col, j = ROWS_ARE_Q ? col : row;
+      const bool in = i < L && j < S && (!partial || mm(b, h, i, j));
+      bits |= static_cast<uint32_t>(in) << (nf * 4 + r);
+    }
+  return bits;
+}
+
+// P and dS of one score element from its raw dot products (in place); 0 when not kept.
+template <class SM>
+__device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, bool kept, int b, int h, int i, int j,
+                                          float& s_to_p, float& dp_to_ds, float lse, float delta) {
   float pv = 0.0f, ds = 0.0f;
-  if (i < p.L && j < p.S && lse != -INFINITY && (!partial || mm(b, h, int(i), int(j)))) {
+  if (kept && lse != -INFINITY) {
     const float raw = s_to_p * p.scale;
-    const float x = sm(raw, b, h, int(i), int(j));
+    const float x = sm(raw, b, h, i, j);
     if (x != -INFINITY) {
       pv = __expf(x - lse);
-      ds = pv * (dp_to_ds - delta) * sm.dscore(raw, b, h, int(i), int(j)) * p.scale;
+      ds = pv * (dp_to_ds - delta) * sm.dscore(raw, b, h, i, j) * p.scale;
     }
   }
   s_to_p = pv;
@@ -215,20 +235,25 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
     const float* lse_s = stat + (buf * 2) * BQ;
     const float* del_s = stat + (buf * 2 + 1) * BQ;
     const int h = static_cast<int>(hk * G + cur.hi);
-    const bool partial = cur.pass == 0;
-    float s[BQ / 8][4], dp[BQ / 8][4];
-    rows_times_tile_t<NT, E, BQ>(s, Ks, w * 16, Qb, lane);   // Sᵀ = K·Qᵀ
-    rows_times_tile_t<NT, E, BQ>(dp, Vs, w * 16, Gb, lane);  // dPᵀ = V·dOᵀ
+    const uint32_t kept = kept_bits<BQ, false>(p, mm, cur.pass == 0, int(b), h, int(j0) + w * 16,
+                                                     int(cur.start), lane);
+    // A warp whose 16 × BQ block is entirely masked skips the step: its terms are exactly 0.
+    if (__any_sync(0xffffffffu, kept != 0)) {
+      float s[BQ / 8][4], dp[BQ / 8][4];
+      rows_times_tile_t<NT, E, BQ>(s, Ks, w * 16, Qb, lane);   // Sᵀ = K·Qᵀ
+      rows_times_tile_t<NT, E, BQ>(dp, Vs, w * 16, Gb, lane);  // dPᵀ = V·dOᵀ
 #pragma unroll
-    for (int nf = 0; nf < BQ / 8; ++nf)
+      for (int nf = 0; nf < BQ / 8; ++nf)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int col = nf * 8 + 2 * t + (r & 1);
-        const int64_t i = cur.start + col, j = j0 + w * 16 + g + (r >> 1) * 8;
-        grad_elem(p, sm, mm, partial, int(b), h, i, j, s[nf][r], dp[nf][r], lse_s[col], del_s[col]);
-      }
-    acc_c_times_tile<NT, BQ, E>(dv, s, Gb, lane);   // dV += Pᵀ·dO
-    acc_c_times_tile<NT, BQ, E>(dk, dp, Qb, lane);  // dK += dSᵀ·Q
+        for (int r = 0; r < 4; ++r) {
+          const int col = nf * 8 + 2 * t + (r & 1);
+          const int i = int(cur.start) + col, j = int(j0) + w * 16 + g + (r >> 1) * 8;
+          grad_elem(p, sm, (kept >> (nf * 4 + r)) & 1u, int(b), h, i, j, s[nf][r], dp[nf][r], lse_s[col],
+                    del_s[col]);
+        }
+      acc_c_times_tile<NT, BQ, E>(dv, s, Gb, lane);   // dV += Pᵀ·dO
+      acc_c_times_tile<NT, BQ, E>(dk, dp, Qb, lane);  // dK += dSᵀ·Q
+    }
     cur = nxt;
   }
   cp_async_wait<0>();
@@ -292,18 +317,22 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
 
     const NT* Kb = Ks + buf * BK * E;
     const NT* Vb = Vs + buf * BK * E;
-    const bool partial = cur.pass == 0;
-    float s[BK / 8][4], dp[BK / 8][4];
-    rows_times_tile_t<NT, E, BK>(s, Qs, w * 16, Kb, lane);   // S = Q·Kᵀ
-    rows_times_tile_t<NT, E, BK>(dp, Gs, w * 16, Vb, lane);  // dP = dO·Vᵀ
+    const uint32_t kept = kept_bits<BK, true>(p, mm, cur.pass == 0, int(b), int(h), int(i0) + w * 16,
+                                                    int(cur.start), lane);
+    if (__any_sync(0xffffffffu, kept != 0)) {  // else the warp's 16 × BK block is entirely masked
+      float s[BK / 8][4], dp[BK / 8][4];
+      rows_times_tile_t<NT, E, BK>(s, Qs, w * 16, Kb, lane);   // S = Q·Kᵀ
+      rows_times_tile_t<NT, E, BK>(dp, Gs, w * 16, Vb, lane);  // dP = dO·Vᵀ
 #pragma unroll
-    for (int nf = 0; nf < BK / 8; ++nf)
+      for (int nf = 0; nf < BK / 8; ++nf)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int64_t i = i0 + w * 16 + g + (r >> 1) * 8, j = cur.start + nf * 8 + 2 * t + (r & 1);
-        grad_elem(p, sm, mm, partial, int(b), int(h), i, j, s[nf][r], dp[nf][r], lse[r >> 1], del[r >> 1]);
-      }
-    acc_c_times_tile<NT, BK, E>(dq, dp, Kb, lane);  // dQ += dS·K
+        for (int r = 0; r < 4; ++r) {
+          const int i = int(i0) + w * 16 + g + (r >> 1) * 8, j = int(cur.start) + nf * 8 + 2 * t + (r & 1);
+          grad_elem(p, sm, (kept >> (nf * 4 + r)) & 1u, int(b), int(h), i, j, s[nf][r], dp[nf][r], lse[r >> 1],
+                    del[r >> 1]);
+        }
+      acc_c_times_tile<NT, BK, E>(dq, dp, Kb, lane);  // dQ += dS·K
+    }
     cur = nxt;
   }
   cp_async_wait<0>();
