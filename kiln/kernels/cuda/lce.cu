@@ -131,6 +131,7 @@ __global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restri
     const int64_t r = r0 + i;
     // Pass 1: online max and sum of exp; one rescale per vector, one exp per element.
     float m = -INFINITY, s = 0.f, wz = 0.f;
+#pragma unroll 4
     for (int64_t q = threadIdx.x; q < nvec; q += blockDim.x) {
       float x[NV];
       load_vec<T>(z + q * NV, x);
@@ -179,6 +180,7 @@ __global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restri
       if (filter > 0.f && fabsf(g) < filter) g = 0.f;
       return g * lce_cap_deriv(x, cap) * scale;
     };
+#pragma unroll 2
     for (int64_t q = threadIdx.x; q < nvec; q += blockDim.x) {
       float x[NV];
       if (zero) {
@@ -341,13 +343,28 @@ void run_gemm(DeviceContext& ctx, const LtGemm& g, const void* A, const void* B,
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Slices of V for the d_hidden product of an m-token chunk: enough 128×128 output tiles for
-// about two waves of the SMs, each slice at least kMinSliceV long, at most kMaxSplit.
-int64_t auto_split(int64_t m, int64_t d, int64_t v, int sms) {
-  const int64_t tiles = ceil_div(d, 128) * ceil_div(m, 128);
-  int64_t s = ceil_div(2 * static_cast<int64_t>(sms), tiles);
-  s = std::min({s, kMaxSplit, v / kMinSliceV});
-  return std::max<int64_t>(s, 1);
+// Slice length of V when the d_hidden product is split s ways: a multiple of 8 elements (16-byte
+// aligned batch offsets); the remainder v − s·slice goes into the last partial.
+int64_t slice_len(int64_t v, int64_t s) { return s > 1 ? (v / s) / 8 * 8 : v; }
+
+// The d_hidden product of an mm-token chunk split s ways (s = 1: straight into d_hidden).
+// align_c and the batch strides assume the partials start 256-byte aligned (the allocator's).
+GemmShape dh_shape(int64_t d, int64_t mm, int64_t v, int64_t ld, int64_t s, cudaDataType_t ct, cudaDataType_t gh_t,
+                   const void* W, int64_t es) {
+  GemmShape g;
+  g.m = d, g.n = mm, g.at = g.bt = ct;
+  g.lda = d, g.ldb = ld, g.ldc = d;
+  if (s == 1) {
+    g.k = v, g.ct = gh_t;
+    g.align_a = alignment_of(W);
+    return g;
+  }
+  const int64_t vs = slice_len(v, s);
+  g.k = vs, g.ct = CUDA_R_32F;
+  g.batch = s, g.stride_a = vs * d, g.stride_b = vs, g.stride_c = mm * d;
+  g.align_a = alignment_of(W, vs * d * es), g.align_b = alignment_of(nullptr, vs * es);
+  g.align_c = alignment_of(nullptr, mm * d * 4);
+  return g;
 }
 
 struct Chunking {
@@ -356,40 +373,61 @@ struct Chunking {
   int64_t ld = 1;      // leading dimension of the logits buffer (V rounded up to 16 bytes)
 };
 
-// The chunk rule (docs/loss.md): the largest multiple of 64 tokens whose buffers fit the budget,
-// then balanced over the chunks so that the last one is not a sliver.
-Chunking choose_chunking(const LceParams& p, int64_t es, const DeviceContext& ctx, bool split_dh) {
+// Rough H200 rates for the cost model below; only their ratio steers the choice.
+constexpr double kModelFlops = 700e12, kModelBytes = 3.5e12;
+
+// The chunk rule (docs/loss.md). Without chunk_tokens: for each split count s (1 .. 8, slices
+// ≥ kMinSliceV), m(s) = the largest multiple of 64 tokens whose logits buffer and s partials fit
+// the budget, balanced over the chunks; then the s with the least modelled cost
+//   d_hidden FLOPs / (rate · wave efficiency of cuBLASLt's choice for that product)
+//   + chunks · d_weight read+write / bandwidth + partials' traffic
+// where the wave efficiency is waves / ceil(waves) from cuBLASLt's own heuristic (no timing, so
+// the choice is the same run to run). dh_split > 0 fixes s; chunk_tokens > 0 fixes m.
+Chunking choose_chunking(const LceParams& p, int64_t es, DeviceContext& ctx, bool want_dh, cudaDataType_t ct,
+                         cudaDataType_t gh_t, int64_t gw_es, const void* W) {
   Chunking c;
   const int64_t n = p.n, d = p.d, v = p.v, vec = 16 / es;
   c.ld = ceil_div(v, vec) * vec;
-  auto splits_for = [&](int64_t m) {
-    if (!split_dh) return int64_t{1};
-    return p.dh_split > 0 ? p.dh_split : auto_split(m, d, v, ctx.sm_count);
+  const int64_t budget = std::max<int64_t>(kExtraBytes - static_cast<int64_t>(ctx.workspace_bytes) - kSlackBytes -
+                                               16 * n,  // loss, zloss, lse, row_scale
+                                           c.ld * es);
+  auto fit = [&](int64_t s) {
+    if (p.chunk_tokens > 0) return std::min(p.chunk_tokens, n);
+    int64_t m = std::max<int64_t>(budget / (c.ld * es + (s > 1 ? s * d * 4 : 0)), 1);
+    if (m >= 64) {
+      m -= m % 64;
+      const int64_t chunks = ceil_div(n, m);
+      m = std::min(m, ceil_div(ceil_div(n, chunks), 64) * 64);
+    }
+    return std::min(m, n);
   };
-  if (p.chunk_tokens > 0) {
-    c.m = std::min(p.chunk_tokens, n);
-    c.splits = splits_for(c.m);
-  } else {
-    const int64_t budget = std::max<int64_t>(kExtraBytes - static_cast<int64_t>(ctx.workspace_bytes) - kSlackBytes -
-                                                 16 * n,  // loss, zloss, lse, row_scale
-                                             c.ld * es);
-    auto fit = [&](int64_t splits) {
-      int64_t m = budget / (c.ld * es + (splits > 1 ? splits * d * 4 : 0));
-      m = std::max<int64_t>(m, 1);
-      if (m >= 64) {
-        m -= m % 64;
-        const int64_t chunks = ceil_div(n, m);
-        m = std::min(m, ceil_div(ceil_div(n, chunks), 64) * 64);
-      }
-      return std::min(m, n);
-    };
-    c.m = fit(1);
-    c.splits = splits_for(c.m);
+  std::vector<int64_t> cands;
+  if (!want_dh) cands = {1};
+  else if (p.dh_split > 0) cands = {slice_len(v, p.dh_split) > 0 ? p.dh_split : 1};
+  else
+    for (int64_t s = 1; s <= std::min(kMaxSplit, std::max<int64_t>(v / kMinSliceV, 1)); ++s) cands.push_back(s);
+  if (cands.size() == 1) {
+    c.splits = cands[0];
     c.m = fit(c.splits);
-    c.splits = std::min(c.splits, splits_for(c.m));  // never more than the memory was fitted for
+    return c;
   }
-  // Slices are a multiple of 8 elements long (16-byte aligned batch offsets); too short: no split.
-  if (c.splits > 1 && (v / c.splits) / 8 * 8 == 0) c.splits = 1;
+  double best = 0;
+  bool first = true;
+  for (int64_t s : cands) {
+    const int64_t m = fit(s);
+    const float waves = make_gemm(ctx, dh_shape(d, m, v, c.ld, s, ct, gh_t, W, es))->heur.wavesCount;
+    const double eff = waves <= 0.f ? 1.0 : (waves < 1.f ? waves : waves / std::ceil(waves));
+    const double chunks = static_cast<double>(ceil_div(n, m));
+    const double cost = 2.0 * static_cast<double>(n) * d * v / (kModelFlops * eff) +
+                        chunks * 2.0 * static_cast<double>(v) * d * gw_es / kModelBytes +
+                        (s > 1 ? 2.0 * s * static_cast<double>(n) * d * 4 / kModelBytes : 0.0);
+    if (first || cost < best) {
+      first = false;
+      best = cost;
+      c.splits = s;
+      c.m = m;
+    }
+  }
   return c;
 }
 
@@ -449,10 +487,17 @@ void run(const LceParams& p, const LceTensors& t) {
   const cudaDataType_t ct = cuda_type(dt);
   const int64_t n = p.n, d = p.d, v = p.v, es = static_cast<int64_t>(itemsize(dt));
   const bool grads = t.grad_hidden.defined() || t.grad_weight.defined() || t.grad_bias.defined();
-  const Chunking ck = choose_chunking(p, es, ctx, grads && t.grad_hidden.defined());
+  const T* W = static_cast<const T*>(t.weight.data_ptr());
+  char* gh = t.grad_hidden.defined() ? static_cast<char*>(t.grad_hidden.data_ptr()) : nullptr;
+  const int64_t gh_es = t.grad_hidden.defined() ? static_cast<int64_t>(itemsize(t.grad_hidden.dtype())) : 0;
+  const cudaDataType_t gh_t = t.grad_hidden.defined() ? cuda_type(t.grad_hidden.dtype()) : ct;
+  void* gw = t.grad_weight.defined() ? t.grad_weight.data_ptr() : nullptr;
+  const cudaDataType_t gw_t = t.grad_weight.defined() ? cuda_type(t.grad_weight.dtype()) : ct;
+  const int64_t gw_es = t.grad_weight.defined() ? static_cast<int64_t>(itemsize(t.grad_weight.dtype())) : 0;
+  const Chunking ck = choose_chunking(p, es, ctx, grads && gh != nullptr, ct, gh_t, gw_es, W);
   const int64_t m = ck.m, S = ck.splits, ld = ck.ld;
-  const int64_t vs = S > 1 ? (v / S) / 8 * 8 : v;  // slice length of the split d_hidden product
-  const int64_t vtail = v - S * vs;                // the rest, added into the last partial
+  const int64_t vs = slice_len(v, S);  // slice length of the split d_hidden product
+  const int64_t vtail = v - S * vs;    // the rest, added into the last partial
 
   Tensor buf_t = Tensor::empty({m, ld}, dt, t.hidden.device());
   T* buf = static_cast<T*>(buf_t.data_ptr());
@@ -464,15 +509,9 @@ void run(const LceParams& p, const LceTensors& t) {
     part = part_t.data<float>();
   }
   const T* H = static_cast<const T*>(t.hidden.data_ptr());
-  const T* W = static_cast<const T*>(t.weight.data_ptr());
   const T* bias = t.bias.defined() ? static_cast<const T*>(t.bias.data_ptr()) : nullptr;
   const T* cw = t.class_weight.defined() ? static_cast<const T*>(t.class_weight.data_ptr()) : nullptr;
   const float* rs = t.row_scale.defined() ? t.row_scale.data<float>() : nullptr;
-  char* gh = t.grad_hidden.defined() ? static_cast<char*>(t.grad_hidden.data_ptr()) : nullptr;
-  const int64_t gh_es = t.grad_hidden.defined() ? static_cast<int64_t>(itemsize(t.grad_hidden.dtype())) : 0;
-  const cudaDataType_t gh_t = t.grad_hidden.defined() ? cuda_type(t.grad_hidden.dtype()) : ct;
-  void* gw = t.grad_weight.defined() ? t.grad_weight.data_ptr() : nullptr;
-  const cudaDataType_t gw_t = t.grad_weight.defined() ? cuda_type(t.grad_weight.dtype()) : ct;
 
   auto plan = [&](int64_t mm) {
     ChunkPlans pl;
@@ -488,21 +527,13 @@ void run(const LceParams& p, const LceTensors& t) {
     if (!grads) return pl;
     if (gh && S == 1) {
       // d_hidden rows [mm, d] = column-major [d, mm] = Wᵀ[d, V] · dzᵀ[V, mm].
-      g = {};
-      g.m = d, g.n = mm, g.k = v;
-      g.at = g.bt = ct, g.ct = gh_t;
-      g.lda = d, g.ldb = ld, g.ldc = d;
-      g.align_a = alignment_of(W), g.align_b = alignment_of(buf), g.align_c = alignment_of(gh, m * d * gh_es);
+      g = dh_shape(d, mm, v, ld, 1, ct, gh_t, W, es);
+      g.align_b = alignment_of(buf), g.align_c = alignment_of(gh, m * d * gh_es);
       pl.dh = make_gemm(ctx, g);
     } else if (gh) {
       // Partial s [d, mm] (f32) = W[s·vs : (s+1)·vs]ᵀ · dz[:, s·vs : (s+1)·vs]ᵀ, one batched call.
-      g = {};
-      g.m = d, g.n = mm, g.k = vs;
-      g.at = g.bt = ct, g.ct = CUDA_R_32F;
-      g.lda = d, g.ldb = ld, g.ldc = d;
-      g.batch = S, g.stride_a = vs * d, g.stride_b = vs, g.stride_c = mm * d;
-      g.align_a = alignment_of(W, vs * d * es), g.align_b = alignment_of(buf, vs * es);
-      g.align_c = alignment_of(part, mm * d * 4);
+      g = dh_shape(d, mm, v, ld, S, ct, gh_t, W, es);
+      g.align_b = alignment_of(buf, vs * es), g.align_c = alignment_of(part, mm * d * 4);
       pl.dh = make_gemm(ctx, g);
       if (vtail > 0) {
         GemmShape tg = g;
