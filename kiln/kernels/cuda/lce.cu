@@ -32,6 +32,7 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/kernels/cuda/context.h"
+#include "kiln/kernels/cuda/cublaslt.h"
 #include "kiln/kernels/lce.h"
 
 namespace kiln::kernels::cuda {
@@ -228,39 +229,13 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-void lt_check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) fail("linear_cross_entropy: ", what, " failed (cublasStatus ", int(s), ")");
-}
-
-// The largest power of two (≤ 256) dividing the address and a step in bytes (between batches
-// or between chunks), i.e. the alignment every pointer p + k·step has.
-uint32_t alignment_of(const void* p, int64_t step_bytes = 0) {
-  const uint64_t bits = reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(step_bytes) | 256u;
-  return static_cast<uint32_t>(bits & (~bits + 1));
-}
-
-struct LtDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
-  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
-};
-using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, LtDeleter>;
-using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LtDeleter>;
-using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, LtDeleter>;
-
+void lt_check(cublasStatus_t s, const char* what) { lt::check(s, "linear_cross_entropy", what); }
+using lt::alignment_of;
+using lt::Layout;
+using lt::MatmulDesc;
+using lt::Preference;
 Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
-  cublasLtMatrixLayout_t l = nullptr;
-  lt_check(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
-           "cublasLtMatrixLayoutCreate");
-  Layout out(l);
-  if (batch > 1) {
-    const int32_t count = static_cast<int32_t>(batch);
-    lt_check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
-             "batch count");
-    lt_check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
-             "batch stride");
-  }
-  return out;
+  return lt::make_layout("linear_cross_entropy", type, rows, cols, ld, batch, stride);
 }
 
 // "id=.. tile=.. stages=.. splitk=.. red=.. swizzle=.. cluster=.. waves=.." of a chosen algorithm.
