@@ -44,6 +44,8 @@ void LlamaConfig::validate() const {
              initializer_range, " must be >= 0");
   KILN_CHECK(attention_backend == "reference" || attention_backend == "flex", "config: attention_backend='",
              attention_backend, "' is not one of: reference, flex");
+  KILN_CHECK(sliding_window >= 0 && sliding_window < (int64_t{1} << 31), "config: sliding_window=", sliding_window,
+             " must be >= 0 (0: off)");
 }
 
 json::Value LlamaConfig::to_json() const {
@@ -72,6 +74,7 @@ json::Value LlamaConfig::to_json() const {
   v["torch_dtype"] = torch_dtype;
   v["kiln_attention_backend"] = attention_backend;
   v["kiln_fused_loss"] = fused_loss;
+  if (sliding_window > 0) v["kiln_sliding_window"] = sliding_window;
   return v;
 }
 
@@ -103,6 +106,7 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v) {
   if (const json::Value* x = v.find("torch_dtype"); x && x->is_string()) c.torch_dtype = x->as_string();
   if (const json::Value* x = v.find("kiln_attention_backend")) c.attention_backend = x->as_string("kiln_attention_backend");
   if (const json::Value* x = v.find("kiln_fused_loss")) c.fused_loss = x->as_bool("kiln_fused_loss");
+  geti("kiln_sliding_window", c.sliding_window);
   if (const json::Value* x = v.find("head_dim"); x && x->is_integer())
     KILN_CHECK(x->as_int() * c.num_attention_heads == c.hidden_size, "config.json: head_dim=", x->as_int(),
                " differs from hidden_size/num_attention_heads (not supported)");

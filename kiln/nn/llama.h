@@ -35,6 +35,8 @@ struct LlamaConfig {
   // kiln-only (not part of HF's config): how attention and the loss are computed.
   std::string attention_backend = "reference";  // reference | flex
   bool fused_loss = false;
+  // kiln-only: > 0 limits attention to the last `sliding_window` positions (the query included).
+  int64_t sliding_window = 0;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Throws kiln::Error naming the field and value that is wrong.

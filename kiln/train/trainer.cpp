@@ -5,9 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/profile.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/io/safetensors.h"
@@ -84,6 +86,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     cfg.sample_tokens = cfg_in.sample_tokens;
     cfg.prompt = cfg_in.prompt;
     cfg.resume = cfg_in.resume;
+    cfg.profile = cfg_in.profile;
   }
   cfg.validate();
   set_deterministic(cfg.deterministic);
@@ -181,6 +184,15 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     sum.checkpoint = dir;
   };
 
+  // ---- the op-level profile (the first step, a warm-up, is excluded when there are more) ----
+  std::unique_ptr<profile::Profiler> prof;
+  std::optional<profile::Session> prof_on;
+  int64_t prof_from = step;
+  if (cfg.profile || profile::env_requested()) {
+    prof = std::make_unique<profile::Profiler>();
+    prof_on.emplace(*prof);
+  }
+
   auto window_t = t0;
   int64_t window_tokens = 0;
   double tps = 0;
@@ -259,6 +271,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     const double eta = (cfg.steps - step) * run_s / std::max<int64_t>(step - sum.start_step, 1);
     progress.update(step, loss, tps, eta, mem, eval_loss);
     if (skipped) progress.message("warning: non-finite gradient norm at step " + std::to_string(step) + ", step skipped");
+    if (prof && step == sum.start_step + 1 && cfg.steps > step) {
+      prof->reset();
+      prof_from = step;
+    }
     if (hooks.on_step) hooks.on_step(step);
     const bool stop = hooks.stop && hooks.stop->load();
     const bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
@@ -270,6 +286,15 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     if (cfg.ckpt_every > 0 && step % cfg.ckpt_every == 0 && step < cfg.steps) save("interval");
   }
   progress.finish();
+  if (prof) {
+    prof_on.reset();
+    json::Value pj = prof->to_json();
+    pj["steps"] = step - prof_from;
+    pj["device"] = dev.str();
+    std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";
+    progress.message("profile of steps " + std::to_string(prof_from + 1) + ".." + std::to_string(step) + " (" +
+                     (fs::path(cfg.out) / "profile.json").string() + "):\n" + prof->table());
+  }
   sum.steps_done = step;
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   sum.tokens_seen = tokens_seen;

@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "kiln/core/profile.h"
 #include "kiln/core/rng.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/nn.h"
@@ -239,6 +240,7 @@ int64_t first_out_of_range(const Tensor& ids, int64_t lo, int64_t hi, int64_t ig
   });
   KILN_CUDA_CHECK_LAUNCH("first_out_of_range");
   unsigned long long first = 0;
+  profile::count_sync("first_out_of_range");
   KILN_CUDA_CHECK(cudaMemcpyAsync(&first, flag.data_ptr(), sizeof(first), cudaMemcpyDeviceToHost, s));
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   return first == ~0ull ? -1 : static_cast<int64_t>(first);
