@@ -47,7 +47,8 @@ class Bf16Params {
   std::vector<std::pair<Tensor*, Tensor>> saved_;
 };
 
-double evaluate(const nn::LlamaForCausalLM& model, data::Sampler& val, int64_t batches, Device dev, bool bf16) {
+double evaluate(const nn::LlamaForCausalLM& model, data::Sampler& val, int64_t batches, Device dev, bool bf16,
+                bool doc_mask) {
   NoGradGuard ng;
   val.set_position(0);  // the same held-out batches every time
   double sum = 0;
@@ -55,7 +56,7 @@ double evaluate(const nn::LlamaForCausalLM& model, data::Sampler& val, int64_t b
   Bf16Params cast(const_cast<nn::LlamaForCausalLM&>(model), bf16);
   for (int64_t i = 0; i < batches; ++i) {
     data::Batch b = val.next(dev);
-    sum += model.loss_sum(b.input, b.target, b.doc_ids).item();
+    sum += model.loss_sum(b.input, b.target, doc_mask ? b.doc_ids : Tensor()).item();
     count += b.num_targets;
   }
   return count ? sum / static_cast<double>(count) : 0.0;
@@ -206,19 +207,22 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
       micro.push_back(train_sampler.next(dev));
       targets += micro.back().num_targets;
     }
-    double loss_total = 0;
+    // The loss stays on the device until the gradient norm has synchronised the host anyway
+    // (reading it before the backward would stall the GPU while the backward is enqueued).
+    Tensor loss_dev;
     {
       Bf16Params cast(model, bf16);
       for (auto& b : micro) {
         if (b.num_targets == 0) continue;
         // this micro-batch's share of the mean over the whole accumulated batch
-        Tensor ls = model.loss_sum(b.input, b.target, b.doc_ids, static_cast<double>(targets));
-        loss_total += ls.item();
+        Tensor ls = model.loss_sum(b.input, b.target, cfg.document_mask() ? b.doc_ids : Tensor(),
+                                   static_cast<double>(targets));
         ls.backward();
+        loss_dev = loss_dev.defined() ? add(loss_dev, ls.detach()) : ls.detach();
       }
     }
-    const double loss = loss_total;
     double gnorm = cfg.clip > 0 ? optim::clip_grad_norm_(params, cfg.clip) : optim::grad_norm(params);
+    const double loss = loss_dev.defined() ? loss_dev.item() : 0.0;
     bool skipped = !std::isfinite(gnorm);
     if (!skipped) opt.step();
     opt.zero_grad();
@@ -242,7 +246,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     double eval_loss = -1;
     if (val_sampler && cfg.eval_every > 0 && (step % cfg.eval_every == 0 || step == cfg.steps)) {
       model.eval();
-      eval_loss = evaluate(model, *val_sampler, cfg.eval_batches, dev, bf16);
+      eval_loss = evaluate(model, *val_sampler, cfg.eval_batches, dev, bf16, cfg.document_mask());
       model.train();
       sum.final_eval_loss = eval_loss;
     }

@@ -146,9 +146,9 @@ void rand_normal(const Tensor& dst, uint64_t seed, uint64_t offset) {
 void copy_host_to_device(void* dst, const void* src, size_t nbytes, int device) {
   if (nbytes == 0) return;
   cudaStream_t s = cuda::stream(device);
-  profile::count_sync("copy_host_to_device");
+  // From pageable host memory the call returns once the source is staged (no wait for the
+  // device), so the host buffer may be freed right after: no stream synchronisation needed.
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s));
-  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void copy_device_to_host(void* dst, const void* src, size_t nbytes, int device) {
@@ -157,6 +157,7 @@ void copy_device_to_host(void* dst, const void* src, size_t nbytes, int device) 
   profile::count_sync("copy_device_to_host");
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  check_deferred_errors(device);
 }
 
 void copy_device_to_device(void* dst, int dst_device, const void* src, int src_device, size_t nbytes) {

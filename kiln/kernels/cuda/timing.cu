@@ -24,6 +24,7 @@ double time_ms(int device, const std::function<void()>& f) {
 void synchronize(int device) {
   profile::count_sync("synchronize");
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
+  check_deferred_errors(device);
 }
 
 void* event_create() {
