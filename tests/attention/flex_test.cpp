@@ -566,7 +566,8 @@ int64_t check_backward_mma(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_
     return Grads{g.out.to(kCPU), g.lse.to(kCPU), g.dq.to(kCPU), g.dk.to(kCPU), g.dv.to(kCPU), {}};
   };
   Grads g = on_gpu(), g2 = on_gpu();
-  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, host_mm, 1.0 / std::sqrt(double(E)), dout, dlse);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(E));
+  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, host_mm, scale, dout, dlse);
 
   expect_close(g.out, ref.out, dt, "gpu out");
   expect_close(g.lse, ref.lse, DType::f32, "gpu lse");
@@ -611,17 +612,19 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   check_backward_mma<Causal>(1, 4, 1, 200, 1000, 64, 128, bf, {}, {}, true, 4);
   check_backward_mma<PrefixLM>(1, 4, 4, 1000, 200, 64, 64, bf, {50}, {50}, false, 5);
   // Causal documents with query rows that belong to no key document (their rows are empty):
-  // documents of 150 tokens; queries 0..9 and 500..519 get ids no key has.
-  for (auto [L, S, Hq, Hkv, E, block, dt] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                                                   DType>>{{200, 1000, 4, 1, 128, 64, bf},
-                                                                           {1000, 200, 2, 1, 64, 128, hf},
-                                                                           {1000, 1000, 4, 2, 128, 128, bf}}) {
+  // documents of 150 tokens; queries 0..9 and 500..519 get ids no key has (and with L > S, the
+  // queries of documents that start after the last key).
+  using DocCase = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, DType>;  // L S Hq Hkv E block dt
+  for (auto [L, S, Hq, Hkv, E, block, dt] : std::vector<DocCase>{
+           {200, 1000, 4, 1, 128, 64, bf}, {1000, 200, 2, 1, 64, 128, hf}, {1000, 1000, 4, 2, 128, 128, bf}}) {
     std::vector<int32_t> qd(static_cast<size_t>(L)), kd(static_cast<size_t>(S));
-    for (int64_t i = 0; i < L; ++i) qd[static_cast<size_t>(i)] = (i < 10 || (i >= 500 && i < 520)) ? -1 : int32_t(i / 150);
+    for (int64_t i = 0; i < L; ++i)
+      qd[static_cast<size_t>(i)] = (i < 10 || (i >= 500 && i < 520)) ? -1 : static_cast<int32_t>(i / 150);
     for (int64_t j = 0; j < S; ++j) kd[static_cast<size_t>(j)] = int32_t(j / 150);
     Tensor qdg = from_vector(qd, {L}, gpu), kdg = from_vector(kd, {S}, gpu);
     DocumentCausal host{Causal{}, Document{qd.data(), kd.data()}};
     DocumentCausal dev{Causal{}, Document{qdg.data<int32_t>(), kdg.data<int32_t>()}};
-    EXPECT_GT(check_backward_mma(2, Hq, Hkv, L, S, E, block, dt, host, dev, false, static_cast<uint64_t>(L + S + E)), 0);
+    const auto seed = static_cast<uint64_t>(L + S + E);
+    EXPECT_GT(check_backward_mma(2, Hq, Hkv, L, S, E, block, dt, host, dev, false, seed), 0);
   }
 }
