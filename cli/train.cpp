@@ -77,7 +77,10 @@ int run_train(const Args& args) {
   p.option("--intermediate", &c.intermediate, "N", "SwiGLU MLP width");
   p.option("--rope-theta", &c.rope_theta, "T", "rotary embedding base");
   p.flag("--tie-embeddings", &c.tie_embeddings, "share the input embedding with the output projection");
-  p.option("--attention", &c.attention, "BACKEND", "attention backend: reference (ops) or flex");
+  p.option("--attention", &c.attention, "BACKEND", "attention backend: auto (flex on CUDA, reference on CPU), "
+           "reference (ops) or flex");
+  p.option("--attention-mask", &c.attention_mask, "MASK", "causal, window:W (sliding window of W tokens) or "
+           "document (causal within packed documents; needs --sample-mode packed)");
   p.flag("--fused-loss", &c.fused_loss, "use the fused linear + cross-entropy loss");
   p.option("--eval-every", &c.eval_every, "N", "evaluate on the held-out split every N steps (0: never)");
   p.option("--eval-batches", &c.eval_batches, "N", "batches per evaluation");
@@ -93,6 +96,8 @@ int run_train(const Args& args) {
   p.option("--dtype", &c.dtype, "DT", "auto (bf16 on CUDA, f32 on CPU), f32, or bf16 (f32 master weights)");
   p.option("--seed", &seed, "S", "seed of initialisation and data order");
   p.flag("--deterministic", &c.deterministic, "bitwise reproducible kernels (and resumes)");
+  p.flag("--profile", &c.profile, "op-level profile (also KILN_PROFILE=1): time per kernel call and host syncs, "
+         "a table at the end and DIR/profile.json (first step excluded as warm-up)");
   p.epilog("examples:\n  kiln train\n  kiln train --preset tiny --data input.txt --steps 500 --out runs/tiny\n"
            "  kiln train --resume runs/tiny --steps 1000\n");
   if (!p.parse(args)) return 0;

@@ -19,6 +19,7 @@
 #include "kiln/attention/block_mask.h"
 #include "kiln/attention/mods.h"
 #include "kiln/autograd/node.h"
+#include "kiln/core/profile.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cpu/attention_impl.h"
 #include "kiln/ops/ops.h"
@@ -57,6 +58,7 @@ kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& 
 
 template <class SM, class MM>
 void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& sm, const MM& mm) {
+  profile::Scope ps("flex_forward", dev);
   if (dev.is_cuda()) {
 #ifdef KILN_CUDA
     if constexpr (kernels::has_cuda_flex<SM, MM>) {
@@ -76,6 +78,7 @@ void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& s
 }
 template <class SM, class MM>
 void run_backward(const kernels::FlexParams& p, DType dt, Device dev, const SM& sm, const MM& mm) {
+  profile::Scope ps("flex_backward", dev);
   if (dev.is_cuda()) {
 #ifdef KILN_CUDA
     if constexpr (kernels::has_cuda_flex<SM, MM>) {

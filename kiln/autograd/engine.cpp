@@ -8,6 +8,7 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
+#include "kiln/core/profile.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln {
@@ -169,7 +170,11 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         in[i] = zeros(m.shape, m.dtype, m.device);
       }
     }
-    std::vector<Tensor> out = n->apply(in);
+    std::vector<Tensor> out;
+    {
+      profile::Label label("backward:", profile::active() ? n->name() : std::string());
+      out = n->apply(in);
+    }
     if (!retain_graph) n->release();
     KILN_CHECK(out.empty() || out.size() == n->next.size(), n->name(), " backward returned ", out.size(),
                " gradients for ", n->next.size(), " inputs");

@@ -187,7 +187,7 @@ Batch Sampler::next(Device device) {
   Batch out;
   out.input = from_vector(in, {batch_, seq_}, device);
   out.target = from_vector(tg, {batch_, seq_}, device);
-  if (!dc.empty()) out.doc_ids = from_vector(dc, {batch_, seq_}, device);
+  if (!dc.empty()) out.doc_ids = from_vector(dc, {batch_, seq_});  // host: no device round trip for the masks
   out.num_targets = static_cast<int64_t>(std::count_if(tg.begin(), tg.end(), [](int64_t x) { return x != -100; }));
   return out;
 }

@@ -34,7 +34,7 @@ TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std
 struct Batch {
   Tensor input;    // [B, T] i64
   Tensor target;   // [B, T] i64 (the next token; -100 = ignored)
-  Tensor doc_ids;  // [B, T] i64 or undefined (packed mode only)
+  Tensor doc_ids;  // [B, T] i64 on the host (the model builds its masks there), or undefined (packed mode only)
   int64_t num_targets = 0;  // targets that are not ignored
 };
 

@@ -38,6 +38,15 @@ namespace kiln::kernels {
 namespace cpu {
 KILN_NN_KERNELS
 }  // namespace cpu
+
+// CUDA only: the range check of first_out_of_range without a host synchronisation. A failure
+// (the first out-of-range position of this call and its value) is recorded on the device and
+// raised as kiln::Error "<what>[pos]=value<tail>" at the next point the host synchronises with
+// the device anyway (a device-to-host copy such as item(), or synchronize()).
+namespace cuda {
+void defer_range_check(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore, const std::string& what,
+                       const std::string& tail);
+}  // namespace cuda
 namespace cuda {
 KILN_NN_KERNELS
 }  // namespace cuda

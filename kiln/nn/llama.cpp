@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/node.h"
 #include "kiln/ops/ops.h"
 
 // The fused loss and flex attention are switched on by config values; they are compiled in
@@ -44,6 +45,8 @@ void LlamaConfig::validate() const {
              initializer_range, " must be >= 0");
   KILN_CHECK(attention_backend == "reference" || attention_backend == "flex", "config: attention_backend='",
              attention_backend, "' is not one of: reference, flex");
+  KILN_CHECK(sliding_window >= 0 && sliding_window < (int64_t{1} << 31), "config: sliding_window=", sliding_window,
+             " must be >= 0 (0: off)");
 }
 
 json::Value LlamaConfig::to_json() const {
@@ -72,6 +75,7 @@ json::Value LlamaConfig::to_json() const {
   v["torch_dtype"] = torch_dtype;
   v["kiln_attention_backend"] = attention_backend;
   v["kiln_fused_loss"] = fused_loss;
+  if (sliding_window > 0) v["kiln_sliding_window"] = sliding_window;
   return v;
 }
 
@@ -103,6 +107,7 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v) {
   if (const json::Value* x = v.find("torch_dtype"); x && x->is_string()) c.torch_dtype = x->as_string();
   if (const json::Value* x = v.find("kiln_attention_backend")) c.attention_backend = x->as_string("kiln_attention_backend");
   if (const json::Value* x = v.find("kiln_fused_loss")) c.fused_loss = x->as_bool("kiln_fused_loss");
+  geti("kiln_sliding_window", c.sliding_window);
   if (const json::Value* x = v.find("head_dim"); x && x->is_integer())
     KILN_CHECK(x->as_int() * c.num_attention_heads == c.hidden_size, "config.json: head_dim=", x->as_int(),
                " differs from hidden_size/num_attention_heads (not supported)");
@@ -155,8 +160,8 @@ Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
 
 }  // namespace
 
-Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask,
-                               KVCache* cache, int layer, bool plain_causal) const {
+Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const AttentionMasks& masks,
+                               KVCache* cache, int layer) const {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_attention_heads, Hkv = config.num_key_value_heads,
                 D = config.head_dim();
   Tensor q = q_proj->forward(x).view({B, T, H, D}).transpose(1, 2);
@@ -179,20 +184,34 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
     v = cv;
   }
   Tensor out;
-  if (config.attention_backend == "flex" && plain_causal) {
+  if (!masks.flex.empty()) {
 #ifdef KILN_NN_HAVE_FLEX
-    if (!flex_mask_ || flex_len_ != T) {
-      attention::MaskSpec spec;
-      spec.kind = attention::MaskSpec::Kind::causal;
-      flex_mask_ = std::make_shared<attention::AnyBlockMask>(attention::create_block_mask(spec, T, T, x.device()));
-      flex_len_ = T;
+    auto mask_of = [&](size_t i) { return *static_cast<const attention::AnyBlockMask*>(masks.flex[i].get()); };
+    if (masks.flex.size() == 1) {
+      out = attention::flex_attention(q, k, v, mask_of(0)).out;
+    } else {  // one block mask per batch row (documents)
+      KILN_CHECK(static_cast<int64_t>(masks.flex.size()) == B, "LlamaAttention: ", masks.flex.size(),
+                 " block masks for a batch of ", B);
+      // The document mask_mods point at the masks' id tables: keep them alive until the
+      // backward of these flex calls has run (a pass-through node on q, which runs after them).
+      if (any_requires_grad({q})) {
+        auto keep = std::make_shared<std::vector<std::shared_ptr<const void>>>(masks.flex);
+        Tensor qk = q.detach();
+        record("flex_masks", {q}, qk, [keep](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+        q = qk;
+      }
+      std::vector<Tensor> rows;
+      for (int64_t b = 0; b < B; ++b)
+        rows.push_back(attention::flex_attention(q.narrow(0, b, 1), k.narrow(0, b, 1), v.narrow(0, b, 1),
+                                                 mask_of(static_cast<size_t>(b)))
+                           .out);
+      out = cat(rows, 0);
     }
-    out = attention::flex_attention(q, k, v, *std::static_pointer_cast<attention::AnyBlockMask>(flex_mask_)).out;
 #else
     fail("attention_backend=flex: kiln::flex_attention is not part of this build; use attention=reference");
 #endif
-  } else {  // the reference path (also flex's fallback for KV-cache decoding and document masks)
-    out = reference_attention(q, repeat_kv(k, H / Hkv), repeat_kv(v, H / Hkv), mask);
+  } else {  // the reference path (also used for KV-cache decoding)
+    out = reference_attention(q, repeat_kv(k, H / Hkv), repeat_kv(v, H / Hkv), masks.dense);
   }
   return o_proj->forward(out.transpose(1, 2).reshape({B, T, H * D}));
 }
@@ -218,9 +237,9 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator& gen, Devic
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, device));
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask,
-                                  KVCache* cache, int layer, bool plain_causal) const {
-  Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), cos, sin, mask, cache, layer, plain_causal));
+Tensor LlamaDecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const AttentionMasks& masks,
+                                  KVCache* cache, int layer) const {
+  Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), cos, sin, masks, cache, layer));
   return add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
@@ -237,30 +256,81 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Generator& gen, Device device) : co
 namespace {
 
 // Bool mask [B or 1, 1, T, T_total], true where query i (absolute position past + i) must not
-// see key j: j > past + i, or (with doc ids, no cache) a different document.
-Tensor attention_mask(int64_t B, int64_t T, int64_t past, const Tensor& doc_ids, Device device) {
+// see key j: j > past + i, or past + i - j >= window (window > 0), or (with doc ids, no cache)
+// a different document. `d`: the doc ids [B * T] on the host, or empty.
+Tensor attention_mask(int64_t B, int64_t T, int64_t past, const std::vector<int64_t>& d, int64_t window,
+                      Device device) {
   const int64_t total = past + T;
-  if (!doc_ids.defined()) {
-    if (T == 1) return Tensor();  // one query at the end sees everything
+  auto masked = [&](int64_t i, int64_t j) { return j > past + i || (window > 0 && past + i - j >= window); };
+  if (d.empty()) {
+    if (T == 1 && (window == 0 || total <= window)) return Tensor();  // one query at the end sees everything
     std::vector<bool> m(static_cast<size_t>(T * total));
     for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < total; ++j) m[static_cast<size_t>(i * total + j)] = j > past + i;
+      for (int64_t j = 0; j < total; ++j) m[static_cast<size_t>(i * total + j)] = masked(i, j);
     return from_vector<bool>(m, {1, 1, T, total}, device);
   }
-  KILN_CHECK(past == 0, "LlamaModel: document ids cannot be combined with a KV cache");
-  KILN_CHECK(doc_ids.dim() == 2 && doc_ids.size(0) == B && doc_ids.size(1) == T, "LlamaModel: doc_ids has shape ",
-             doc_ids.shape(), ", expected [", B, ", ", T, "]");
-  std::vector<int64_t> d = doc_ids.to(DType::i64).to_vector<int64_t>();
   std::vector<bool> m(static_cast<size_t>(B * T * T));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < T; ++j)
         m[static_cast<size_t>((b * T + i) * T + j)] =
-            j > i || d[static_cast<size_t>(b * T + i)] != d[static_cast<size_t>(b * T + j)];
+            masked(i, j) || d[static_cast<size_t>(b * T + i)] != d[static_cast<size_t>(b * T + j)];
   return from_vector<bool>(m, {B, 1, T, T}, device);
 }
 
 }  // namespace
+
+AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tensor& doc_ids, Device device,
+                                 bool use_flex) const {
+  std::vector<int64_t> d;
+  if (doc_ids.defined()) {
+    KILN_CHECK(past == 0, "LlamaModel: document ids cannot be combined with a KV cache");
+    KILN_CHECK(doc_ids.dim() == 2 && doc_ids.size(0) == B && doc_ids.size(1) == T, "LlamaModel: doc_ids has shape ",
+               doc_ids.shape(), ", expected [", B, ", ", T, "]");
+    d = doc_ids.to(DType::i64).to_vector<int64_t>();
+  }
+  const int64_t window = config.sliding_window;
+  AttentionMasks m;
+  if (!use_flex) {
+    m.dense = attention_mask(B, T, past, d, window, device);
+    return m;
+  }
+#ifdef KILN_NN_HAVE_FLEX
+  KILN_CHECK(past == 0, "LlamaModel: the flex attention path does not decode with a KV cache");
+  using attention::AnyBlockMask;
+  using attention::MaskSpec;
+  if (d.empty()) {  // causal or sliding window: one block mask for every row, reused while T is the same
+    if (!flex_shared_ || flex_shared_len_ != T) {
+      MaskSpec spec;
+      spec.kind = window > 0 ? MaskSpec::Kind::sliding_window : MaskSpec::Kind::causal;
+      spec.window = window;
+      flex_shared_ = std::make_shared<const AnyBlockMask>(attention::create_block_mask(spec, T, T, device));
+      flex_shared_len_ = T;
+    }
+    m.flex.push_back(flex_shared_);
+    return m;
+  }
+  KILN_CHECK(window == 0, "LlamaModel: attention=flex has no sliding window within documents (sliding_window=",
+             window, " with document ids); use attention=reference");
+  // Documents: a block mask per batch row, classified on the host from the row's ids.
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int32_t> row(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) row[static_cast<size_t>(i)] = static_cast<int32_t>(d[static_cast<size_t>(b * T + i)]);
+    MaskSpec spec;
+    spec.kind = MaskSpec::Kind::document;
+    spec.document_ids = from_vector(row, {T});
+    auto bm = std::make_shared<AnyBlockMask>(attention::create_block_mask(spec, T, T, kCPU));
+    if (!device.is_cpu()) {
+      bm->layout = bm->layout.to(device);
+      bm->spec.document_ids = bm->spec.document_ids.to(device);
+    }
+    m.flex.push_back(std::move(bm));
+  }
+  return m;
+#else
+  fail("attention_backend=flex: kiln::flex_attention is not part of this build; use attention=reference");
+#endif
+}
 
 Tensor LlamaModel::forward(const Tensor& ids, const Tensor& doc_ids, KVCache* cache) const {
   KILN_CHECK(ids.dim() == 2, "LlamaModel: ids must be [batch, seq], got shape ", ids.shape());
@@ -270,11 +340,9 @@ Tensor LlamaModel::forward(const Tensor& ids, const Tensor& doc_ids, KVCache* ca
              " exceeds max_position_embeddings=", config.max_position_embeddings);
   auto [cos_all, sin_all] = rotary_tables(past + T, config.head_dim(), config.rope_theta, ids.device());
   Tensor cos = cos_all.narrow(0, past, T), sin = sin_all.narrow(0, past, T);
-  Tensor mask = attention_mask(B, T, past, doc_ids, ids.device());
+  const AttentionMasks am = masks(B, T, past, doc_ids, ids.device(), config.attention_backend == "flex" && !cache);
   Tensor h = embed_tokens->forward(ids);
-  const bool plain_causal = !cache && !doc_ids.defined();
-  for (size_t i = 0; i < layers.size(); ++i)
-    h = layers[i]->forward(h, cos, sin, mask, cache, static_cast<int>(i), plain_causal);
+  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, cos, sin, am, cache, static_cast<int>(i));
   return norm->forward(h);
 }
 

@@ -4,7 +4,9 @@
 // Face ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight"), so a checkpoint's
 // model.safetensors maps one to one onto named_parameters().
 // Attention runs through a backend chosen by a config value: "reference" composes it from
-// ops (matmul, mask, softmax, matmul); "flex" will call kiln::flex_attention once it lands.
+// ops (matmul, dense bool mask, softmax, matmul); "flex" calls kiln::flex_attention with the
+// matching BlockMask (causal, sliding window, or causal within documents, one block mask per
+// batch row built from the row's document ids). KV-cache decoding always uses the reference path.
 // The loss is likewise unfused (linear + cross_entropy) or fused (kiln::linear_cross_entropy).
 #pragma once
 #include <cstdint>
@@ -35,6 +37,8 @@ struct LlamaConfig {
   // kiln-only (not part of HF's config): how attention and the loss are computed.
   std::string attention_backend = "reference";  // reference | flex
   bool fused_loss = false;
+  // kiln-only: > 0 limits attention to the last `sliding_window` positions (the query included).
+  int64_t sliding_window = 0;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Throws kiln::Error naming the field and value that is wrong.
@@ -49,21 +53,23 @@ struct KVCache {
   int64_t length() const { return k.empty() || !k[0].defined() ? 0 : k[0].size(2); }
 };
 
+// The masks of one forward pass, built once by LlamaModel and shared by every layer.
+struct AttentionMasks {
+  Tensor dense;  // reference path: bool [B or 1, 1, T, T_total], true = masked out (undefined: none)
+  // flex path (when non-empty): attention::AnyBlockMask handles, one for all rows or one per
+  // batch row (document masks)
+  std::vector<std::shared_ptr<const void>> flex;
+};
+
 class LlamaAttention : public Module {
  public:
   LlamaAttention(const LlamaConfig& c, Generator& gen, Device device);
-  // x [B, T, d]; cos/sin [T, D] for the positions of x; mask: bool, true = masked out,
-  // broadcastable to [B, H, T, T_total]. With a cache, appends this step's k/v to layer `layer`.
-  // `plain_causal`: the mask is exactly causal over x (no cache, no documents), which the
-  // flex backend computes from a block mask; other cases use the reference path.
-  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask, KVCache* cache,
-                 int layer, bool plain_causal = false) const;
+  // x [B, T, d]; cos/sin [T, D] for the positions of x. With a cache, appends this step's k/v
+  // to layer `layer`. masks.flex non-empty: flex_attention; else the reference path with masks.dense.
+  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const AttentionMasks& masks, KVCache* cache,
+                 int layer) const;
   const LlamaConfig& config;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
-
- private:
-  mutable std::shared_ptr<void> flex_mask_;  // the flex block mask of the last shape (built once)
-  mutable int64_t flex_len_ = -1;
 };
 
 class LlamaMLP : public Module {
@@ -76,8 +82,8 @@ class LlamaMLP : public Module {
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& c, Generator& gen, Device device);
-  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& mask, KVCache* cache,
-                 int layer, bool plain_causal = false) const;
+  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const AttentionMasks& masks, KVCache* cache,
+                 int layer) const;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
@@ -87,13 +93,21 @@ class LlamaDecoderLayer : public Module {
 class LlamaModel : public Module {
  public:
   LlamaModel(const LlamaConfig& c, Generator& gen, Device device);
-  // ids [B, T] → hidden states [B, T, d] after the final norm. doc_ids [B, T] (optional) masks
-  // attention across documents; `cache` enables incremental decoding.
+  // ids [B, T] → hidden states [B, T, d] after the final norm. doc_ids [B, T] (optional, on any
+  // device: host ids avoid a device-to-host copy) masks attention across documents; `cache`
+  // enables incremental decoding. config.sliding_window > 0 limits how far back a query sees.
   Tensor forward(const Tensor& ids, const Tensor& doc_ids = Tensor(), KVCache* cache = nullptr) const;
+  // The masks forward() uses for a batch of B x T tokens after `past` cached ones.
+  AttentionMasks masks(int64_t B, int64_t T, int64_t past, const Tensor& doc_ids, Device device,
+                       bool use_flex) const;
   const LlamaConfig& config;
   std::shared_ptr<Embedding> embed_tokens;
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;
   std::shared_ptr<RMSNorm> norm;
+
+ private:
+  mutable std::shared_ptr<const void> flex_shared_;  // the last causal/window block mask (reused per shape)
+  mutable int64_t flex_shared_len_ = -1;
 };
 
 class LlamaForCausalLM : public Module {

@@ -6,6 +6,7 @@
 #include "kiln/autograd/node.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/nn.h"
+#include "kiln/ops/index_check.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln {
@@ -32,10 +33,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   const int64_t n = logits.size(0), c = logits.size(1);
   KILN_CHECK(c > 0 || n == 0, "cross_entropy: logits have 0 classes");
   Tensor tc = target.contiguous();
-  int64_t bad = KILN_DEVICE_CALL(tc.device(), first_out_of_range, tc, 0, c, o.ignore_index);
-  if (bad >= 0)
-    fail("cross_entropy: target[", bad, "]=", static_cast<int64_t>(tc.select(0, bad).item()), " out of range [0, ",
-         c, ") (ignore_index=", o.ignore_index, ")");
+  detail::check_index_range(tc, 0, c, o.ignore_index, "cross_entropy: target",
+                            " out of range [0, " + std::to_string(c) + ") (ignore_index=" +
+                                std::to_string(o.ignore_index) + ")");
   const DType sd = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor lc = logits.detach().contiguous();
   Tensor rows = Tensor::empty({n}, sd, logits.device());

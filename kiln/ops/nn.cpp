@@ -8,6 +8,7 @@
 #include "kiln/autograd/node.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/nn.h"
+#include "kiln/ops/index_check.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln {
@@ -23,6 +24,21 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op, const c
 
 }  // namespace
 
+// ---- index range checks (index_check.h) ----
+
+void detail::check_index_range(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore, const std::string& what,
+                               const std::string& tail) {
+#ifdef KILN_CUDA
+  if (ids.device().is_cuda()) {
+    profile::Scope ps("defer_range_check", ids.device());
+    kernels::cuda::defer_range_check(ids, lo, hi, ignore, what, tail);
+    return;
+  }
+#endif
+  int64_t bad = KILN_DEVICE_CALL(ids.device(), first_out_of_range, ids, lo, hi, ignore);
+  if (bad >= 0) fail(what, "[", bad, "]=", static_cast<int64_t>(ids.view({-1}).select(0, bad).item()), tail);
+}
+
 // ---- embedding ----
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
@@ -35,10 +51,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   check_same_device(weight, ids, "embedding", "weight", "ids");
   const int64_t vocab = weight.size(0), d = weight.size(1);
   Tensor idc = ids.contiguous();
-  int64_t bad = KILN_DEVICE_CALL(ids.device(), first_out_of_range, idc, 0, vocab, 0);
-  if (bad >= 0)
-    fail("embedding: ids[", bad, "]=", static_cast<int64_t>(idc.view({-1}).select(0, bad).item()),
-         " out of range [0, ", vocab, ")");
+  detail::check_index_range(idc, 0, vocab, 0, "embedding: ids", " out of range [0, " + std::to_string(vocab) + ")");
   Shape out_shape = ids.shape();
   out_shape.push_back(d);
   Tensor out = Tensor::empty({idc.numel(), d}, weight.dtype(), weight.device());

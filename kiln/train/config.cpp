@@ -53,9 +53,19 @@ nn::LlamaConfig TrainConfig::model_config(int64_t vocab) const {
   m.rope_theta = rope_theta;
   m.initializer_range = init_std;
   m.tie_word_embeddings = tie_embeddings;
-  m.attention_backend = attention;
+  m.attention_backend = attention_backend(device.rfind("cuda", 0) == 0);
+  if (attention_mask.rfind("window:", 0) == 0) m.sliding_window = std::stoll(attention_mask.substr(7));
   m.fused_loss = fused_loss;
   return m;
+}
+
+std::string TrainConfig::attention_backend(bool cuda) const {
+  if (attention != "auto") return attention;
+  return cuda ? "flex" : "reference";  // measured on CPU: see docs/training.md
+}
+
+bool TrainConfig::document_mask() const {
+  return attention_mask == "document" || (attention_mask == "auto" && sample == "packed");
 }
 
 void TrainConfig::validate() const {
@@ -86,6 +96,19 @@ void TrainConfig::validate() const {
   KILN_CHECK(device == "cpu" || device.rfind("cuda", 0) == 0, "config: device='", device,
              "' is not one of: cpu, cuda, cuda:N");
   KILN_CHECK(!out.empty(), "config: out must not be empty");
+  KILN_CHECK(attention == "auto" || attention == "reference" || attention == "flex", "config: attention='", attention,
+             "' is not one of: auto, reference, flex");
+  if (attention_mask.rfind("window:", 0) == 0) {
+    const std::string w = attention_mask.substr(7);
+    KILN_CHECK(!w.empty() && w.size() < 10 && w.find_first_not_of("0123456789") == std::string::npos &&
+                   std::stoll(w) >= 1,
+               "config: attention_mask='", attention_mask, "': the window must be a positive integer (window:256)");
+  } else {
+    KILN_CHECK(attention_mask == "auto" || attention_mask == "causal" || attention_mask == "document",
+               "config: attention_mask='", attention_mask, "' is not one of: auto, causal, window:W, document");
+  }
+  KILN_CHECK(attention_mask != "document" || sample == "packed", "config: attention_mask=document needs sample=packed "
+             "(per-token document ids come from packed documents), got sample='", sample, "'");
   model_config(256).validate();
   KILN_CHECK(seq <= 1 << 20, "config: seq=", seq, " is too large");
 }
@@ -107,6 +130,7 @@ json::Value TrainConfig::to_json() const {
   v["init_std"] = init_std;
   v["tie_embeddings"] = tie_embeddings;
   v["attention"] = attention;
+  v["attention_mask"] = attention_mask;
   v["fused_loss"] = fused_loss;
   v["steps"] = steps;
   v["batch"] = batch;
@@ -163,7 +187,8 @@ void set_config_value(TrainConfig& c, const std::string& key_in, const json::Val
       {"kv_heads", I(&TrainConfig::kv_heads)}, {"intermediate", I(&TrainConfig::intermediate)},
       {"rope_theta", D(&TrainConfig::rope_theta)}, {"norm_eps", D(&TrainConfig::norm_eps)},
       {"init_std", D(&TrainConfig::init_std)}, {"tie_embeddings", B(&TrainConfig::tie_embeddings)},
-      {"attention", S(&TrainConfig::attention)}, {"fused_loss", B(&TrainConfig::fused_loss)},
+      {"attention", S(&TrainConfig::attention)}, {"attention_mask", S(&TrainConfig::attention_mask)},
+      {"profile", B(&TrainConfig::profile)}, {"fused_loss", B(&TrainConfig::fused_loss)},
       {"steps", I(&TrainConfig::steps)}, {"batch", I(&TrainConfig::batch)}, {"seq", I(&TrainConfig::seq)},
       {"accum", I(&TrainConfig::accum)}, {"warmup", I(&TrainConfig::warmup)}, {"lr", D(&TrainConfig::lr)},
       {"min_lr_ratio", D(&TrainConfig::min_lr_ratio)}, {"weight_decay", D(&TrainConfig::weight_decay)},

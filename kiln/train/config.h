@@ -23,7 +23,11 @@ struct TrainConfig {
   int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, intermediate = 0;
   double rope_theta = 10000.0, norm_eps = 1e-5, init_std = 0.02;
   bool tie_embeddings = false;
-  std::string attention = "reference";  // reference | flex
+  std::string attention = "auto";  // auto (flex on CUDA, reference on CPU) | reference | flex
+  // auto (document with sample=packed, else causal) | causal | window:W (causal, W tokens back,
+  // the query included) | document (causal within the packed documents of the data loader's
+  // per-token document ids; needs sample=packed)
+  std::string attention_mask = "auto";
   bool fused_loss = false;
   // optimisation
   int64_t steps = 0, batch = 0, seq = 0, accum = 1, warmup = -1;
@@ -39,10 +43,15 @@ struct TrainConfig {
   std::string dtype = "auto";  // auto (bf16 on CUDA, f32 on CPU) | f32 | bf16
   uint64_t seed = 1234;
   bool deterministic = false;
+  bool profile = false;  // op-level profile (also env KILN_PROFILE=1): table at the end, DIR/profile.json
   std::string resume;
 
   // The model config for a tokenizer of `vocab` ids.
   nn::LlamaConfig model_config(int64_t vocab) const;
+  // The attention backend for a device: `attention`, or for "auto" flex on CUDA, reference on CPU.
+  std::string attention_backend(bool cuda) const;
+  // True when the model is given the batch's document ids (attention_mask document, or auto + packed).
+  bool document_mask() const;
   void validate() const;
   json::Value to_json() const;
 };

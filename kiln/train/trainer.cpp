@@ -5,9 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/core/allocator.h"
+#include "kiln/core/profile.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/io/safetensors.h"
@@ -45,7 +47,8 @@ class Bf16Params {
   std::vector<std::pair<Tensor*, Tensor>> saved_;
 };
 
-double evaluate(const nn::LlamaForCausalLM& model, data::Sampler& val, int64_t batches, Device dev, bool bf16) {
+double evaluate(const nn::LlamaForCausalLM& model, data::Sampler& val, int64_t batches, Device dev, bool bf16,
+                bool doc_mask) {
   NoGradGuard ng;
   val.set_position(0);  // the same held-out batches every time
   double sum = 0;
@@ -53,7 +56,7 @@ double evaluate(const nn::LlamaForCausalLM& model, data::Sampler& val, int64_t b
   Bf16Params cast(const_cast<nn::LlamaForCausalLM&>(model), bf16);
   for (int64_t i = 0; i < batches; ++i) {
     data::Batch b = val.next(dev);
-    sum += model.loss_sum(b.input, b.target, b.doc_ids).item();
+    sum += model.loss_sum(b.input, b.target, doc_mask ? b.doc_ids : Tensor()).item();
     count += b.num_targets;
   }
   return count ? sum / static_cast<double>(count) : 0.0;
@@ -84,6 +87,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     cfg.sample_tokens = cfg_in.sample_tokens;
     cfg.prompt = cfg_in.prompt;
     cfg.resume = cfg_in.resume;
+    cfg.profile = cfg_in.profile;
   }
   cfg.validate();
   set_deterministic(cfg.deterministic);
@@ -181,6 +185,15 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     sum.checkpoint = dir;
   };
 
+  // ---- the op-level profile (the first step, a warm-up, is excluded when there are more) ----
+  std::unique_ptr<profile::Profiler> prof;
+  std::optional<profile::Session> prof_on;
+  int64_t prof_from = step;
+  if (cfg.profile || profile::env_requested()) {
+    prof = std::make_unique<profile::Profiler>();
+    prof_on.emplace(*prof);
+  }
+
   auto window_t = t0;
   int64_t window_tokens = 0;
   double tps = 0;
@@ -194,19 +207,22 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
       micro.push_back(train_sampler.next(dev));
       targets += micro.back().num_targets;
     }
-    double loss_total = 0;
+    // The loss stays on the device until the gradient norm has synchronised the host anyway
+    // (reading it before the backward would stall the GPU while the backward is enqueued).
+    Tensor loss_dev;
     {
       Bf16Params cast(model, bf16);
       for (auto& b : micro) {
         if (b.num_targets == 0) continue;
         // this micro-batch's share of the mean over the whole accumulated batch
-        Tensor ls = model.loss_sum(b.input, b.target, b.doc_ids, static_cast<double>(targets));
-        loss_total += ls.item();
+        Tensor ls = model.loss_sum(b.input, b.target, cfg.document_mask() ? b.doc_ids : Tensor(),
+                                   static_cast<double>(targets));
         ls.backward();
+        loss_dev = loss_dev.defined() ? add(loss_dev, ls.detach()) : ls.detach();
       }
     }
-    const double loss = loss_total;
     double gnorm = cfg.clip > 0 ? optim::clip_grad_norm_(params, cfg.clip) : optim::grad_norm(params);
+    const double loss = loss_dev.defined() ? loss_dev.item() : 0.0;
     bool skipped = !std::isfinite(gnorm);
     if (!skipped) opt.step();
     opt.zero_grad();
@@ -230,7 +246,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     double eval_loss = -1;
     if (val_sampler && cfg.eval_every > 0 && (step % cfg.eval_every == 0 || step == cfg.steps)) {
       model.eval();
-      eval_loss = evaluate(model, *val_sampler, cfg.eval_batches, dev, bf16);
+      eval_loss = evaluate(model, *val_sampler, cfg.eval_batches, dev, bf16, cfg.document_mask());
       model.train();
       sum.final_eval_loss = eval_loss;
     }
@@ -259,6 +275,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     const double eta = (cfg.steps - step) * run_s / std::max<int64_t>(step - sum.start_step, 1);
     progress.update(step, loss, tps, eta, mem, eval_loss);
     if (skipped) progress.message("warning: non-finite gradient norm at step " + std::to_string(step) + ", step skipped");
+    if (prof && step == sum.start_step + 1 && cfg.steps > step) {
+      prof->reset();
+      prof_from = step;
+    }
     if (hooks.on_step) hooks.on_step(step);
     const bool stop = hooks.stop && hooks.stop->load();
     const bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
@@ -270,6 +290,15 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     if (cfg.ckpt_every > 0 && step % cfg.ckpt_every == 0 && step < cfg.steps) save("interval");
   }
   progress.finish();
+  if (prof) {
+    prof_on.reset();
+    json::Value pj = prof->to_json();
+    pj["steps"] = step - prof_from;
+    pj["device"] = dev.str();
+    std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";
+    progress.message("profile of steps " + std::to_string(prof_from + 1) + ".." + std::to_string(step) + " (" +
+                     (fs::path(cfg.out) / "profile.json").string() + "):\n" + prof->table());
+  }
   sum.steps_done = step;
   sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   sum.tokens_seen = tokens_seen;

@@ -369,3 +369,92 @@ TEST(Llama, FlexAttentionAndFusedLossMatchTheReferencePath) {
     }
   }
 }
+
+namespace {
+// Loss and gradients of a tiny Llama (seed 42) for one batch under a backend and masks.
+struct LossGrads {
+  double loss = 0;
+  std::vector<float> logits;
+  std::vector<std::vector<float>> grads;
+};
+LossGrads loss_grads(LlamaConfig c, const std::string& backend, const Tensor& ids, const Tensor& targets,
+                     const Tensor& docs) {
+  c.attention_backend = backend;
+  LlamaForCausalLM m(c, 42);
+  LossGrads r;
+  {
+    NoGradGuard ng;
+    r.logits = m.logits(ids, docs).to_vector<float>();
+  }
+  Tensor l = m.loss_sum(ids, targets, docs, 7.0);
+  l.backward();
+  r.loss = l.item();
+  for (auto& [n, p] : m.named_parameters()) r.grads.push_back(p->grad().to_vector<float>());
+  return r;
+}
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double scale = 1e-6, err = 0;
+  for (size_t j = 0; j < ref.size(); ++j) {
+    scale = std::max(scale, static_cast<double>(std::abs(ref[j])));
+    err = std::max(err, static_cast<double>(std::abs(got[j] - ref[j])));
+  }
+  return err / scale;
+}
+}  // namespace
+
+TEST(Llama, FlexMasksMatchTheReferencePath) {
+  // attention=flex with each trainer mask (causal, sliding window, documents with a block mask
+  // per batch row) gives the reference path's logits and gradients. T = 150 spans two
+  // 128-blocks, so empty, partial and full tiles all occur.
+  LlamaConfig c = tiny_config();
+  c.max_position_embeddings = 256;
+  const int64_t B = 3, T = 150;
+  Tensor ids = random_ids(B, T, c.vocab_size, 31), targets = random_ids(B, T, c.vocab_size, 32);
+  std::vector<int64_t> dv(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)  // different document boundaries per row (row 2: one document)
+    for (int64_t i = 0; i < T; ++i)
+      dv[static_cast<size_t>(b * T + i)] = b == 0 ? (i >= 5) + (i >= 129) : b == 1 ? i / 40 : 7;
+  Tensor docs = from_vector(dv, {B, T});
+  struct Case {
+    const char* name;
+    int64_t window;
+    Tensor docs;
+  };
+  for (const Case& k : {Case{"causal", 0, Tensor()}, Case{"window:1", 1, Tensor()}, Case{"window:37", 37, Tensor()},
+                        Case{"window:140", 140, Tensor()}, Case{"document", 0, docs}}) {
+    LlamaConfig cc = c;
+    cc.sliding_window = k.window;
+    LossGrads ref = loss_grads(cc, "reference", ids, targets, k.docs);
+    LossGrads flex = loss_grads(cc, "flex", ids, targets, k.docs);
+    EXPECT_NEAR(flex.loss, ref.loss, 1e-5 * std::abs(ref.loss)) << k.name;
+    EXPECT_LT(rel_err(flex.logits, ref.logits), 1e-4) << k.name;
+    ASSERT_EQ(flex.grads.size(), ref.grads.size());
+    for (size_t i = 0; i < ref.grads.size(); ++i) EXPECT_LT(rel_err(flex.grads[i], ref.grads[i]), 1e-4) << k.name << " " << i;
+  }
+}
+
+TEST(Llama, SlidingWindowLimitsHowFarBackAQuerySees) {
+  // Changing token p changes the logits of query q only when 0 <= q - p < window (through
+  // one layer; with two layers the reach doubles), on both backends.
+  LlamaConfig c = tiny_config();
+  c.num_hidden_layers = 1;
+  c.sliding_window = 4;
+  const int64_t T = 20, p = 6;
+  Tensor a = random_ids(1, T, c.vocab_size, 5);
+  std::vector<int64_t> ids = a.to_vector<int64_t>(), ids2 = ids;
+  ids2[p] = (ids2[p] + 1) % c.vocab_size;
+  const size_t V = static_cast<size_t>(c.vocab_size);
+  for (const char* backend : {"reference", "flex"}) {
+    LlamaConfig cc = c;
+    cc.attention_backend = backend;
+    LlamaForCausalLM m(cc, 9);
+    NoGradGuard ng;
+    auto l1 = m.logits(from_vector(ids, {1, T})).to_vector<float>();
+    auto l2 = m.logits(from_vector(ids2, {1, T})).to_vector<float>();
+    for (int64_t q = 0; q < T; ++q) {
+      bool same = true;
+      for (size_t v = 0; v < V; ++v) same = same && l1[static_cast<size_t>(q) * V + v] == l2[static_cast<size_t>(q) * V + v];
+      EXPECT_EQ(same, !(q >= p && q - p < 4)) << backend << " query " << q;
+    }
+  }
+}

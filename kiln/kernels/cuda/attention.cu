@@ -17,6 +17,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/half.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_mma.cuh"
 #include "kiln/kernels/cuda/context.h"
 
@@ -232,6 +233,7 @@ void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
+    if (flex_mma::flex_backward_mma<T>(p, sm, mm, st)) return;  // tensor cores when they apply (16-bit, E 64/128)
     const int64_t rows = p.B * p.Hq * p.L;
     flex_delta_kernel<T><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, st>>>(p);
     KILN_CUDA_CHECK_LAUNCH("flex_delta_kernel");

@@ -3,6 +3,7 @@
 // CPU and CUDA give the same bits), and the synchronous host/device byte copies.
 #include <cmath>
 
+#include "kiln/core/profile.h"
 #include "kiln/core/rng.h"
 #include "kiln/kernels/cast.h"
 #include "kiln/kernels/copy.h"
@@ -145,20 +146,24 @@ void rand_normal(const Tensor& dst, uint64_t seed, uint64_t offset) {
 void copy_host_to_device(void* dst, const void* src, size_t nbytes, int device) {
   if (nbytes == 0) return;
   cudaStream_t s = cuda::stream(device);
+  // From pageable host memory the call returns once the source is staged (no wait for the
+  // device), so the host buffer may be freed right after: no stream synchronisation needed.
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s));
-  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void copy_device_to_host(void* dst, const void* src, size_t nbytes, int device) {
   if (nbytes == 0) return;
   cudaStream_t s = cuda::stream(device);
+  profile::count_sync("copy_device_to_host");
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  check_deferred_errors(device);
 }
 
 void copy_device_to_device(void* dst, int dst_device, const void* src, int src_device, size_t nbytes) {
   if (nbytes == 0) return;
   // Both streams drained first: the source may still be written by work queued on its device.
+  profile::count_sync("copy_device_to_device (peer)");
   KILN_CUDA_CHECK(cudaStreamSynchronize(cuda::stream(src_device)));
   cudaStream_t s = cuda::stream(dst_device);
   KILN_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, s));

@@ -8,9 +8,11 @@
 
 #include <type_traits>
 
+#include "kiln/core/profile.h"
 #include "kiln/core/rng.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/nn.h"
+#include "kiln/kernels/timing.h"
 
 namespace kiln::kernels::cuda {
 namespace {
@@ -57,14 +59,31 @@ __global__ void range_check_kernel(const I* ids, int64_t n, int64_t lo, int64_t 
   }
 }
 
+// Records the first failure of a deferred check (stream order: after range_check_kernel).
+template <class I>
+__global__ void range_commit_kernel(const unsigned long long* first, const I* ids,
+                                    DeviceContext::IndexError* err, unsigned int check) {
+  const unsigned long long f = *first;
+  if (f != ~0ull && err->set == 0) {
+    err->check = check;
+    err->pos = static_cast<long long>(f);
+    err->value = static_cast<long long>(ids[f]);
+    __threadfence_system();
+    err->set = 1;
+    __threadfence_system();
+  }
+}
+
 // ---- embedding ----
 
+// Out-of-range ids (the range check is deferred, defer_range_check) read nothing: NaN rows.
 template <class T, class I>
-__global__ void embedding_forward_kernel(T* out, const T* w, const I* ids, int64_t n, int64_t d) {
+__global__ void embedding_forward_kernel(T* out, const T* w, const I* ids, int64_t n, int64_t d, int64_t v) {
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n * d;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t i = k / d, c = k % d;
-    out[k] = w[static_cast<int64_t>(ids[i]) * d + c];
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    out[k] = id >= 0 && id < v ? w[id * d + c] : T(NAN);
   }
 }
 
@@ -72,10 +91,11 @@ __global__ void embedding_forward_kernel(T* out, const T* w, const I* ids, int64
 // the segment's gradient rows in position order and owns that id's row of dweight.
 template <class T>
 __global__ void embedding_segment_kernel(T* dw, const T* g, const int64_t* keys, const int64_t* pos, int64_t n,
-                                         int64_t d) {
+                                         int64_t d, int64_t v) {
   const int64_t i = blockIdx.x;
   if (i > 0 && keys[i] == keys[i - 1]) return;
   const int64_t id = keys[i];
+  if (id < 0 || id >= v) return;  // out of range (deferred check): no row to write
   const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= d) return;
   Acc<T> acc = 0;
@@ -198,6 +218,10 @@ __global__ void cross_entropy_forward_kernel(Acc<T>* loss, Acc<T>* lse, const T*
     loss[r] = 0;
     return;
   }
+  if (tg < 0 || tg >= c) {  // out of range (the check is deferred): no read, NaN loss
+    loss[r] = A(NAN);
+    return;
+  }
   const A lsA = static_cast<A>(ls);
   loss[r] = (A(1) - lsA) * (l - static_cast<A>(xr[tg])) + (ls > 0 ? lsA * (l - sx / static_cast<A>(c)) : A(0));
 }
@@ -239,9 +263,53 @@ int64_t first_out_of_range(const Tensor& ids, int64_t lo, int64_t hi, int64_t ig
   });
   KILN_CUDA_CHECK_LAUNCH("first_out_of_range");
   unsigned long long first = 0;
+  profile::count_sync("first_out_of_range");
   KILN_CUDA_CHECK(cudaMemcpyAsync(&first, flag.data_ptr(), sizeof(first), cudaMemcpyDeviceToHost, s));
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   return first == ~0ull ? -1 : static_cast<int64_t>(first);
+}
+
+void defer_range_check(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore, const std::string& what,
+                       const std::string& tail) {
+  const int64_t n = ids.numel();
+  if (n == 0) return;
+  const int device = ids.device().index;
+  DeviceContext& ctx = context(device);
+  if (!ctx.index_error) {
+    void* h = nullptr;
+    KILN_CUDA_CHECK(cudaHostAlloc(&h, sizeof(DeviceContext::IndexError), cudaHostAllocMapped));
+    ctx.index_error = static_cast<DeviceContext::IndexError*>(h);
+    *ctx.index_error = DeviceContext::IndexError{0, 0, 0, 0};
+  }
+  // Bound the host-side list when nothing synchronises for a long time.
+  if (ctx.index_checks.size() >= 4096) synchronize(device);
+  DeviceContext::IndexError* derr = nullptr;
+  KILN_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&derr), ctx.index_error, 0));
+  cudaStream_t s = ctx.stream;
+  Tensor flag = Tensor::empty({1}, DType::i64, ids.device());
+  KILN_CUDA_CHECK(cudaMemsetAsync(flag.data_ptr(), 0xff, sizeof(unsigned long long), s));
+  const unsigned int check = static_cast<unsigned int>(ctx.index_checks.size());
+  dispatch_index(ids.dtype(), "ids", [&]<class I>() {
+    auto* f = static_cast<unsigned long long*>(flag.data_ptr());
+    range_check_kernel<I><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const I*>(ids.data_ptr()), n, lo, hi, ignore, f);
+    range_commit_kernel<I><<<1, 1, 0, s>>>(f, static_cast<const I*>(ids.data_ptr()), derr, check);
+  });
+  KILN_CUDA_CHECK_LAUNCH("defer_range_check");
+  ctx.index_checks.push_back({what, tail});
+}
+
+void check_deferred_errors(int device) {
+  DeviceContext& ctx = context(device);
+  if (ctx.index_checks.empty()) return;
+  std::vector<DeviceContext::IndexCheck> checks;
+  checks.swap(ctx.index_checks);
+  volatile DeviceContext::IndexError* e = ctx.index_error;
+  if (!e || e->set == 0) return;
+  const unsigned int c = e->check;
+  const long long pos = e->pos, value = e->value;
+  e->set = 0;
+  KILN_CHECK(c < checks.size(), "deferred index check: bad record ", c);
+  fail(checks[c].what, "[", pos, "]=", value, checks[c].tail);
 }
 
 void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids) {
@@ -251,7 +319,7 @@ void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& id
     dispatch_index(ids.dtype(), "embedding", [&]<class I>() {
       embedding_forward_kernel<T, I><<<blocks_for(n * d), kThreads, 0, s>>>(
           static_cast<T*>(out.data_ptr()), static_cast<const T*>(weight.data_ptr()),
-          static_cast<const I*>(ids.data_ptr()), n, d);
+          static_cast<const I*>(ids.data_ptr()), n, d, weight.size(0));
     });
   });
   KILN_CUDA_CHECK_LAUNCH("embedding_forward");
@@ -284,7 +352,7 @@ void embedding_backward(const Tensor& dweight, const Tensor& grad, const Tensor&
   dispatch_floating(dweight.dtype(), "embedding_backward", [&]<class T>() {
     embedding_segment_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(dweight.data_ptr()),
                                                          static_cast<const T*>(grad.data_ptr()), keys.data<int64_t>(),
-                                                         pos.data<int64_t>(), n, d);
+                                                         pos.data<int64_t>(), n, d, v);
   });
   KILN_CUDA_CHECK_LAUNCH("embedding_backward");
 }

@@ -12,6 +12,7 @@
 #include "kiln/core/device.h"
 #include "kiln/core/device_info.h"
 #include "kiln/core/error.h"
+#include "kiln/core/profile.h"
 #include "kiln/kernels/cuda/context.h"
 
 namespace kiln {
@@ -50,6 +51,7 @@ class CudaMemoryApi final : public DeviceMemoryApi {
   void free(void* p) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
     // A cached block may still be read by queued work of its stream: wait for it first.
+    profile::count_sync("cudaFree (allocator release)");
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before cudaFree)");
     check(cudaFree(p), "cudaFree");
   }

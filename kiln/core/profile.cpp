@@ -1,0 +1,238 @@
+// The op-level profiler (see profile.h): per-key counts and times, CUDA event pairs harvested
+// in batches, the sorted table and its JSON.
+#include "kiln/core/profile.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kiln/core/error.h"
+#ifdef KILN_CUDA
+#include "kiln/kernels/timing.h"
+#endif
+
+namespace kiln::profile {
+
+namespace {
+// NOTE [profile switch] (profile.h): the one process-wide pointer.
+std::atomic<Profiler*>& active_slot() {
+  static std::atomic<Profiler*> slot{nullptr};
+  return slot;
+}
+constexpr size_t kHarvestEvery = 4096;  // pending CUDA event pairs before a (waiting) harvest
+}  // namespace
+
+Profiler* active() { return active_slot().load(std::memory_order_relaxed); }
+
+Session::Session(Profiler& p) {
+  Profiler* expected = nullptr;
+  KILN_CHECK(active_slot().compare_exchange_strong(expected, &p), "profile: another profiler is already active");
+}
+Session::~Session() { active_slot().store(nullptr); }
+
+bool env_requested() {
+  const char* v = std::getenv("KILN_PROFILE");
+  return v && *v && std::string(v) != "0";
+}
+
+Profiler::~Profiler() {
+#ifdef KILN_CUDA
+  try {
+    for (auto& p : pending_) free_events_.push_back(p.start), free_events_.push_back(p.stop);
+    for (void* e : free_events_) kernels::cuda::event_destroy(e);
+  } catch (...) {
+  }
+#endif
+}
+
+Profiler::Token Profiler::begin(const char* name, Device device) {
+  Token t;
+  t.device = device;
+  std::lock_guard<std::mutex> g(mu_);
+  t.key = labels_.empty() ? std::string(name) : labels_.back() + "/" + name;
+#ifdef KILN_CUDA
+  if (device.is_cuda()) {
+    // Harvest only between scopes: an open scope's stop event is not recorded yet.
+    if (open_ == 0 && pending_.size() >= kHarvestEvery) harvest_locked();
+    ++open_;
+    Pending p;
+    p.key = t.key;
+    for (void** e : {&p.start, &p.stop}) {
+      if (free_events_.empty()) {
+        *e = kernels::cuda::event_create();
+      } else {
+        *e = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    kernels::cuda::event_record(p.start, device.index);
+    t.slot = static_cast<int64_t>(pending_.size());
+    pending_.push_back(std::move(p));
+    return t;
+  }
+#endif
+  t.t0 = std::chrono::steady_clock::now();
+  return t;
+}
+
+void Profiler::end(Token& t) {
+  std::lock_guard<std::mutex> g(mu_);
+#ifdef KILN_CUDA
+  if (t.slot >= 0) {
+    --open_;
+    kernels::cuda::event_record(pending_[static_cast<size_t>(t.slot)].stop, t.device.index);
+    return;
+  }
+#endif
+  add_locked(t.key, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t.t0).count(), false);
+}
+
+void Profiler::push_label(const std::string& label) {
+  std::lock_guard<std::mutex> g(mu_);
+  labels_.push_back(label);
+}
+void Profiler::pop_label() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!labels_.empty()) labels_.pop_back();
+}
+void Profiler::sync(const char* what) {
+  std::lock_guard<std::mutex> g(mu_);
+  ++syncs_[what];
+}
+
+void Profiler::add_locked(const std::string& key, double ms, bool device_time) {
+  Entry& e = entries_[key];
+  e.name = key;
+  e.count += 1;
+  e.total_ms += ms;
+  e.device_time = e.device_time || device_time;
+}
+
+void Profiler::harvest_locked() {
+#ifdef KILN_CUDA
+  if (pending_.empty()) return;
+  // Waiting for the last stop event waits for all (one stream per device; events of other
+  // devices are waited for one by one in the loop).
+  for (Pending& p : pending_) {
+    kernels::cuda::event_synchronize(p.stop);
+    add_locked(p.key, kernels::cuda::event_elapsed_ms(p.start, p.stop), true);
+    free_events_.push_back(p.start);
+    free_events_.push_back(p.stop);
+  }
+  pending_.clear();
+#endif
+}
+
+std::vector<Entry> Profiler::entries() {
+  std::lock_guard<std::mutex> g(mu_);
+  harvest_locked();
+  std::vector<Entry> out;
+  for (auto& [k, e] : entries_) out.push_back(e);
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return a.total_ms != b.total_ms ? a.total_ms > b.total_ms : a.name < b.name;
+  });
+  return out;
+}
+
+std::map<std::string, int64_t> Profiler::syncs() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return syncs_;
+}
+int64_t Profiler::total_syncs() const {
+  std::lock_guard<std::mutex> g(mu_);
+  int64_t n = 0;
+  for (auto& [k, c] : syncs_) n += c;
+  return n;
+}
+
+void Profiler::reset() {
+  std::lock_guard<std::mutex> g(mu_);
+  harvest_locked();
+  entries_.clear();
+  syncs_.clear();
+}
+
+namespace {
+// The kernel name of a key ("backward:matmul/gemm" -> "gemm").
+std::string kernel_of(const std::string& key) {
+  size_t slash = key.rfind('/');
+  return slash == std::string::npos ? key : key.substr(slash + 1);
+}
+std::vector<Entry> by_kernel(const std::vector<Entry>& es) {
+  std::map<std::string, Entry> m;
+  for (const Entry& e : es) {
+    Entry& k = m[kernel_of(e.name)];
+    k.name = kernel_of(e.name);
+    k.count += e.count;
+    k.total_ms += e.total_ms;
+    k.device_time = k.device_time || e.device_time;
+  }
+  std::vector<Entry> out;
+  for (auto& [k, e] : m) out.push_back(e);
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.total_ms > b.total_ms; });
+  return out;
+}
+json::Value entries_json(const std::vector<Entry>& es) {
+  json::Value arr = json::Value::array();
+  for (const Entry& e : es) {
+    json::Value o = json::Value::object();
+    o["name"] = e.name;
+    o["count"] = e.count;
+    o["total_ms"] = e.total_ms;
+    o["mean_us"] = e.count ? 1000.0 * e.total_ms / static_cast<double>(e.count) : 0.0;
+    o["device_time"] = e.device_time;
+    arr.push_back(std::move(o));
+  }
+  return arr;
+}
+void table_rows(std::string& s, const std::vector<Entry>& es, size_t rows, double total) {
+  char buf[512];
+  for (size_t i = 0; i < es.size() && i < rows; ++i) {
+    const Entry& e = es[i];
+    std::snprintf(buf, sizeof buf, "  %-52s %9lld %12.3f %10.1f %6.1f%%\n", e.name.c_str(),
+                  static_cast<long long>(e.count), e.total_ms,
+                  e.count ? 1000.0 * e.total_ms / static_cast<double>(e.count) : 0.0,
+                  total > 0 ? 100.0 * e.total_ms / total : 0.0);
+    s += buf;
+  }
+  if (es.size() > rows) s += "  ... " + std::to_string(es.size() - rows) + " more\n";
+}
+}  // namespace
+
+std::string Profiler::table(size_t rows) {
+  std::vector<Entry> es = entries();
+  std::vector<Entry> ks = by_kernel(es);
+  double total = 0;
+  bool dev = false;
+  for (const Entry& e : ks) total += e.total_ms, dev = dev || e.device_time;
+  char buf[256];
+  std::string s;
+  std::snprintf(buf, sizeof buf, "profile: %.3f ms of %s time in kernel calls\n", total, dev ? "device" : "wall");
+  s += buf;
+  std::snprintf(buf, sizeof buf, "  %-52s %9s %12s %10s %7s\n", "call", "count", "total_ms", "mean_us", "share");
+  s += buf;
+  table_rows(s, es, rows, total);
+  s += "per kernel:\n";
+  table_rows(s, ks, rows, total);
+  auto sy = syncs();
+  int64_t n = 0;
+  for (auto& [k, c] : sy) n += c;
+  s += "host<->device synchronisations: " + std::to_string(n) + "\n";
+  for (auto& [k, c] : sy) s += "  " + k + ": " + std::to_string(c) + "\n";
+  return s;
+}
+
+json::Value Profiler::to_json() {
+  std::vector<Entry> es = entries();
+  json::Value v = json::Value::object();
+  v["entries"] = entries_json(es);
+  v["by_kernel"] = entries_json(by_kernel(es));
+  json::Value sy = json::Value::object();
+  int64_t n = 0;
+  for (auto& [k, c] : syncs()) sy[k] = c, n += c;
+  v["syncs"] = std::move(sy);
+  v["total_syncs"] = n;
+  return v;
+}
+
+}  // namespace kiln::profile

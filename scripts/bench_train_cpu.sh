@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The issue-3 CPU training benchmark: kiln vs PyTorch on the `small` preset (same model, batch
+# 8 x 128, AdamW, clipping), THREADS threads pinned with taskset to cores 0..THREADS-1.
+# Prints two JSON lines: {"impl":"kiln",...} and {"impl":"torch",...} (scripts/bench_train_torch.py).
+# kiln's tokens/s is measured over the steps after WARMUP (from metrics.jsonl: tokens and
+# elapsed_s between the warm-up step and the last step; no eval, no sample, the final
+# checkpoint is not timed).
+#   usage: scripts/bench_train_cpu.sh THREADS [STEPS=30] [WARMUP=3]
+# Expects build/cpu/kiln or build/cuda/kiln (KILN=path overrides), python3 with torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+THREADS=${1:?usage: scripts/bench_train_cpu.sh THREADS [STEPS] [WARMUP]}
+STEPS=${2:-30}
+WARMUP=${3:-3}
+KILN=${KILN:-$( [ -x build/cpu/kiln ] && echo build/cpu/kiln || echo build/cuda/kiln )}
+CORES="0-$((THREADS - 1))"
+RUN=$(mktemp -d /tmp/kiln_bench_train.XXXXXX)
+trap 'rm -rf "$RUN"' EXIT
+
+OMP_NUM_THREADS=$THREADS OMP_PROC_BIND=true taskset -c "$CORES" "$KILN" train --device cpu --preset small \
+  --steps $((STEPS + WARMUP)) --warmup -1 --eval-every 0 --sample-tokens 0 --log-every 1 \
+  --ckpt-every 0 --out "$RUN" >&2
+python3 - "$RUN/metrics.jsonl" "$THREADS" "$WARMUP" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+threads, warm = int(sys.argv[2]), int(sys.argv[3])
+a = next(r for r in rows if r["step"] == warm)
+b = rows[-1]
+print(json.dumps({"impl": "kiln", "threads": threads,
+                  "tokens_per_s": (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"]),
+                  "steps": b["step"] - a["step"], "warmup_steps": warm, "batch": 8, "seq": 128,
+                  "first_loss": rows[0]["loss"], "final_loss": b["loss"]}), flush=True)
+PY
+OMP_NUM_THREADS=$THREADS taskset -c "$CORES" python3 scripts/bench_train_torch.py --threads "$THREADS" \
+  --steps "$STEPS" --warmup "$WARMUP"
