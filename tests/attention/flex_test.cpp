@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -566,7 +568,8 @@ int64_t check_backward_mma(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_
     return Grads{g.out.to(kCPU), g.lse.to(kCPU), g.dq.to(kCPU), g.dk.to(kCPU), g.dv.to(kCPU), {}};
   };
   Grads g = on_gpu(), g2 = on_gpu();
-  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, host_mm, 1.0 / std::sqrt(double(E)), dout, dlse);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(E));
+  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, host_mm, scale, dout, dlse);
 
   expect_close(g.out, ref.out, dt, "gpu out");
   expect_close(g.lse, ref.lse, DType::f32, "gpu lse");
@@ -598,7 +601,101 @@ int64_t check_backward_mma(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_
   return empty;  // rows (over b, h) the mask empties
 }
 
+// The forward on the GPU (q/k/v already there, any strides; gpu_mm with device pointers), for
+// each BlockMask block size, vs the CPU kernel (host copies, host_mm) and the float64 reference:
+// the GPU's mean output error is at most 1.1 × the CPU kernel's + a small epsilon, lse matches
+// to f32 accuracy, and rows the mask empties give output 0 and lse −inf (never NaN).
+template <class MM>
+void check_cuda_forward(const Tensor& qg, const Tensor& kg, const Tensor& vg, MM host_mm, MM gpu_mm,
+                        std::initializer_list<int64_t> blocks, const std::string& what) {
+  const DType dt = qg.dtype();
+  const Tensor q = qg.to(kCPU), k = kg.to(kCPU), v = vg.to(kCPU);
+  const int64_t L = q.size(2), S = k.size(2), Ev = v.size(3);
+  FlexOptions o;
+  o.return_lse = true;
+  const FlexResult c = flex_attention(q, k, v, NoScoreMod{}, create_block_mask(host_mm, 1, 1, L, S), o);
+  const ReferenceResult ref =
+      reference_flex_attention(q, k, v, NoScoreMod{}, host_mm, 1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  const auto [e_cpu, mag] = mean_error(c.out, ref.out, what + " cpu out");
+  auto lv = ref.lse.to_vector<double>();
+  for (int64_t block : blocks) {
+    SCOPED_TRACE(what + " block=" + std::to_string(block));
+    auto bm = create_block_mask(host_mm, 1, 1, L, S, block, block);
+    const BlockMask<MM> gbm{gpu_mm, bm.layout.to(qg.device())};
+    const FlexResult g = flex_attention(qg, kg, vg, NoScoreMod{}, gbm, o);
+    const Tensor gout = g.out.to(kCPU), glse = g.lse.to(kCPU);
+    ASSERT_EQ(gout.shape(), ref.out.shape());
+    const double e_gpu = mean_error(gout, ref.out, "gpu out").first;
+    EXPECT_LE(e_gpu, 1.1 * e_cpu + 2e-3 * mag + 1e-6) << "mean |golden - gpu| " << e_gpu << " vs |golden - cpu| "
+                                                      << e_cpu << " (mean |golden| " << mag << ")";
+    expect_close(gout, ref.out, dt, "gpu out vs golden");
+    expect_close(glse, ref.lse, DType::f32, "gpu lse vs golden");
+    expect_close(glse, c.lse.to(DType::f64), DType::f32, "gpu lse vs cpu");
+    // Emptied rows: exactly 0 and −inf.
+    auto ov = gout.to(DType::f32).to_vector<float>();
+    for (size_t r = 0; r < lv.size(); ++r) {
+      if (!std::isinf(lv[r])) continue;
+      for (int64_t e = 0; e < Ev; ++e) {
+        ASSERT_EQ(ov[r * static_cast<size_t>(Ev) + static_cast<size_t>(e)], 0.0f) << "masked row " << r;
+      }
+    }
+  }
+}
+
 }  // namespace
+
+// The tensor-core forward (bf16/f16, E = Ev ∈ {64, 128}; kernels/cuda/attention_fwd_mma.cuh)
+// and its fallbacks: L = S = 1000 and L ≠ S, GQA 4, block sizes 64 and 128, rows a document
+// mask empties, q as a transposed view, a q whose rows are not 16-byte aligned (SIMT fallback),
+// B = 2 with per-(b, h) K/V offsets.
+TEST(FlexCuda, ForwardTensorCoresMatchCpuAndReference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::parse("cuda:0");
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const std::string dn = dtype_name(dt);
+    Generator gen(dt == DType::bf16 ? 21 : 22);
+    auto on_gpu = [&](const Shape& s) { return make(s, gen, dt).to(gpu); };
+    // L = S = 1000, GQA 4, causal and sliding window, blocks 128 and 64, E = 128 and 64.
+    for (int64_t E : {128, 64}) {
+      Tensor q = on_gpu({1, 4, 1000, E}), k = on_gpu({1, 1, 1000, E}), v = on_gpu({1, 1, 1000, E});
+      const std::string at = dn + " E=" + std::to_string(E);
+      check_cuda_forward(q, k, v, Causal{}, Causal{}, {128, 64}, "L=S=1000 GQA4 causal " + at);
+      check_cuda_forward(q, k, v, SlidingWindow{256}, SlidingWindow{256}, {128, 64}, "L=S=1000 GQA4 window:256 " + at);
+    }
+    // L ≠ S (200 vs 1000 and 1000 vs 200), B = 2, GQA 2, no mask / prefix LM.
+    {
+      Tensor q = on_gpu({2, 4, 200, 128}), k = on_gpu({2, 2, 1000, 128}), v = on_gpu({2, 2, 1000, 128});
+      check_cuda_forward(q, k, v, NoMask{}, NoMask{}, {128}, "L=200 S=1000 B=2 none " + dn);
+      check_cuda_forward(q, k, v, PrefixLM{300}, PrefixLM{300}, {64}, "L=200 S=1000 B=2 prefix:300 " + dn);
+      Tensor q2 = on_gpu({2, 4, 1000, 64}), k2 = on_gpu({2, 2, 200, 64}), v2 = on_gpu({2, 2, 200, 64});
+      check_cuda_forward(q2, k2, v2, Causal{}, Causal{}, {64}, "L=1000 S=200 B=2 causal " + dn);
+    }
+    // Rows the mask empties: document ids on the q side that no key has (every 7th query and
+    // the first 70), causal within documents of 97 tokens; L = S = 1000.
+    {
+      std::vector<int32_t> qd(1000), kd(1000);
+      for (int i = 0; i < 1000; ++i) {
+        kd[static_cast<size_t>(i)] = i / 97;
+        qd[static_cast<size_t>(i)] = (i % 7 == 3 || i < 70) ? -1 : i / 97;
+      }
+      Tensor qd_c = from_vector(qd, {1000}), kd_c = from_vector(kd, {1000});
+      Tensor qd_g = qd_c.to(gpu), kd_g = kd_c.to(gpu);
+      const DocumentCausal host{Causal{}, Document{qd_c.data<int32_t>(), kd_c.data<int32_t>()}};
+      const DocumentCausal dev{Causal{}, Document{qd_g.data<int32_t>(), kd_g.data<int32_t>()}};
+      Tensor q = on_gpu({1, 2, 1000, 128}), k = on_gpu({1, 2, 1000, 128}), v = on_gpu({1, 2, 1000, 128});
+      check_cuda_forward(q, k, v, host, dev, {128, 64}, "emptied rows " + dn);
+    }
+    // Non-contiguous q, k, v: [B, L, H, E] storage viewed as [B, H, L, E]; then a q whose row
+    // stride (E + 4) is not a multiple of 8 elements (not 16-byte aligned: SIMT fallback).
+    {
+      Tensor q = on_gpu({1, 1000, 4, 128}).transpose(1, 2), k = on_gpu({1, 1000, 2, 128}).transpose(1, 2),
+             v = on_gpu({1, 1000, 2, 128}).transpose(1, 2);
+      check_cuda_forward(q, k, v, SlidingWindow{256}, SlidingWindow{256}, {128}, "transposed q/k/v window " + dn);
+      Tensor qm = on_gpu({1, 4, 300, 68}).narrow(3, 0, 64), km = on_gpu({1, 2, 300, 64}), vm = on_gpu({1, 2, 300, 64});
+      check_cuda_forward(qm, km, vm, Causal{}, Causal{}, {64}, "misaligned q (fallback) " + dn);
+    }
+  }
+}
 
 TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
@@ -611,17 +708,19 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   check_backward_mma<Causal>(1, 4, 1, 200, 1000, 64, 128, bf, {}, {}, true, 4);
   check_backward_mma<PrefixLM>(1, 4, 4, 1000, 200, 64, 64, bf, {50}, {50}, false, 5);
   // Causal documents with query rows that belong to no key document (their rows are empty):
-  // documents of 150 tokens; queries 0..9 and 500..519 get ids no key has.
-  for (auto [L, S, Hq, Hkv, E, block, dt] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                                                   DType>>{{200, 1000, 4, 1, 128, 64, bf},
-                                                                           {1000, 200, 2, 1, 64, 128, hf},
-                                                                           {1000, 1000, 4, 2, 128, 128, bf}}) {
+  // documents of 150 tokens; queries 0..9 and 500..519 get ids no key has (and with L > S, the
+  // queries of documents that start after the last key).
+  using DocCase = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, DType>;  // L S Hq Hkv E block dt
+  for (auto [L, S, Hq, Hkv, E, block, dt] : std::vector<DocCase>{
+           {200, 1000, 4, 1, 128, 64, bf}, {1000, 200, 2, 1, 64, 128, hf}, {1000, 1000, 4, 2, 128, 128, bf}}) {
     std::vector<int32_t> qd(static_cast<size_t>(L)), kd(static_cast<size_t>(S));
-    for (int64_t i = 0; i < L; ++i) qd[static_cast<size_t>(i)] = (i < 10 || (i >= 500 && i < 520)) ? -1 : int32_t(i / 150);
+    for (int64_t i = 0; i < L; ++i)
+      qd[static_cast<size_t>(i)] = (i < 10 || (i >= 500 && i < 520)) ? -1 : static_cast<int32_t>(i / 150);
     for (int64_t j = 0; j < S; ++j) kd[static_cast<size_t>(j)] = int32_t(j / 150);
     Tensor qdg = from_vector(qd, {L}, gpu), kdg = from_vector(kd, {S}, gpu);
     DocumentCausal host{Causal{}, Document{qd.data(), kd.data()}};
     DocumentCausal dev{Causal{}, Document{qdg.data<int32_t>(), kdg.data<int32_t>()}};
-    EXPECT_GT(check_backward_mma(2, Hq, Hkv, L, S, E, block, dt, host, dev, false, static_cast<uint64_t>(L + S + E)), 0);
+    const auto seed = static_cast<uint64_t>(L + S + E);
+    EXPECT_GT(check_backward_mma(2, Hq, Hkv, L, S, E, block, dt, host, dev, false, seed), 0);
   }
 }

@@ -33,7 +33,7 @@
 namespace kiln::kernels::cuda::flex_mma {
 namespace bwd {
 
-constexpr int kTile = 64;     // keys per dK/dV CTA, queries per dQ CTA (4 warps × 16 rows)
+constexpr int kTile = 64;  // keys per dK/dV CTA, queries per dQ CTA (4 warps × 16 rows)
 constexpr int kWarps = kTile / 16;
 constexpr int kThreads = kWarps * 32;
 
@@ -59,8 +59,10 @@ __device__ __forceinline__ void advance(const FlexParams& p, int64_t b, int64_t 
         return;
       }
       FlexParams::BlockList lst;
-      if constexpr (KV_SIDE) lst = p.q_blocks(mask_row(p, b, h0 + s.hi) * p.nKV + blk, s.pass == 0);
-      else lst = p.kv_blocks(blk, s.pass == 0);
+      if constexpr (KV_SIDE)
+        lst = p.q_blocks(mask_row(p, b, h0 + s.hi) * p.nKV + blk, s.pass == 0);
+      else
+        lst = p.kv_blocks(blk, s.pass == 0);
       if (s.c < lst.count) {
         s.start = static_cast<int64_t>(lst.index[s.c]) * block + static_cast<int64_t>(s.sub) * STEP;
         break;
@@ -113,8 +115,8 @@ __device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, boo
 // acc[16 rows × N] += A[16 × K] · Tile[K][N] where A is given as f32 C fragments c[K/8][4]
 // (converted to 16-bit A fragments in registers) and the tile [k][n] is swizzled in shared memory.
 template <class NT, int K, int N>
-__device__ __forceinline__ void acc_c_times_tile(float (&acc)[N / 8][4], const float (&c)[K / 8][4],
-                                                 const NT* tile, int lane) {
+__device__ __forceinline__ void acc_c_times_tile(float (&acc)[N / 8][4], const float (&c)[K / 8][4], const NT* tile,
+                                                 int lane) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     uint32_t a[4];
@@ -131,8 +133,8 @@ __device__ __forceinline__ void acc_c_times_tile(float (&acc)[N / 8][4], const f
 
 // c[16 × N] = A · Bᵀ: A = rows row0.. of swizzled [*, E] tile `a_tile`, B = swizzled [N][E] tile.
 template <class NT, int E, int N>
-__device__ __forceinline__ void rows_times_tile_t(float (&c)[N / 8][4], const NT* a_tile, int row0,
-                                                  const NT* b_tile, int lane) {
+__device__ __forceinline__ void rows_times_tile_t(float (&c)[N / 8][4], const NT* a_tile, int row0, const NT* b_tile,
+                                                  int lane) {
 #pragma unroll
   for (int nf = 0; nf < N / 8; ++nf) c[nf][0] = c[nf][1] = c[nf][2] = c[nf][3] = 0.0f;
 #pragma unroll
@@ -186,21 +188,23 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
   NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
   NT* Ks = smem;
   NT* Vs = Ks + kTile * E;
-  NT* Qs = Vs + kTile * E;                           // [2][BQ][E]
-  NT* Gs = Qs + 2 * BQ * E;                          // dO, [2][BQ][E]
+  NT* Qs = Vs + kTile * E;                                  // [2][BQ][E]
+  NT* Gs = Qs + 2 * BQ * E;                                 // dO, [2][BQ][E]
   float* stat = reinterpret_cast<float*>(Gs + 2 * BQ * E);  // [2][2][BQ]: lse, delta
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile, hk = blockIdx.y, b = blockIdx.z;
   const int64_t G = p.Hq / p.Hkv, kb = j0 / p.KB;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
 
-  load_tile_async<kTile, E, kThreads>(Ks, static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1], p.k_st[2], j0, p.S, tid);
-  load_tile_async<kTile, E, kThreads>(Vs, static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1], p.v_st[2], j0, p.S, tid);
+  load_tile_async<kTile, E, kThreads>(Ks, static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1], p.k_st[2], j0,
+                                      p.S, tid);
+  load_tile_async<kTile, E, kThreads>(Vs, static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1], p.v_st[2], j0,
+                                      p.S, tid);
   cp_async_commit();
 
   auto issue = [&](const Cursor& c, int buf) {
     const int64_t h = hk * G + c.hi, row = (b * p.Hq + h) * p.L;
     load_tile_async<BQ, E, kThreads>(Qs + buf * BQ * E, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1],
-                     p.q_st[2], c.start, p.L, tid);
+                                     p.q_st[2], c.start, p.L, tid);
     load_tile_async<BQ, E, kThreads>(Gs + buf * BQ * E, static_cast<const NT*>(p.dout) + row * E, E, c.start, p.L, tid);
     for (int x = tid; x < BQ; x += kThreads) {
       const int64_t i = c.start + x;
@@ -235,8 +239,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
     const float* lse_s = stat + (buf * 2) * BQ;
     const float* del_s = stat + (buf * 2 + 1) * BQ;
     const int h = static_cast<int>(hk * G + cur.hi);
-    const uint32_t kept = kept_bits<BQ, false>(p, mm, cur.pass == 0, int(b), h, int(j0) + w * 16,
-                                                     int(cur.start), lane);
+    const uint32_t kept = kept_bits<BQ, false>(p, mm, cur.pass == 0, int(b), h, int(j0) + w * 16, int(cur.start), lane);
     // A warp whose 16 × BQ block is entirely masked skips the step: its terms are exactly 0.
     if (__any_sync(0xffffffffu, kept != 0)) {
       float s[BQ / 8][4], dp[BQ / 8][4];
@@ -248,8 +251,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
         for (int r = 0; r < 4; ++r) {
           const int col = nf * 8 + 2 * t + (r & 1);
           const int i = int(cur.start) + col, j = int(j0) + w * 16 + g + (r >> 1) * 8;
-          grad_elem(p, sm, (kept >> (nf * 4 + r)) & 1u, int(b), h, i, j, s[nf][r], dp[nf][r], lse_s[col],
-                    del_s[col]);
+          grad_elem(p, sm, (kept >> (nf * 4 + r)) & 1u, int(b), h, i, j, s[nf][r], dp[nf][r], lse_s[col], del_s[col]);
         }
       acc_c_times_tile<NT, BQ, E>(dv, s, Gb, lane);   // dV += Pᵀ·dO
       acc_c_times_tile<NT, BQ, E>(dk, dp, Qb, lane);  // dK += dSᵀ·Q
@@ -270,7 +272,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
   NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
   NT* Qs = smem;
   NT* Gs = Qs + kTile * E;
-  NT* Ks = Gs + kTile * E;  // [2][BK][E]
+  NT* Ks = Gs + kTile * E;   // [2][BK][E]
   NT* Vs = Ks + 2 * BK * E;  // [2][BK][E]
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kTile, h = blockIdx.y, b = blockIdx.z;
   const int64_t hk = h / (p.Hq / p.Hkv), row = mask_row(p, b, h) * p.nQ + i0 / p.QB;
@@ -279,7 +281,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
   const NT* kbase = static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];
   const NT* vbase = static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];
 
-  load_tile_async<kTile, E, kThreads>(Qs, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1], p.q_st[2], i0, p.L, tid);
+  load_tile_async<kTile, E, kThreads>(Qs, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1], p.q_st[2], i0,
+                                      p.L, tid);
   load_tile_async<kTile, E, kThreads>(Gs, static_cast<const NT*>(p.dout) + orow * E, E, i0, p.L, tid);
   cp_async_commit();
 
@@ -317,8 +320,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
 
     const NT* Kb = Ks + buf * BK * E;
     const NT* Vb = Vs + buf * BK * E;
-    const uint32_t kept = kept_bits<BK, true>(p, mm, cur.pass == 0, int(b), int(h), int(i0) + w * 16,
-                                                    int(cur.start), lane);
+    const uint32_t kept =
+        kept_bits<BK, true>(p, mm, cur.pass == 0, int(b), int(h), int(i0) + w * 16, int(cur.start), lane);
     if (__any_sync(0xffffffffu, kept != 0)) {  // else the warp's 16 × BK block is entirely masked
       float s[BK / 8][4], dp[BK / 8][4];
       rows_times_tile_t<NT, E, BK>(s, Qs, w * 16, Kb, lane);   // S = Q·Kᵀ
@@ -384,8 +387,10 @@ bool flex_backward_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStre
     if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
         !bwd::aligned16(p.dv))
       return false;
-    if (p.E == 64) bwd::launch<NT, 64>(p, sm, mm, st);
-    else bwd::launch<NT, 128>(p, sm, mm, st);
+    if (p.E == 64)
+      bwd::launch<NT, 64>(p, sm, mm, st);
+    else
+      bwd::launch<NT, 128>(p, sm, mm, st);
     return true;
   }
 }

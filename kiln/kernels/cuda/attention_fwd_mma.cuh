@@ -4,12 +4,15 @@
 // the caller falls back to the SIMT kernel of attention.cu.
 //
 // NOTE [flex forward mma]
-// - A CTA of 4 warps owns kBM = 64 query rows of one (b, h); warp w owns rows 16w .. 16w + 15,
-//   so every score row lives in one warp (softmax needs no shared memory). Q is loaded once and
-//   kept in registers as A fragments (D/16 × 4 registers). Why 4 warps × 16 rows: with Q, O
-//   (D/8 × 4 f32) and one 16 × 64 score tile in registers a thread needs ~150 registers for
-//   D = 128, which leaves 2 CTAs (8 warps) per SM with 80 KB of shared memory each; 64-row CTAs
-//   also divide the BlockMask's default 128-row blocks and the 64-row ones.
+// - A CTA of NW warps owns 16·NW query rows of one (b, h): NW = 8 (128 rows) when the
+//   BlockMask's q blocks are multiples of 128 (the default), else NW = 4 (64 rows). Warp w owns
+//   rows 16w .. 16w + 15, so every score row lives in one warp (softmax needs no shared memory).
+//   Q is loaded once and kept in registers as A fragments (D/16 × 4 registers). Why 16 rows per
+//   warp: Q, O (D/8 × 4 f32) and one 16 × 64 score tile already take ~200 registers at
+//   D = 128 (32 rows would spill or need Q re-read from shared memory). Why 128-row CTAs: each
+//   K/V byte fetched from L2 then feeds 128 rows (64 FLOP/byte at 64 rows would need ~5 TB/s
+//   of L2 bandwidth at 300 TFLOP/s); 8 warps × ≤ 255 registers is one CTA (8 warps) per SM
+//   with 96 KB of shared memory at D = 128; the 4-warp form runs 2 CTAs per SM.
 // - The CTA walks the KV blocks of its BlockMask row, partial ones first (mask_mod evaluated),
 //   then full ones (mask skipped), each in kBN = 64-key sub-tiles. K and V sub-tiles are
 //   double-buffered in swizzled shared memory with cp.async: sub-tile s + 1 is in flight while
@@ -27,17 +30,16 @@
 
 namespace kiln::kernels::cuda::flex_mma {
 
-inline constexpr int kFwdWarps = 4;
-inline constexpr int kFwdThreads = 32 * kFwdWarps;
-inline constexpr int kFwdBM = 16 * kFwdWarps;  // query rows per CTA
-inline constexpr int kFwdBN = 64;              // keys per sub-tile
+inline constexpr int kFwdBN = 64;  // keys per sub-tile
 
-template <int D> constexpr int fwd_smem_bytes() { return (kFwdBM + 4 * kFwdBN) * D * 2; }  // Q, 2 × (K, V)
+// NW warps of 16 query rows each: the CTA owns 16·NW rows.
+template <int D, int NW> constexpr int fwd_smem_bytes() { return (16 * NW + 4 * kFwdBN) * D * 2; }  // Q, 2 × (K, V)
 
-template <class T, int D, class SM, class MM>
-__global__ void __launch_bounds__(kFwdThreads, 2) flex_fwd_mma_kernel(FlexParams p, SM sm, MM mm) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>(smem_raw);
+template <class T, int D, int NW, class SM, class MM>
+__global__ void __launch_bounds__(32 * NW, 8 / NW) flex_fwd_mma_kernel(FlexParams p, SM sm, MM mm) {
+  constexpr int kFwdBM = 16 * NW, kFwdThreads = 32 * NW;
+  extern __shared__ __align__(128) unsigned char fwd_smem[];
+  T* sQ = reinterpret_cast<T*>(fwd_smem);
   T* sK = sQ + kFwdBM * D;       // 2 stages of [kFwdBN × D]
   T* sV = sK + 2 * kFwdBN * D;   // 2 stages of [kFwdBN × D]
   constexpr int kSteps = D / 16;  // k16 steps of Q·Kᵀ
@@ -117,42 +119,55 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flex_fwd_mma_kernel(FlexParams
     for (int j = 0; j < kNt; ++j)
       apply_mods<false>(sc[j], sm, mm, p.scale, b, h, row0, kv0 + 8 * j, lane, use_mask, bounds, L, S);
 
-    // Online softmax: rows g (r = 0: c0, c1) and g + 8 (r = 1: c2, c3).
+    // A sub-tile that masks every pair of this warp's rows changes nothing (m, l and O stay):
+    // skip its softmax and P·V (warp-uniform; the __syncthreads below is still reached).
+    bool live = true;
+    if (use_mask || bounds) {
+      bool any = false;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int j = 0; j < kNt; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * r], sc[j][2 * r + 1]));
-      mx = quad_max(mx);
-      // Nothing kept so far in this row: subtract 0 (every exp2 of -inf is 0, no inf - inf).
-      const float base = mx == -INFINITY ? 0.0f : mx * kLog2e;
-      const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] * kLog2e - base);
-      m[r] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kNt; ++j) {
-        sc[j][2 * r] = exp2f(fmaf(sc[j][2 * r], kLog2e, -base));
-        sc[j][2 * r + 1] = exp2f(fmaf(sc[j][2 * r + 1], kLog2e, -base));
-        sum += sc[j][2 * r] + sc[j][2 * r + 1];
-      }
-      l[r] = l[r] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < kOt; ++j) o[j][2 * r] *= alpha, o[j][2 * r + 1] *= alpha;
+      for (int j = 0; j < kNt; ++j)
+        any = any || sc[j][0] != -INFINITY || sc[j][1] != -INFINITY || sc[j][2] != -INFINITY ||
+              sc[j][3] != -INFINITY;
+      live = __any_sync(0xffffffffu, any);
     }
+    if (live) {
+      // Online softmax: rows g (r = 0: c0, c1) and g + 8 (r = 1: c2, c3).
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[r];
+#pragma unroll
+        for (int j = 0; j < kNt; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * r], sc[j][2 * r + 1]));
+        mx = quad_max(mx);
+        // Nothing kept so far in this row: subtract 0 (every exp2 of -inf is 0, no inf - inf).
+        const float base = mx == -INFINITY ? 0.0f : mx * kLog2e;
+        const float alpha = m[r] == -INFINITY ? 0.0f : exp2f(m[r] * kLog2e - base);
+        m[r] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kNt; ++j) {
+          sc[j][2 * r] = exp2f(fmaf(sc[j][2 * r], kLog2e, -base));
+          sc[j][2 * r + 1] = exp2f(fmaf(sc[j][2 * r + 1], kLog2e, -base));
+          sum += sc[j][2 * r] + sc[j][2 * r + 1];
+        }
+        l[r] = l[r] * alpha + sum;
+#pragma unroll
+        for (int j = 0; j < kOt; ++j) o[j][2 * r] *= alpha, o[j][2 * r + 1] *= alpha;
+      }
 
-    // O += P·V with P from registers.
+      // O += P·V with P from registers.
 #pragma unroll
-    for (int kk = 0; kk < kFwdBN / 16; ++kk) {
-      uint32_t pa[4];
-      c_to_a<T>(pa, sc[2 * kk], sc[2 * kk + 1]);
+      for (int kk = 0; kk < kFwdBN / 16; ++kk) {
+        uint32_t pa[4];
+        c_to_a<T>(pa, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
-      for (int np = 0; np < kOt / 2; ++np) {
-        uint32_t bf[2][2];
-        ldmatrix_b_trans<D>(bf, tV, 16 * kk, 16 * np, lane);
-        mma_16816<T>(o[2 * np], pa, bf[0]);
-        mma_16816<T>(o[2 * np + 1], pa, bf[1]);
+        for (int np = 0; np < kOt / 2; ++np) {
+          uint32_t bf[2][2];
+          ldmatrix_b_trans<D>(bf, tV, 16 * kk, 16 * np, lane);
+          mma_16816<T>(o[2 * np], pa, bf[0]);
+          mma_16816<T>(o[2 * np + 1], pa, bf[1]);
+        }
       }
-    }
+    }  // live
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();
@@ -176,10 +191,11 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flex_fwd_mma_kernel(FlexParams
   }
 }
 
-template <class T, int D, class SM, class MM>
+template <class T, int D, int NW, class SM, class MM>
 void launch_fwd_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  auto kernel = flex_fwd_mma_kernel<T, D, SM, MM>;
-  constexpr int smem = fwd_smem_bytes<D>();
+  constexpr int kFwdBM = 16 * NW, kFwdThreads = 32 * NW;
+  auto kernel = flex_fwd_mma_kernel<T, D, NW, SM, MM>;
+  constexpr int smem = fwd_smem_bytes<D, NW>();
   if constexpr (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) fail("flex_attention (CUDA): cudaFuncSetAttribute: ", cudaGetErrorString(e));
@@ -199,10 +215,12 @@ bool flex_forward_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStrea
   if constexpr (std::is_void_v<CT>) {
     return false;
   } else {
-    if (!mma_layout_ok(p, kFwdBM, kFwdBN)) return false;
+    if (!mma_layout_ok(p, 64, kFwdBN)) return false;
     if (p.B == 0 || p.Hq == 0 || p.L == 0) return true;  // nothing to write
-    if (p.E == 64) launch_fwd_mma<CT, 64>(p, sm, mm, st);
-    else launch_fwd_mma<CT, 128>(p, sm, mm, st);
+    // 128-row CTAs (8 warps) when the BlockMask's q blocks allow it, else 64-row CTAs (4 warps).
+    const bool wide = p.QB % 128 == 0;
+    if (p.E == 64) wide ? launch_fwd_mma<CT, 64, 8>(p, sm, mm, st) : launch_fwd_mma<CT, 64, 4>(p, sm, mm, st);
+    else wide ? launch_fwd_mma<CT, 128, 8>(p, sm, mm, st) : launch_fwd_mma<CT, 128, 4>(p, sm, mm, st);
     return true;
   }
 }
