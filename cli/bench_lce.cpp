@@ -3,23 +3,65 @@
 // ms_median, peak_bytes above the inputs, tflops of the three products, loss) and a table on
 // stderr. peak_bytes counts everything allocated during a step (both gradients included) above
 // what was live before it (inputs), from kiln::memory_stats after reset_peak_memory_stats.
+// Measurement aids: impl `gemm_bound` times the three plain full-size products (logits [N, V],
+// d_hidden with K = V, d_weight with K = N) with no loss work, the floor of any fused kernel;
+// impl `fused_filter` runs with the gradient filter on and reports its max abs gradient error
+// against the unfiltered run; `--profile` (or KILN_LCE_PROFILE=1) adds a `fused_profile` line
+// with the milliseconds of each phase of the fused kernel summed over its chunks (CUDA).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "cli/args.h"
 #include "cli/bench.h"
+#include "kiln/autograd/grad_mode.h"
 #include "kiln/core/allocator.h"
+#include "kiln/kernels/dispatch.h"
+#include "kiln/kernels/matmul.h"
 #include "kiln/loss/linear_cross_entropy.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln::cli {
+namespace {
+
+// The fields every record of this bench starts with.
+json::Value base_record(const std::string& impl, const Device& dev, int64_t n, int64_t d, int64_t v, DType dtype) {
+  json::Value r = json::Value::object();
+  r["bench"] = "lce";
+  r["impl"] = impl;
+  r["device"] = dev.str();
+  json::Value shape = json::Value::object();
+  shape["tokens"] = n;
+  shape["dim"] = d;
+  shape["vocab"] = v;
+  r["shape"] = std::move(shape);
+  r["dtype"] = dtype_name(dtype);
+  return r;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  return amax(abs(sub(a.to(DType::f32), b.to(DType::f32)))).item();
+}
+double max_abs_of(const Tensor& a) { return amax(abs(a.to(DType::f32))).item(); }
+
+bool env_profile() {
+  const char* e = std::getenv("KILN_LCE_PROFILE");
+  return e != nullptr && *e != '\0' && std::string(e) != "0";
+}
+
+}  // namespace
 
 int run_bench_lce(const Args& args) {
-  std::string device_s = "cpu", dtype_s = "f32", impls = "fused,reference";
-  int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0, chunk = 0;
-  ArgParser p("bench lce", "Times forward + backward of linear_cross_entropy (impl 'fused') and of the unfused\n"
-                           "linear + cross-entropy composed from core ops (impl 'reference').");
+  std::string device_s = "cpu", dtype_s = "f32", impls;
+  int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0, chunk = 0, dh_split = 0;
+  double filter_eps = std::ldexp(1.0, -12);
+  bool profile = false;
+  ArgParser p("bench lce", "Times forward + backward of linear_cross_entropy (impl 'fused'), of the unfused\n"
+                           "linear + cross-entropy composed from core ops (impl 'reference'), of the fused loss\n"
+                           "with the gradient filter on (impl 'fused_filter', with its max abs gradient error)\n"
+                           "and of the three plain full-size products alone (impl 'gemm_bound').");
   p.option("--device", &device_s, "DEV", "cpu or cuda[:N]");
   p.option("--tokens", &n, "N", "tokens (rows of hidden)");
   p.option("--dim", &d, "D", "hidden size");
@@ -27,17 +69,27 @@ int run_bench_lce(const Args& args) {
   p.option("--dtype", &dtype_s, "T", "f32 or bf16 (f16, f64 also accepted)");
   p.option("--iters", &iters, "K", "timed steps (median reported)");
   p.option("--warmup", &warmup, "K", "untimed steps first");
-  p.option("--impl", &impls, "LIST", "comma-separated: fused, reference");
+  p.option("--impl", &impls, "LIST",
+           "comma-separated: fused, fused_filter, gemm_bound, reference (default: fused,reference on the CPU,\n"
+           "fused,fused_filter,gemm_bound,reference on CUDA)");
   p.option("--seed", &seed, "S", "random seed of the inputs");
-  p.option("--chunk", &chunk, "M", "fused: tokens per chunk (0: chosen from V)");
-  p.epilog("example: kiln bench lce --device cuda --tokens 16384 --dim 4096 --vocab 128256 --dtype bf16");
+  p.option("--chunk", &chunk, "M", "fused: tokens per chunk (0: chosen from V and the memory budget)");
+  p.option("--dh-split", &dh_split, "S", "fused, CUDA: slices of V for the d_hidden product (0: from the shape, 1: off)");
+  p.option("--filter-eps", &filter_eps, "E", "fused_filter: the gradient filter's eps (default 2^-12)");
+  p.flag("--profile", &profile,
+         "fused, CUDA: one more step timing each phase (logits GEMM, row pass, d_hidden, its reduction,\n"
+         "d_weight, d_bias) summed over the chunks; a 'fused_profile' line (also KILN_LCE_PROFILE=1)");
+  p.epilog("example: kiln bench lce --device cuda --tokens 16384 --dim 4096 --vocab 128256 --dtype bf16 --profile");
   if (!p.parse(args)) return 0;
   KILN_CHECK(n > 0 && d > 0 && v > 0, "bench lce: --tokens, --dim and --vocab must be > 0");
   KILN_CHECK(iters > 0 && warmup >= 0, "bench lce: --iters must be > 0 and --warmup >= 0");
+  KILN_CHECK(filter_eps > 0.0, "bench lce: --filter-eps must be > 0, got ", filter_eps);
   const Device dev = Device::parse(device_s);
   check_device_available(dev, "bench lce");
   const DType dtype = parse_dtype(dtype_s);
   KILN_CHECK(is_floating(dtype), "bench lce: --dtype ", dtype_s, " is not a floating dtype");
+  if (impls.empty()) impls = dev.is_cuda() ? "fused,fused_filter,gemm_bound,reference" : "fused,reference";
+  profile = profile || env_profile();
 
   Generator gen(static_cast<uint64_t>(seed));
   Tensor h = mul(randn({n, d}, gen, DType::f32, dev), 1.0).to(dtype).requires_grad_();
@@ -51,28 +103,54 @@ int run_bench_lce(const Args& args) {
     target = from_vector<int64_t>(t, {n}).to(dev);
   }
   const double flops = 6.0 * static_cast<double>(n) * static_cast<double>(v) * static_cast<double>(d);
+  LinearCrossEntropyOptions base_opts;
+  base_opts.chunk_tokens = chunk;
+  base_opts.dh_split = dh_split;
 
-  std::fprintf(stderr, "%-10s %-6s %-6s %10s %12s %9s %12s\n", "impl", "device", "dtype", "ms", "peak MiB", "TFLOP/s",
+  std::fprintf(stderr, "%-12s %-6s %-6s %10s %12s %9s %12s\n", "impl", "device", "dtype", "ms", "peak MiB", "TFLOP/s",
                "loss");
   size_t pos = 0;
   while (pos <= impls.size()) {
     size_t comma = impls.find(',', pos);
     std::string impl = impls.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     pos = comma == std::string::npos ? impls.size() + 1 : comma + 1;
-    KILN_CHECK(impl == "fused" || impl == "reference", "bench lce: unknown impl '", impl, "' (fused, reference)");
-    LinearCrossEntropyOptions opts;
-    opts.chunk_tokens = chunk;
-    auto step = [&]() {
-      Tensor loss = impl == "fused" ? linear_cross_entropy(h, w, target, opts).loss
-                                    : linear_cross_entropy_reference(h, w, target).loss;
-      loss.backward();
-      return loss.detach();
-    };
+    KILN_CHECK(impl == "fused" || impl == "fused_filter" || impl == "gemm_bound" || impl == "reference",
+               "bench lce: unknown impl '", impl, "' (fused, fused_filter, gemm_bound, reference)");
+    LinearCrossEntropyOptions opts = base_opts;
+    if (impl == "fused_filter") opts.filter_eps = filter_eps;
+    std::function<Tensor()> step;
+    if (impl == "gemm_bound") {
+      // The three products of a training step at full size, nothing else: logits = h·Wᵀ,
+      // d_hidden = logits·W (K = V), d_weight = logitsᵀ·h (K = N).
+      step = [&]() {
+        NoGradGuard ng;
+        Tensor logits = Tensor::empty({n, v}, dtype, dev);
+        Tensor gh = Tensor::empty({n, d}, dtype, dev), gw = Tensor::empty({v, d}, dtype, dev);
+        kernels::GemmArgs a;
+        a.m = n, a.n = v, a.k = d, a.trans_b = true;
+        KILN_DEVICE_CALL(dev, gemm, a, logits, h, w);
+        kernels::GemmArgs b;
+        b.m = n, b.n = d, b.k = v;
+        KILN_DEVICE_CALL(dev, gemm, b, gh, logits, w);
+        kernels::GemmArgs c;
+        c.m = v, c.n = d, c.k = n, c.trans_a = true;
+        KILN_DEVICE_CALL(dev, gemm, c, gw, logits, h);
+        return Tensor();
+      };
+    } else {
+      step = [&]() {
+        Tensor loss = impl == "reference" ? linear_cross_entropy_reference(h, w, target).loss
+                                          : linear_cross_entropy(h, w, target, opts).loss;
+        loss.backward();
+        return loss.detach();
+      };
+    }
     double loss_value = 0;
+    auto value_of = [&](const Tensor& l) { return l.defined() ? l.item() : 0.0; };
     for (int64_t i = 0; i < warmup; ++i) {
       h.set_grad(Tensor());
       w.set_grad(Tensor());
-      loss_value = step().item();
+      loss_value = value_of(step());
     }
     std::vector<double> times;
     int64_t peak = 0;
@@ -84,30 +162,80 @@ int run_bench_lce(const Args& args) {
       Tensor last;
       times.push_back(bench_time_ms(dev, [&] { last = step(); }));
       peak = std::max(peak, memory_stats(dev).peak_bytes - base);
-      loss_value = last.item();
+      loss_value = value_of(last);
     }
     h.set_grad(Tensor());
     w.set_grad(Tensor());
     const double ms = median(times);
-    json::Value r = json::Value::object();
-    r["bench"] = "lce";
-    r["impl"] = impl;
-    r["device"] = dev.str();
-    json::Value shape = json::Value::object();
-    shape["tokens"] = n;
-    shape["dim"] = d;
-    shape["vocab"] = v;
-    r["shape"] = std::move(shape);
-    r["dtype"] = dtype_name(dtype);
+    json::Value r = base_record(impl, dev, n, d, v, dtype);
     r["ms_median"] = ms;
     r["peak_bytes"] = peak;
     r["tflops"] = flops / (ms * 1e-3) / 1e12;
     r["iters"] = iters;
-    r["loss"] = loss_value;
+    if (impl != "gemm_bound") r["loss"] = loss_value;
+    if (impl == "fused_filter") {
+      // The filter's effect on the gradients: max abs difference to the unfiltered run.
+      auto grads = [&](const LinearCrossEntropyOptions& o) {
+        h.set_grad(Tensor());
+        w.set_grad(Tensor());
+        linear_cross_entropy(h, w, target, o).loss.backward();
+        std::pair<Tensor, Tensor> g{h.grad(), w.grad()};
+        h.set_grad(Tensor());
+        w.set_grad(Tensor());
+        return g;
+      };
+      auto [fh, fw] = grads(opts);
+      auto [uh, uw] = grads(base_opts);
+      r["filter_eps"] = filter_eps;
+      json::Value err = json::Value::object();
+      err["hidden"] = max_abs_diff(fh, uh);
+      err["weight"] = max_abs_diff(fw, uw);
+      r["grad_max_abs_err"] = std::move(err);
+      json::Value mag = json::Value::object();
+      mag["hidden"] = max_abs_of(uh);
+      mag["weight"] = max_abs_of(uw);
+      r["grad_max_abs"] = std::move(mag);
+    }
     print_record(r);
-    std::fprintf(stderr, "%-10s %-6s %-6s %10.2f %12.1f %9.2f %12.6f\n", impl.c_str(), dev.str().c_str(),
+    std::fprintf(stderr, "%-12s %-6s %-6s %10.2f %12.1f %9.2f %12.6f\n", impl.c_str(), dev.str().c_str(),
                  dtype_name(dtype), ms, static_cast<double>(peak) / (1024.0 * 1024.0), flops / (ms * 1e-3) / 1e12,
                  loss_value);
+    if (impl == "fused" && profile && dev.is_cuda()) {
+      kernels::LceProfile prof;
+      LinearCrossEntropyOptions po = opts;
+      po.profile = &prof;
+      h.set_grad(Tensor());
+      w.set_grad(Tensor());
+      const double total = bench_time_ms(dev, [&] { linear_cross_entropy(h, w, target, po).loss.backward(); });
+      h.set_grad(Tensor());
+      w.set_grad(Tensor());
+      json::Value pr = base_record("fused_profile", dev, n, d, v, dtype);
+      json::Value ph = json::Value::object();
+      ph["logits_gemm"] = prof.logits_ms;
+      ph["row_pass"] = prof.rows_ms;
+      ph["dh_gemm"] = prof.dh_ms;
+      ph["dh_reduce"] = prof.dh_reduce_ms;
+      ph["dw_gemm"] = prof.dw_ms;
+      ph["bias"] = prof.bias_ms;
+      pr["phases_ms"] = std::move(ph);
+      pr["step_ms"] = total;
+      pr["chunks"] = prof.chunks;
+      pr["chunk_tokens"] = prof.chunk_tokens;
+      pr["dh_split"] = prof.dh_split;
+      pr["extra_bytes"] = prof.extra_bytes;
+      json::Value al = json::Value::object();
+      al["logits"] = prof.logits_algo;
+      al["dh"] = prof.dh_algo;
+      al["dw"] = prof.dw_algo;
+      pr["cublaslt_algo"] = std::move(al);
+      print_record(pr);
+      std::fprintf(stderr,
+                   "  profile: logits %.2f  rows %.2f  dh %.2f  dh_reduce %.2f  dw %.2f  bias %.2f  (step %.2f ms; "
+                   "%lld chunks of %lld, dh split %lld)\n",
+                   prof.logits_ms, prof.rows_ms, prof.dh_ms, prof.dh_reduce_ms, prof.dw_ms, prof.bias_ms, total,
+                   static_cast<long long>(prof.chunks), static_cast<long long>(prof.chunk_tokens),
+                   static_cast<long long>(prof.dh_split));
+    }
   }
   return 0;
 }

@@ -7,11 +7,21 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "kiln/core/macros.h"
 #include "kiln/core/tensor.h"
 
 namespace kiln::kernels {
+
+// Measurement aid (CUDA only; the CPU body leaves it alone): milliseconds per phase summed
+// over the chunks of one call, from CUDA events between the phases (the call then waits for
+// the device), the chunking chosen, and the cuBLASLt algorithm of each product.
+struct LceProfile {
+  double logits_ms = 0, rows_ms = 0, dh_ms = 0, dh_reduce_ms = 0, dw_ms = 0, bias_ms = 0;
+  int64_t chunks = 0, chunk_tokens = 0, dh_split = 0, extra_bytes = 0;  // extra: buffers + workspace
+  std::string logits_algo, dh_algo, dw_algo;  // cuBLASLt algo config (id, tile, split-K, ...)
+};
 
 struct LceParams {
   int64_t n = 0, d = 0, v = 0;
@@ -23,6 +33,9 @@ struct LceParams {
   double grad_scale = 1.0;       // multiplies every row's gradient (1/divisor)
   double filter_eps = 0.0;       // > 0: gradient entries with |dz| < eps (before scaling) become 0
   int64_t chunk_tokens = 0;      // 0: the backend's choice
+  int64_t dh_split = 0;          // CUDA: slices of V the d_hidden product is split into (each an
+                                 // f32 partial, summed in a fixed order); 0: from the shape, 1: off
+  LceProfile* profile = nullptr; // when set, filled (summed into) by the CUDA body
 };
 
 // Inputs are contiguous and on one device; hidden/weight/bias/class_weight share a floating dtype.

@@ -80,6 +80,7 @@ void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target
   KILN_CHECK(std::isfinite(o.filter_eps) && o.filter_eps >= 0.0, kOp, ": filter_eps=", o.filter_eps,
              " must be finite and >= 0");
   KILN_CHECK(o.chunk_tokens >= 0, kOp, ": chunk_tokens=", o.chunk_tokens, " must be >= 0");
+  KILN_CHECK(o.dh_split >= 0, kOp, ": dh_split=", o.dh_split, " must be >= 0 (0: chosen from the shape)");
 }
 
 // Checks every target against [0, V) ∪ {ignore_index}; returns the mean's divisor
@@ -173,6 +174,8 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   p.class_weight_sum = o.weight.defined() ? sum(o.weight.detach().to(DType::f64)).item() : static_cast<double>(v);
   p.filter_eps = o.filter_eps;
   p.chunk_tokens = o.chunk_tokens;
+  p.dh_split = o.dh_split;
+  p.profile = o.profile;
   // The divisor of the summed loss: num_items, else Σ w[target] (mean) or 1 (sum).
   double div = 1.0;
   if (o.num_items > 0.0) div = o.num_items;
@@ -199,6 +202,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
     } else {
       rows = run_kernel(*s, p, Tensor(), Tensor(), Tensor(), Tensor());
     }
+    p.profile = nullptr;  // the node may outlive the caller's profile object
   }
 
   LinearCrossEntropyResult res;

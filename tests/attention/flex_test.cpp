@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "kiln/attention/flex_attention.h"
 #include "kiln/attention/reference.h"
@@ -512,5 +514,114 @@ TEST(FlexCuda, MatchesCpuAndReference) {
           EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << "GPU " << name << " not bitwise reproducible";
       }
     }
+  }
+}
+
+// ---------------- CUDA backward (tensor-core kernels) ----------------
+
+namespace {
+
+// Mean |got − golden| and mean |golden| over the finite golden entries (got must be NaN-free).
+std::pair<double, double> mean_error(const Tensor& got, const Tensor& golden, const std::string& what) {
+  auto g = got.to(DType::f64).to_vector<double>(), r = golden.to(DType::f64).to_vector<double>();
+  double e = 0, mag = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_FALSE(std::isnan(g[i])) << what << " NaN at " << i;
+    if (!std::isfinite(r[i])) continue;
+    e += std::abs(g[i] - r[i]), mag += std::abs(r[i]), ++n;
+  }
+  return n ? std::pair{e / n, mag / n} : std::pair{0.0, 0.0};
+}
+
+// One backward case on the GPU (the tensor-core path applies: 16-bit, E = Ev ∈ {64, 128}, blocks
+// of 64 or 128, aligned rows) against the CPU kernels (same dtype) and the float64 reference:
+// mean |golden − gpu| ≤ 1.1 × mean |golden − cpu| + 2e-3 × mean |golden|; rows the mask empties
+// give dq = 0 and lse = −inf; two GPU runs give bitwise equal dq / dk / dv. host_mm evaluates on
+// the CPU, dev_mm is the same mask with device pointers. strided: q/k/v are [B, L, H, E] storage
+// viewed as [B, H, L, E]. Returns the number of empty (b, h, row) rows.
+template <class MM>
+int64_t check_backward_mma(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t E, int64_t block, DType dt,
+                        MM host_mm, MM dev_mm, bool strided, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " L=" << L << " S=" << S
+                                  << " E=" << E << " block=" << block << " " << dtype_name(dt)
+                                  << (strided ? " strided" : ""));
+  const Device gpu = Device::parse("cuda:0");
+  Generator gen(seed);
+  auto input = [&](Device d, const Tensor& storage) {
+    return strided ? storage.to(d).transpose(1, 2) : storage.to(d);
+  };
+  Tensor qs = strided ? make({B, L, Hq, E}, gen, dt) : make({B, Hq, L, E}, gen, dt);
+  Tensor ks = strided ? make({B, S, Hkv, E}, gen, dt) : make({B, Hkv, S, E}, gen, dt);
+  Tensor vs = strided ? make({B, S, Hkv, E}, gen, dt) : make({B, Hkv, S, E}, gen, dt);
+  Tensor dout = make({B, Hq, L, E}, gen, dt), dlse = make({B, Hq, L}, gen, DType::f32);
+  Tensor q = input(kCPU, qs), k = input(kCPU, ks), v = input(kCPU, vs);
+  auto bm = create_block_mask(host_mm, 1, 1, L, S, block, block);
+  BlockMask<MM> gbm{dev_mm, bm.layout.to(gpu)};
+
+  Grads c = run_flex(q, k, v, NoScoreMod{}, bm, dout, dlse, Tensor());
+  auto on_gpu = [&] {
+    Grads g = run_flex(input(gpu, qs), input(gpu, ks), input(gpu, vs), NoScoreMod{}, gbm,
+                       dout.to(gpu), dlse.to(gpu), Tensor());
+    return Grads{g.out.to(kCPU), g.lse.to(kCPU), g.dq.to(kCPU), g.dk.to(kCPU), g.dv.to(kCPU), {}};
+  };
+  Grads g = on_gpu(), g2 = on_gpu();
+  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, host_mm, 1.0 / std::sqrt(double(E)), dout, dlse);
+
+  expect_close(g.out, ref.out, dt, "gpu out");
+  expect_close(g.lse, ref.lse, DType::f32, "gpu lse");
+  for (auto [got, cpu, golden, name] : {std::tuple{g.dq, c.dq, ref.dq, "dq"}, {g.dk, c.dk, ref.dk, "dk"},
+                                        {g.dv, c.dv, ref.dv, "dv"}}) {
+    expect_close(got, golden, dt, std::string("gpu ") + name);
+    const auto [e_gpu, mag] = mean_error(got, golden, std::string("gpu ") + name);
+    const auto [e_cpu, mag_cpu] = mean_error(cpu, golden, std::string("cpu ") + name);
+    EXPECT_LE(e_gpu, 1.1 * e_cpu + 2e-3 * mag + 1e-6)
+        << name << ": gpu mean error " << e_gpu << " vs cpu " << e_cpu << " (mean |golden| " << mag << ")";
+  }
+  // Rows the mask empties: lse −inf, dq exactly 0.
+  auto lse = g.lse.to_vector<float>();
+  auto dq = g.dq.to(DType::f32).to_vector<float>();
+  int64_t empty = 0;
+  for (int64_t r = 0; r < B * Hq * L; ++r) {
+    const int64_t i = r % L;
+    bool any = false;
+    for (int64_t j = 0; j < S && !any; ++j) any = host_mm(0, 0, int(i), int(j));
+    if (any) continue;
+    ++empty;
+    EXPECT_TRUE(std::isinf(lse[static_cast<size_t>(r)]) && lse[static_cast<size_t>(r)] < 0) << "row " << r;
+    for (int64_t e = 0; e < E; ++e) EXPECT_EQ(dq[static_cast<size_t>(r * E + e)], 0.0f) << "dq row " << r;
+  }
+  for (auto [x, y, name] : {std::tuple{g.dq, g2.dq, "dq"}, {g.dk, g2.dk, "dk"}, {g.dv, g2.dv, "dv"}}) {
+    EXPECT_TRUE(x.nbytes() == y.nbytes() && std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0)
+        << "GPU " << name << " not bitwise reproducible";
+  }
+  return empty;  // rows (over b, h) the mask empties
+}
+
+}  // namespace
+
+TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::parse("cuda:0");
+  const DType bf = DType::bf16, hf = DType::f16;
+  // GQA ratios 1 / 2 / 4, blocks 64 / 128, E 64 / 128, L == S and L != S.
+  check_backward_mma<Causal>(1, 2, 2, 1000, 1000, 64, 64, bf, {}, {}, false, 1);
+  check_backward_mma<SlidingWindow>(1, 4, 2, 1000, 1000, 128, 128, bf, {100}, {100}, true, 2);
+  check_backward_mma<SlidingWindow>(2, 2, 1, 1000, 1000, 128, 64, hf, {37}, {37}, false, 3);
+  check_backward_mma<Causal>(1, 4, 1, 200, 1000, 64, 128, bf, {}, {}, true, 4);
+  check_backward_mma<PrefixLM>(1, 4, 4, 1000, 200, 64, 64, bf, {50}, {50}, false, 5);
+  // Causal documents with query rows that belong to no key document (their rows are empty):
+  // documents of 150 tokens; queries 0..9 and 500..519 get ids no key has.
+  for (auto [L, S, Hq, Hkv, E, block, dt] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                                   DType>>{{200, 1000, 4, 1, 128, 64, bf},
+                                                                           {1000, 200, 2, 1, 64, 128, hf},
+                                                                           {1000, 1000, 4, 2, 128, 128, bf}}) {
+    std::vector<int32_t> qd(static_cast<size_t>(L)), kd(static_cast<size_t>(S));
+    for (int64_t i = 0; i < L; ++i) qd[static_cast<size_t>(i)] = (i < 10 || (i >= 500 && i < 520)) ? -1 : int32_t(i / 150);
+    for (int64_t j = 0; j < S; ++j) kd[static_cast<size_t>(j)] = int32_t(j / 150);
+    Tensor qdg = from_vector(qd, {L}, gpu), kdg = from_vector(kd, {S}, gpu);
+    DocumentCausal host{Causal{}, Document{qd.data(), kd.data()}};
+    DocumentCausal dev{Causal{}, Document{qdg.data<int32_t>(), kdg.data<int32_t>()}};
+    EXPECT_GT(check_backward_mma(2, Hq, Hkv, L, S, E, block, dt, host, dev, false, static_cast<uint64_t>(L + S + E)), 0);
   }
 }

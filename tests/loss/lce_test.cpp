@@ -209,6 +209,59 @@ TEST_P(Lce, OddShapesAndChunkBoundaries) {
   check_case(all, {1, 1}, 7, DType::f32, 0, ++seed);
 }
 
+// The CUDA d_hidden product split over slices of V (f32 partials summed in order): forced
+// splits with a V that no split divides (a tail slice) and N not a multiple of the chunk, and
+// the automatic choice at a V long enough to split.
+TEST_P(Lce, SplitHiddenGradientOverVocabulary) {
+  if (!dev().is_cuda()) GTEST_SKIP() << "dh_split is a CUDA option (the CPU kernel ignores it)";
+  const std::vector<Case> cs = option_cases();
+  const Case& all = cs[cs.size() - 2];
+  uint64_t seed = 450;
+  for (int64_t split : {2, 3, 7}) {
+    Case c = all;
+    c.set = [&all, split](LinearCrossEntropyOptions& o) {
+      all.set(o);
+      o.dh_split = split;
+    };
+    check_case(c, {257, 24}, 1003, DType::f32, 64, ++seed);
+    check_case(c, {70, 24}, 1003, DType::bf16, 32, ++seed);
+  }
+  Case auto_split{"auto_split", [](auto&) {}};
+  check_case(auto_split, {130, 16}, 8195, DType::f32, 0, ++seed);
+}
+
+// The profile (CUDA) reports the chunking it used, within the 256 MiB budget, and phase times.
+TEST_P(Lce, ProfileReportsChunkingAndPhases) {
+  Inputs in = make_inputs(470, {300, 40}, 5000, 0.1);
+  Tensor h = in.hidden.to(DType::bf16).to(dev()).requires_grad_();
+  Tensor w = in.weight.to(DType::bf16).to(dev()).requires_grad_();
+  kernels::LceProfile prof;
+  LinearCrossEntropyOptions o;
+  o.profile = &prof;
+  o.chunk_tokens = 64;
+  o.dh_split = 3;
+  linear_cross_entropy(h, w, in.target.to(dev()), o).loss.backward();
+  if (!dev().is_cuda()) {
+    EXPECT_EQ(prof.chunks, 0);  // the CPU body does not profile
+    return;
+  }
+  EXPECT_EQ(prof.chunks, 5);
+  EXPECT_EQ(prof.chunk_tokens, 64);
+  EXPECT_EQ(prof.dh_split, 3);
+  for (double ms : {prof.logits_ms, prof.rows_ms, prof.dh_ms, prof.dh_reduce_ms, prof.dw_ms}) EXPECT_GT(ms, 0.0);
+  EXPECT_FALSE(prof.logits_algo.empty());
+  kernels::LceProfile auto_prof;
+  o.chunk_tokens = 0;
+  o.dh_split = 0;
+  o.profile = &auto_prof;
+  h.set_grad(Tensor());
+  linear_cross_entropy(h, w, in.target.to(dev()), o).loss.backward();
+  EXPECT_EQ(auto_prof.chunks, 1);  // 300 tokens of V = 5000 fit one chunk
+  EXPECT_EQ(auto_prof.chunk_tokens, 300);
+  EXPECT_EQ(auto_prof.dh_split, 1);  // V < 2 × the shortest slice
+  EXPECT_LE(auto_prof.extra_bytes, int64_t{256} << 20);
+}
+
 TEST_P(Lce, BatchedNonContiguousHidden) {
   // hidden [B, T, d] as a transposed view of a [T, B, d] leaf; target [B, T].
   Inputs in = make_inputs(500, {3, 5, 16}, 300, 0.2);
@@ -341,13 +394,17 @@ TEST_P(Lce, DeterministicBits) {
   LinearCrossEntropyOptions o;
   all.set(o);
   o.chunk_tokens = 16;
-  for (DType dt : {DType::f32, DType::bf16}) {
-    Outcome a = run(Impl::fused, in, o, true, true, dt, dev());
-    Outcome b = run(Impl::fused, in, o, true, true, dt, dev());
-    for (auto [x, y] : {std::pair{a.loss, b.loss}, {a.gh, b.gh}, {a.gw, b.gw}, {a.gb, b.gb}, {a.lse, b.lse}}) {
-      auto vx = x.to_vector<double>(), vy = y.to_vector<double>();
-      ASSERT_EQ(vx.size(), vy.size());
-      EXPECT_EQ(0, std::memcmp(vx.data(), vy.data(), vx.size() * sizeof(double))) << dtype_name(dt);
+  for (int64_t split : {1, 3}) {  // CUDA: the d_hidden product unsplit and split over V
+    o.dh_split = split;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Outcome a = run(Impl::fused, in, o, true, true, dt, dev());
+      Outcome b = run(Impl::fused, in, o, true, true, dt, dev());
+      for (auto [x, y] : {std::pair{a.loss, b.loss}, {a.gh, b.gh}, {a.gw, b.gw}, {a.gb, b.gb}, {a.lse, b.lse}}) {
+        auto vx = x.to_vector<double>(), vy = y.to_vector<double>();
+        ASSERT_EQ(vx.size(), vy.size());
+        EXPECT_EQ(0, std::memcmp(vx.data(), vy.data(), vx.size() * sizeof(double))) << dtype_name(dt) << " split "
+                                                                                     << split;
+      }
     }
   }
   set_deterministic(false);
@@ -451,6 +508,9 @@ TEST_P(Lce, BadInputsNameTheProblem) {
   o = {};
   o.softcap = -1;
   expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "softcap=-1");
+  o = {};
+  o.dh_split = -2;
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "dh_split=-2 must be >= 0");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Lce, ::testing::Values(kCPU, cuda(0)),

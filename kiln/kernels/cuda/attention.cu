@@ -17,6 +17,8 @@
 #include "kiln/core/error.h"
 #include "kiln/core/half.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cuda/attention_bwd_mma.cuh"
+#include "kiln/kernels/cuda/attention_fwd_mma.cuh"
 #include "kiln/kernels/cuda/context.h"
 
 namespace kiln::kernels::cuda {
@@ -219,6 +221,7 @@ void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
+    if (flex_mma::flex_forward_mma<T>(p, sm, mm, st)) return;  // tensor cores (bf16/f16, E = Ev ∈ {64, 128})
     dim3 grid(static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B));
     flex_fwd_kernel<T><<<grid, kThreads, 0, st>>>(p, sm, mm);
     KILN_CUDA_CHECK_LAUNCH("flex_fwd_kernel");
@@ -230,6 +233,7 @@ void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
+    if (flex_mma::flex_backward_mma<T>(p, sm, mm, st)) return;  // tensor cores when they apply (16-bit, E 64/128)
     const int64_t rows = p.B * p.Hq * p.L;
     flex_delta_kernel<T><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, st>>>(p);
     KILN_CUDA_CHECK_LAUNCH("flex_delta_kernel");

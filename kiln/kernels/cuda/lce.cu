@@ -1,32 +1,48 @@
 // CUDA body of the fused linear + cross-entropy (kiln/kernels/lce.h). Gradients are computed
 // inside the forward, so the whole step costs three GEMMs, no logits recomputation:
-//   per token chunk of m rows (m·V·sizeof(T) ≤ 128 MiB, a multiple of 64 tokens):
-//   1. logits[m, V] = h_c · Wᵀ           cuBLASLt, T in, f32 compute, T out (reused buffer)
-//   2. one block per row: online max/sum → lse; loss terms (smoothing, z-loss, softcap,
-//      class weights, ignore); then dz written in place over the row, times the row's scale
-//   3. d_hidden[c] = dz · W               cuBLASLt (rows of a chunk are disjoint: written once)
+//   per token chunk of m rows (chunk rule below):
+//   1. logits[m, V] = h_c · Wᵀ           cuBLASLt, T in, f32 compute, T out (reused buffer whose
+//                                         rows are padded to 16 bytes, so the row pass can use
+//                                         16-byte loads)
+//   2. row pass (persistent blocks, one row at a time): online max/sum → lse; loss terms
+//      (smoothing, z-loss, softcap, class weights, ignore); then dz written in place over the
+//      row, times the row's scale
+//   3. d_hidden[c] = dz · W               cuBLASLt. K = V is long and M·N = m·d small, so the
+//      product is split into S slices of V (one strided-batched call, f32 partials [S, m, d])
+//      and a kernel sums the partials in slice order into d_hidden (deterministic, no atomics)
 //   4. d_weight  += dzᵀ · h_c             cuBLASLt with beta = 1, in a fixed chunk order
 //   5. d_bias    += column sums of dz     one thread per column, rows in order (f32)
-// d_weight accumulation: by default in the weight's dtype (16-bit: one rounding per chunk of
-// an f32-computed GEMM; see docs/loss.md for the error); LceTensors.grad_weight in f32 gives
-// exact-order f32 accumulation at V·d·4 bytes. Deterministic: no atomics; in deterministic mode
-// cuBLASLt is kept off split-K schemes that reduce with atomics.
+// Chunk rule: the largest m (a multiple of 64, balanced over the chunks) whose buffers — logits
+// m·Vp·sizeof(T) plus the partials S·m·d·4 — fit in 256 MiB minus the cuBLASLt workspace and the
+// per-token arrays: each chunk re-reads and re-writes all of d_weight (K = m in step 4), so fewer
+// chunks mean less traffic. d_weight accumulation: by default in the weight's dtype (16-bit: one
+// rounding per chunk of an f32-computed GEMM; see docs/loss.md for the error);
+// LceTensors.grad_weight in f32 gives exact-order f32 accumulation at V·d·4 bytes.
+// Deterministic: no atomics; in deterministic mode cuBLASLt is kept off split-K schemes that
+// reduce in the output buffer.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cfloat>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/kernels/cuda/context.h"
+#include "kiln/kernels/cuda/cublaslt.h"
 #include "kiln/kernels/lce.h"
 
 namespace kiln::kernels::cuda {
 namespace {
 
-constexpr int kRowThreads = 512;
-constexpr int64_t kChunkBytes = int64_t{128} << 20;
+constexpr int kRowThreads = 1024;
+constexpr int64_t kExtraBytes = int64_t{256} << 20;  // everything the loss holds besides the gradients
+constexpr int64_t kSlackBytes = int64_t{2} << 20;    // allocator rounding, scalars
+constexpr int64_t kMinSliceV = 4096;                 // d_hidden slices of V are at least this long
+constexpr int64_t kMaxSplit = 8;
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
@@ -35,6 +51,25 @@ template <class T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Elements of T in 16 bytes (one vector load of the row pass).
+template <class T> constexpr int kVec = static_cast<int>(16 / sizeof(T));
+
+template <class T>
+__device__ __forceinline__ void load_vec(const T* p, float (&x)[kVec<T>]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) x[k] = to_f(e[k]);
+}
+template <class T>
+__device__ __forceinline__ void store_vec(T* p, const float (&x)[kVec<T>]) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) e[k] = from_f<T>(x[k]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
 
 // Merges two (max, sum of exp(x − max)) pairs.
 __device__ __forceinline__ void merge_ms(float& m, float& s, float m2, float s2) {
@@ -45,8 +80,10 @@ __device__ __forceinline__ void merge_ms(float& m, float& s, float m2, float s2)
 }
 
 // Block-wide reduction of (max, sum) and a plain sum, in a fixed order (deterministic).
+// Callable repeatedly by the same block (the leading barrier protects the shared slots).
 __device__ void block_reduce(float& m, float& s, float& w) {
   __shared__ float sm[32], ss[32], sw[32];
+  __syncthreads();
   for (int off = 16; off > 0; off >>= 1) {
     float m2 = __shfl_down_sync(0xffffffffu, m, off), s2 = __shfl_down_sync(0xffffffffu, s, off);
     w += __shfl_down_sync(0xffffffffu, w, off);
@@ -70,64 +107,117 @@ __device__ void block_reduce(float& m, float& s, float& w) {
   m = sm[0]; s = ss[0]; w = sw[0];
 }
 
+// The row pass over `rows` logits rows (row i at logits + i·ld, 16-byte aligned; global token
+// r0 + i). Persistent: block b takes rows b, b + gridDim.x, ... so that about one row per SM is
+// in flight and its second read tends to hit L2. Each thread reads 16-byte vectors; the
+// elements past the last full vector are read one by one.
 template <class T, class I>
-__global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restrict__ logits, int64_t r0,
-                                                      const T* __restrict__ bias, const T* __restrict__ cw,
+__global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restrict__ logits, int64_t ld, int64_t rows,
+                                                      int64_t r0, const T* __restrict__ bias, const T* __restrict__ cw,
                                                       const I* __restrict__ tgt, const float* __restrict__ row_scale,
                                                       float* __restrict__ loss, float* __restrict__ zloss,
                                                       float* __restrict__ lse_out, bool grads) {
-  const int64_t i = blockIdx.x, r = r0 + i, v = p.v;
-  T* z = logits + i * v;
+  constexpr int NV = kVec<T>;
+  const int64_t v = p.v, nvec = v / NV;
   const float cap = static_cast<float>(p.softcap);
   const bool smooth = p.label_smoothing != 0.0;
-  auto logit = [&](int64_t j) {
-    float x = to_f(z[j]);
+  const float filter = static_cast<float>(p.filter_eps);
+  auto adjust = [&](float x, int64_t j) {
     if (bias) x += to_f(bias[j]);
     return lce_cap(x, cap);
   };
-  float m = -INFINITY, s = 0.f, wz = 0.f;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-    const float x = logit(j);
-    merge_ms(m, s, x, 1.f);
-    if (smooth) wz += (cw ? to_f(cw[j]) : 1.f) * x;
-  }
-  block_reduce(m, s, wz);
-  const float lse = m + logf(s);
-  const int64_t t = static_cast<int64_t>(tgt[r]);
-  const bool ignored = t == p.ignore_index;
-  const float zt = ignored ? 0.f : logit(t);
-  const float wt = ignored ? 0.f : (cw ? to_f(cw[t]) : 1.f);
-  const LceRowTerms<float> rt = lce_row_terms<float>(p, lse, zt, wz, wt, ignored);
-  if (threadIdx.x == 0) {
-    loss[r] = rt.ce + rt.zl;
-    zloss[r] = rt.zl;
-    lse_out[r] = lse;
-  }
-  if (!grads) return;
-  const float scale = static_cast<float>(p.grad_scale) * (row_scale ? row_scale[r] : 1.f);
-  const bool zero = ignored || scale == 0.f;
-  const float filter = static_cast<float>(p.filter_eps);
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-    float g = 0.f;
-    if (!zero) {
-      const float x = logit(j);
-      g = expf(x - lse) * rt.p_coef - (cw ? to_f(cw[j]) : 1.f) * rt.smooth_coef;
+  auto cweight = [&](int64_t j) { return cw ? to_f(cw[j]) : 1.f; };
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    T* z = logits + i * ld;
+    const int64_t r = r0 + i;
+    // Pass 1: online max and sum of exp; one rescale per vector, one exp per element.
+    float m = -INFINITY, s = 0.f, wz = 0.f;
+#pragma unroll 4
+    for (int64_t q = threadIdx.x; q < nvec; q += blockDim.x) {
+      float x[NV];
+      load_vec<T>(z + q * NV, x);
+      float mx = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        x[k] = adjust(x[k], q * NV + k);
+        mx = fmaxf(mx, x[k]);
+        if (smooth) wz += cweight(q * NV + k) * x[k];
+      }
+      if (mx > m) {
+        s = m == -INFINITY ? 0.f : s * expf(m - mx);
+        m = mx;
+      }
+      if (m != -INFINITY) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k) s += expf(x[k] - m);
+      }
+    }
+    for (int64_t j = nvec * NV + threadIdx.x; j < v; j += blockDim.x) {
+      const float x = adjust(to_f(z[j]), j);
+      merge_ms(m, s, x, 1.f);
+      if (smooth) wz += cweight(j) * x;
+    }
+    block_reduce(m, s, wz);
+    const float lse = m + logf(s);
+    const int64_t t = static_cast<int64_t>(tgt[r]);
+    const bool ignored = t == p.ignore_index;
+    const float zt = ignored ? 0.f : adjust(to_f(z[t]), t);
+    const float wt = ignored ? 0.f : cweight(t);
+    const LceRowTerms<float> rt = lce_row_terms<float>(p, lse, zt, wz, wt, ignored);
+    if (threadIdx.x == 0) {
+      loss[r] = rt.ce + rt.zl;
+      zloss[r] = rt.zl;
+      lse_out[r] = lse;
+    }
+    if (!grads) continue;
+    // Every thread has read z[t] above before any thread overwrites the row below.
+    __syncthreads();
+    // Pass 2: dz in place.
+    const float scale = static_cast<float>(p.grad_scale) * (row_scale ? row_scale[r] : 1.f);
+    const bool zero = ignored || scale == 0.f;
+    auto grad = [&](float x, int64_t j) {
+      float g = expf(x - lse) * rt.p_coef - cweight(j) * rt.smooth_coef;
       if (j == t) g -= rt.target_coef;
       if (filter > 0.f && fabsf(g) < filter) g = 0.f;
-      g *= lce_cap_deriv(x, cap) * scale;
+      return g * lce_cap_deriv(x, cap) * scale;
+    };
+#pragma unroll 2
+    for (int64_t q = threadIdx.x; q < nvec; q += blockDim.x) {
+      float x[NV];
+      if (zero) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k) x[k] = 0.f;
+      } else {
+        load_vec<T>(z + q * NV, x);
+#pragma unroll
+        for (int k = 0; k < NV; ++k) x[k] = grad(adjust(x[k], q * NV + k), q * NV + k);
+      }
+      store_vec<T>(z + q * NV, x);
     }
-    z[j] = from_f<T>(g);
+    for (int64_t j = nvec * NV + threadIdx.x; j < v; j += blockDim.x)
+      z[j] = from_f<T>(zero ? 0.f : grad(adjust(to_f(z[j]), j), j));
   }
 }
 
-// gb[j] += Σ_i g[i, j] over the chunk's rows, in row order.
+// gb[j] += Σ_i g[i, j] over the chunk's rows (row i at g + i·ld), in row order.
 template <class T>
-__global__ void lce_bias_grad(const T* __restrict__ g, int64_t m, int64_t v, float* __restrict__ gb) {
+__global__ void lce_bias_grad(const T* __restrict__ g, int64_t m, int64_t v, int64_t ld, float* __restrict__ gb) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= v) return;
   float acc = gb[j];
-  for (int64_t i = 0; i < m; ++i) acc += to_f(g[i * v + j]);
+  for (int64_t i = 0; i < m; ++i) acc += to_f(g[i * ld + j]);
   gb[j] = acc;
+}
+
+// out[k] = Σ_s part[s·count + k] in slice order (the split d_hidden product's reduction).
+template <class O>
+__global__ void lce_dh_reduce(const float* __restrict__ part, int64_t splits, int64_t count, O* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < count; k += stride) {
+    float acc = part[k];
+    for (int64_t s = 1; s < splits; ++s) acc += part[s * count + k];
+    out[k] = from_f<O>(acc);
+  }
 }
 
 cudaDataType_t cuda_type(DType t) {
@@ -139,61 +229,230 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-void lt_check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) fail("linear_cross_entropy: ", what, " failed (cublasStatus ", int(s), ")");
+void lt_check(cublasStatus_t s, const char* what) { lt::check(s, "linear_cross_entropy", what); }
+using lt::alignment_of;
+using lt::Layout;
+using lt::MatmulDesc;
+using lt::Preference;
+Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  return lt::make_layout("linear_cross_entropy", type, rows, cols, ld, batch, stride);
 }
 
-// The largest power of two (≤ 256) dividing the address.
-uint32_t alignment_of(const void* p) {
-  const uint64_t bits = reinterpret_cast<uintptr_t>(p) | 256u;
-  return static_cast<uint32_t>(bits & (~bits + 1));
+// "id=.. tile=.. stages=.. splitk=.. red=.. swizzle=.. cluster=.. waves=.." of a chosen algorithm.
+std::string describe(const cublasLtMatmulHeuristicResult_t& h) {
+  int32_t id = 0, splitk = 0;
+  uint32_t tile = 0, red = 0, swz = 0, stages = 0;
+  uint16_t cluster = 0;
+  size_t w = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof(red), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof(swz), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
+  return "id=" + std::to_string(id) + " tile=" + std::to_string(tile) + " stages=" + std::to_string(stages) +
+         " splitk=" + std::to_string(splitk) + " red=" + std::to_string(red) + " swizzle=" + std::to_string(swz) +
+         " cluster=" + std::to_string(cluster) + " waves=" + std::to_string(h.wavesCount);
 }
 
-// Column-major D[M×N] = op(A)·op(B) + beta·D, f32 compute.
-void lt_gemm(DeviceContext& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
-             cudaDataType_t at, int64_t lda, const void* B, cudaDataType_t bt, int64_t ldb, void* C, cudaDataType_t ct,
-             int64_t ldc, float beta) {
-  if (M == 0 || N == 0) return;
+// One cuBLASLt product planned once per call and shape, run per chunk with the chunk's pointers:
+// column-major D[M×N] (`batch` of them, strides in elements) = op(A)·op(B) + beta·D, f32
+// compute. The alignments are those every pointer later passed for the operand has.
+struct LtGemm {
+  MatmulDesc op;
+  Layout a, b, c;
+  cublasLtMatmulHeuristicResult_t heur{};
+};
+
+struct GemmShape {
+  bool ta = false, tb = false;
+  int64_t m = 0, n = 0, k = 0;
+  cudaDataType_t at = CUDA_R_32F, bt = CUDA_R_32F, ct = CUDA_R_32F;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  uint32_t align_a = 256, align_b = 256, align_c = 256;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+std::unique_ptr<LtGemm> make_gemm(DeviceContext& ctx, const GemmShape& s) {
+  auto g = std::make_unique<LtGemm>();
   cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
   lt_check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
-  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
-  lt_check(cublasLtMatrixLayoutCreate(&la, at, ta ? K : M, ta ? M : K, lda), "layout A");
-  lt_check(cublasLtMatrixLayoutCreate(&lb, bt, tb ? N : K, tb ? K : N, ldb), "layout B");
-  lt_check(cublasLtMatrixLayoutCreate(&lc, ct, M, N, ldc), "layout C");
-  lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  g->op.reset(op);
+  const cublasOperation_t opa = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), "transa");
+  lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), "transb");
+  g->a = make_layout(s.at, s.ta ? s.k : s.m, s.ta ? s.m : s.k, s.lda, s.batch, s.stride_a);
+  g->b = make_layout(s.bt, s.tb ? s.n : s.k, s.tb ? s.k : s.n, s.ldb, s.batch, s.stride_b);
+  g->c = make_layout(s.ct, s.m, s.n, s.ldc, s.batch, s.stride_c);
+  cublasLtMatmulPreference_t pr = nullptr;
+  lt_check(cublasLtMatmulPreferenceCreate(&pr), "preference");
+  Preference pref(pr);
   size_t ws = ctx.workspace_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  // The operands' real alignment (chunk offsets need not be 256-byte aligned).
-  const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_c = alignment_of(C);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
+  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &s.align_a, sizeof(s.align_a));
+  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &s.align_b, sizeof(s.align_b));
+  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &s.align_c, sizeof(s.align_c));
+  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &s.align_c, sizeof(s.align_c));
   if (deterministic()) {
     // Keep split-K reductions out of the output buffer (the in-place scheme may reduce with atomics).
     uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
                     CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask));
+    cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask));
   }
-  cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
-  lt_check(cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt, op, la, lb, lc, lc, pref, 1, &heur, &found),
+  lt_check(cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt, op, g->a.get(), g->b.get(), g->c.get(), g->c.get(), pr, 1,
+                                          &g->heur, &found),
            "cublasLtMatmulAlgoGetHeuristic");
-  KILN_CHECK(found > 0, "linear_cross_entropy: cuBLASLt found no algorithm for a ", M, "x", N, "x", K, " product");
-  const float alpha = 1.f;
-  lt_check(cublasLtMatmul(ctx.cublaslt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, ctx.workspace,
-                          ctx.workspace_bytes, ctx.stream),
-           "cublasLtMatmul");
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
+  KILN_CHECK(found > 0, "linear_cross_entropy: cuBLASLt found no algorithm for a ", s.m, "x", s.n, "x", s.k,
+             " product (batch ", s.batch, ")");
+  return g;
 }
+
+void run_gemm(DeviceContext& ctx, const LtGemm& g, const void* A, const void* B, void* C, float beta) {
+  const float alpha = 1.f;
+  lt_check(cublasLtMatmul(ctx.cublaslt, g.op.get(), &alpha, A, g.a.get(), B, g.b.get(), &beta, C, g.c.get(), C,
+                          g.c.get(), &g.heur.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream),
+           "cublasLtMatmul");
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Slice length of V when the d_hidden product is split s ways: a multiple of 8 elements (16-byte
+// aligned batch offsets); the remainder v − s·slice goes into the last partial.
+int64_t slice_len(int64_t v, int64_t s) { return s > 1 ? (v / s) / 8 * 8 : v; }
+
+// The d_hidden product of an mm-token chunk split s ways (s = 1: straight into d_hidden).
+// align_c and the batch strides assume the partials start 256-byte aligned (the allocator's).
+GemmShape dh_shape(int64_t d, int64_t mm, int64_t v, int64_t ld, int64_t s, cudaDataType_t ct, cudaDataType_t gh_t,
+                   const void* W, int64_t es) {
+  GemmShape g;
+  g.m = d, g.n = mm, g.at = g.bt = ct;
+  g.lda = d, g.ldb = ld, g.ldc = d;
+  if (s == 1) {
+    g.k = v, g.ct = gh_t;
+    g.align_a = alignment_of(W);
+    return g;
+  }
+  const int64_t vs = slice_len(v, s);
+  g.k = vs, g.ct = CUDA_R_32F;
+  g.batch = s, g.stride_a = vs * d, g.stride_b = vs, g.stride_c = mm * d;
+  g.align_a = alignment_of(W, vs * d * es), g.align_b = alignment_of(nullptr, vs * es);
+  g.align_c = alignment_of(nullptr, mm * d * 4);
+  return g;
+}
+
+struct Chunking {
+  int64_t m = 1;       // tokens per chunk
+  int64_t splits = 1;  // slices of the d_hidden product
+  int64_t ld = 1;      // leading dimension of the logits buffer (V rounded up to 16 bytes)
+};
+
+// Rough H200 rates for the cost model below; only their ratio steers the choice.
+constexpr double kModelFlops = 700e12, kModelBytes = 3.5e12;
+
+// The chunk rule (docs/loss.md). Without chunk_tokens: for each split count s (1 .. 8, slices
+// ≥ kMinSliceV), m(s) = the largest multiple of 64 tokens whose logits buffer and s partials fit
+// the budget, balanced over the chunks; then the s with the least modelled cost
+//   d_hidden FLOPs / (rate · wave efficiency of cuBLASLt's choice for that product)
+//   + chunks · d_weight read+write / bandwidth + partials' traffic
+// where the wave efficiency is waves / ceil(waves) from cuBLASLt's own heuristic (no timing, so
+// the choice is the same run to run). dh_split > 0 fixes s; chunk_tokens > 0 fixes m.
+Chunking choose_chunking(const LceParams& p, int64_t es, DeviceContext& ctx, bool want_dh, cudaDataType_t ct,
+                         cudaDataType_t gh_t, int64_t gw_es, const void* W) {
+  Chunking c;
+  const int64_t n = p.n, d = p.d, v = p.v, vec = 16 / es;
+  c.ld = ceil_div(v, vec) * vec;
+  const int64_t budget = std::max<int64_t>(kExtraBytes - static_cast<int64_t>(ctx.workspace_bytes) - kSlackBytes -
+                                               16 * n,  // loss, zloss, lse, row_scale
+                                           c.ld * es);
+  auto fit = [&](int64_t s) {
+    if (p.chunk_tokens > 0) return std::min(p.chunk_tokens, n);
+    int64_t m = std::max<int64_t>(budget / (c.ld * es + (s > 1 ? s * d * 4 : 0)), 1);
+    if (m >= 64) {
+      m -= m % 64;
+      const int64_t chunks = ceil_div(n, m);
+      m = std::min(m, ceil_div(ceil_div(n, chunks), 64) * 64);
+    }
+    return std::min(m, n);
+  };
+  std::vector<int64_t> cands;
+  if (!want_dh) cands = {1};
+  else if (p.dh_split > 0) cands = {slice_len(v, p.dh_split) > 0 ? p.dh_split : 1};
+  else
+    for (int64_t s = 1; s <= std::min(kMaxSplit, std::max<int64_t>(v / kMinSliceV, 1)); ++s) cands.push_back(s);
+  if (cands.size() == 1) {
+    c.splits = cands[0];
+    c.m = fit(c.splits);
+    return c;
+  }
+  double best = 0;
+  bool first = true;
+  for (int64_t s : cands) {
+    const int64_t m = fit(s);
+    const float waves = make_gemm(ctx, dh_shape(d, m, v, c.ld, s, ct, gh_t, W, es))->heur.wavesCount;
+    const double eff = waves <= 0.f ? 1.0 : (waves < 1.f ? waves : waves / std::ceil(waves));
+    const double chunks = static_cast<double>(ceil_div(n, m));
+    const double cost = 2.0 * static_cast<double>(n) * d * v / (kModelFlops * eff) +
+                        chunks * 2.0 * static_cast<double>(v) * d * gw_es / kModelBytes +
+                        (s > 1 ? 2.0 * s * static_cast<double>(n) * d * 4 / kModelBytes : 0.0);
+    if (first || cost < best) {
+      first = false;
+      best = cost;
+      c.splits = s;
+      c.m = m;
+    }
+  }
+  return c;
+}
+
+// Marks phase boundaries with CUDA events on the stream; finish() waits and adds each
+// phase's time to the accumulator given at its closing mark. Off: does nothing.
+class PhaseTimer {
+ public:
+  PhaseTimer(cudaStream_t s, bool on) : stream_(s), on_(on) { mark(nullptr); }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+  ~PhaseTimer() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  void mark(double* acc) {
+    if (!on_) return;
+    cudaEvent_t e = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+    accs_.push_back(acc);
+    KILN_CUDA_CHECK(cudaEventRecord(e, stream_));
+  }
+  void finish() {
+    if (!on_ || events_.size() < 2) return;
+    KILN_CUDA_CHECK(cudaEventSynchronize(events_.back()));
+    for (size_t k = 1; k < events_.size(); ++k) {
+      if (!accs_[k]) continue;
+      float ms = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[k - 1], events_[k]));
+      *accs_[k] += ms;
+    }
+  }
+
+ private:
+  cudaStream_t stream_;
+  bool on_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<double*> accs_;
+};
+
+template <class O>
+void launch_dh_reduce(const DeviceContext& ctx, const float* part, int64_t splits, int64_t count, void* out) {
+  const int64_t blocks = std::min<int64_t>(ceil_div(count, 256), int64_t{8} * std::max(ctx.sm_count, 1));
+  lce_dh_reduce<O><<<static_cast<unsigned>(blocks), 256, 0, ctx.stream>>>(part, splits, count, static_cast<O*>(out));
+  KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy d_hidden reduction");
+}
+
+// The products of one chunk size (the full chunks and, when N is not a multiple, the last).
+struct ChunkPlans {
+  std::unique_ptr<LtGemm> logits, dh, dh_tail, dw;
+};
 
 template <class T, class I>
 void run(const LceParams& p, const LceTensors& t) {
@@ -202,45 +461,133 @@ void run(const LceParams& p, const LceTensors& t) {
   const DType dt = t.hidden.dtype();
   const cudaDataType_t ct = cuda_type(dt);
   const int64_t n = p.n, d = p.d, v = p.v, es = static_cast<int64_t>(itemsize(dt));
-  int64_t m = p.chunk_tokens;
-  if (m <= 0) {
-    m = std::max<int64_t>(1, kChunkBytes / (v * es));
-    if (m >= 64) m -= m % 64;
-  }
-  m = std::min(m, n);
-  Tensor buf_t = Tensor::empty({m, v}, dt, t.hidden.device());
-  T* buf = static_cast<T*>(buf_t.data_ptr());
-  const T* H = static_cast<const T*>(t.hidden.data_ptr());
+  const bool grads = t.grad_hidden.defined() || t.grad_weight.defined() || t.grad_bias.defined();
   const T* W = static_cast<const T*>(t.weight.data_ptr());
+  char* gh = t.grad_hidden.defined() ? static_cast<char*>(t.grad_hidden.data_ptr()) : nullptr;
+  const int64_t gh_es = t.grad_hidden.defined() ? static_cast<int64_t>(itemsize(t.grad_hidden.dtype())) : 0;
+  const cudaDataType_t gh_t = t.grad_hidden.defined() ? cuda_type(t.grad_hidden.dtype()) : ct;
+  void* gw = t.grad_weight.defined() ? t.grad_weight.data_ptr() : nullptr;
+  const cudaDataType_t gw_t = t.grad_weight.defined() ? cuda_type(t.grad_weight.dtype()) : ct;
+  const int64_t gw_es = t.grad_weight.defined() ? static_cast<int64_t>(itemsize(t.grad_weight.dtype())) : 0;
+  const Chunking ck = choose_chunking(p, es, ctx, grads && gh != nullptr, ct, gh_t, gw_es, W);
+  const int64_t m = ck.m, S = ck.splits, ld = ck.ld;
+  const int64_t vs = slice_len(v, S);  // slice length of the split d_hidden product
+  const int64_t vtail = v - S * vs;    // the rest, added into the last partial
+
+  Tensor buf_t = Tensor::empty({m, ld}, dt, t.hidden.device());
+  T* buf = static_cast<T*>(buf_t.data_ptr());
+  KILN_CHECK(reinterpret_cast<uintptr_t>(buf) % 16 == 0, "linear_cross_entropy: logits buffer not 16-byte aligned");
+  Tensor part_t;
+  float* part = nullptr;
+  if (S > 1) {
+    part_t = Tensor::empty({S, m, d}, DType::f32, t.hidden.device());
+    part = part_t.data<float>();
+  }
+  const T* H = static_cast<const T*>(t.hidden.data_ptr());
   const T* bias = t.bias.defined() ? static_cast<const T*>(t.bias.data_ptr()) : nullptr;
   const T* cw = t.class_weight.defined() ? static_cast<const T*>(t.class_weight.data_ptr()) : nullptr;
   const float* rs = t.row_scale.defined() ? t.row_scale.data<float>() : nullptr;
-  const bool grads = t.grad_hidden.defined() || t.grad_weight.defined() || t.grad_bias.defined();
+
+  auto plan = [&](int64_t mm) {
+    ChunkPlans pl;
+    GemmShape g;
+    // logits row-major [mm, V] (ld) = column-major [V, mm] = W(T) · hcᵀ.
+    g = {};
+    g.ta = true;
+    g.m = v, g.n = mm, g.k = d;
+    g.at = g.bt = g.ct = ct;
+    g.lda = d, g.ldb = d, g.ldc = ld;
+    g.align_a = alignment_of(W), g.align_b = alignment_of(H, m * d * es), g.align_c = alignment_of(buf);
+    pl.logits = make_gemm(ctx, g);
+    if (!grads) return pl;
+    if (gh && S == 1) {
+      // d_hidden rows [mm, d] = column-major [d, mm] = Wᵀ[d, V] · dzᵀ[V, mm].
+      g = dh_shape(d, mm, v, ld, 1, ct, gh_t, W, es);
+      g.align_b = alignment_of(buf), g.align_c = alignment_of(gh, m * d * gh_es);
+      pl.dh = make_gemm(ctx, g);
+    } else if (gh) {
+      // Partial s [d, mm] (f32) = W[s·vs : (s+1)·vs]ᵀ · dz[:, s·vs : (s+1)·vs]ᵀ, one batched call.
+      g = dh_shape(d, mm, v, ld, S, ct, gh_t, W, es);
+      g.align_b = alignment_of(buf, vs * es), g.align_c = alignment_of(part, mm * d * 4);
+      pl.dh = make_gemm(ctx, g);
+      if (vtail > 0) {
+        GemmShape tg = g;
+        tg.k = vtail;
+        tg.batch = 1, tg.stride_a = tg.stride_b = tg.stride_c = 0;
+        tg.align_a = alignment_of(W + S * vs * d), tg.align_b = alignment_of(buf + S * vs);
+        tg.align_c = alignment_of(part + (S - 1) * mm * d);
+        pl.dh_tail = make_gemm(ctx, tg);
+      }
+    }
+    if (gw) {
+      // d_weight [V, d] = column-major [d, V] += hcᵀ[d, mm] · dz[mm, V].
+      g = {};
+      g.tb = true;
+      g.m = d, g.n = v, g.k = mm;
+      g.at = g.bt = ct, g.ct = gw_t;
+      g.lda = d, g.ldb = ld, g.ldc = d;
+      g.align_a = alignment_of(H, m * d * es), g.align_b = alignment_of(buf), g.align_c = alignment_of(gw);
+      pl.dw = make_gemm(ctx, g);
+    }
+    return pl;
+  };
+  ChunkPlans full = plan(m), last;
+  if (n % m != 0) last = plan(n % m);
+
+  LceProfile* prof = p.profile;
+  auto acc = [&](double LceProfile::*f) { return prof ? &(prof->*f) : nullptr; };
+  PhaseTimer timer(ctx.stream, prof != nullptr);
+  const int row_blocks = std::max(ctx.sm_count, 1);
   for (int64_t r0 = 0; r0 < n; r0 += m) {
     const int64_t mm = std::min(m, n - r0);
+    const ChunkPlans& pl = mm == m ? full : last;
     const T* hc = H + r0 * d;
-    // logits row-major [mm, V] = column-major [V, mm] = W(T) · hcᵀ.
-    lt_gemm(ctx, true, false, v, mm, d, W, ct, d, hc, ct, d, buf, ct, v, 0.f);
-    lce_rows<T, I><<<static_cast<unsigned>(mm), kRowThreads, 0, ctx.stream>>>(
-        p, buf, r0, bias, cw, t.target.data<I>(), rs, t.loss.data<float>(), t.zloss.data<float>(),
+    run_gemm(ctx, *pl.logits, W, hc, buf, 0.f);
+    timer.mark(acc(&LceProfile::logits_ms));
+    lce_rows<T, I><<<static_cast<unsigned>(std::min<int64_t>(mm, row_blocks)), kRowThreads, 0, ctx.stream>>>(
+        p, buf, ld, mm, r0, bias, cw, t.target.data<I>(), rs, t.loss.data<float>(), t.zloss.data<float>(),
         t.lse.data<float>(), grads);
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy rows");
+    timer.mark(acc(&LceProfile::rows_ms));
     if (!grads) continue;
-    if (t.grad_hidden.defined()) {
-      // d_hidden rows [mm, d] = column-major [d, mm] = Wᵀ[d, V] · dzᵀ[V, mm].
-      char* gh = static_cast<char*>(t.grad_hidden.data_ptr()) + r0 * d * itemsize(t.grad_hidden.dtype());
-      lt_gemm(ctx, false, false, d, mm, v, W, ct, d, buf, ct, v, gh, cuda_type(t.grad_hidden.dtype()), d, 0.f);
+    if (gh) {
+      char* ghc = gh + r0 * d * gh_es;
+      if (S == 1) {
+        run_gemm(ctx, *pl.dh, W, buf, ghc, 0.f);
+        timer.mark(acc(&LceProfile::dh_ms));
+      } else {
+        run_gemm(ctx, *pl.dh, W, buf, part, 0.f);
+        if (pl.dh_tail) run_gemm(ctx, *pl.dh_tail, W + S * vs * d, buf + S * vs, part + (S - 1) * mm * d, 1.f);
+        timer.mark(acc(&LceProfile::dh_ms));
+        switch (t.grad_hidden.dtype()) {
+          case DType::f32: launch_dh_reduce<float>(ctx, part, S, mm * d, ghc); break;
+          case DType::bf16: launch_dh_reduce<__nv_bfloat16>(ctx, part, S, mm * d, ghc); break;
+          case DType::f16: launch_dh_reduce<__half>(ctx, part, S, mm * d, ghc); break;
+          default: fail("linear_cross_entropy: grad_hidden dtype ", dtype_name(t.grad_hidden.dtype()));
+        }
+        timer.mark(acc(&LceProfile::dh_reduce_ms));
+      }
     }
-    if (t.grad_weight.defined()) {
-      // d_weight [V, d] = column-major [d, V] += hcᵀ[d, mm] · dz[mm, V].
-      lt_gemm(ctx, false, true, d, v, mm, hc, ct, d, buf, ct, v, t.grad_weight.data_ptr(),
-              cuda_type(t.grad_weight.dtype()), d, 1.f);
+    if (gw) {
+      run_gemm(ctx, *pl.dw, hc, buf, gw, 1.f);
+      timer.mark(acc(&LceProfile::dw_ms));
     }
     if (t.grad_bias.defined()) {
-      lce_bias_grad<T><<<static_cast<unsigned>((v + 255) / 256), 256, 0, ctx.stream>>>(buf, mm, v,
+      lce_bias_grad<T><<<static_cast<unsigned>((v + 255) / 256), 256, 0, ctx.stream>>>(buf, mm, v, ld,
                                                                                         t.grad_bias.data<float>());
       KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy bias grad");
+      timer.mark(acc(&LceProfile::bias_ms));
     }
+  }
+  timer.finish();
+  if (prof) {
+    prof->chunks += ceil_div(n, m);
+    prof->chunk_tokens = m;
+    prof->dh_split = S;
+    prof->extra_bytes = m * ld * es + (S > 1 ? S * m * d * 4 : 0) + static_cast<int64_t>(ctx.workspace_bytes);
+    prof->logits_algo = describe(full.logits->heur);
+    if (full.dh) prof->dh_algo = describe(full.dh->heur);
+    if (full.dw) prof->dw_algo = describe(full.dw->heur);
   }
 }
 

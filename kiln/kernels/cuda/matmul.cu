@@ -8,46 +8,20 @@
 
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/cuda/context.h"
+#include "kiln/kernels/cuda/cublaslt.h"
 #include "kiln/kernels/matmul.h"
 
 namespace kiln::kernels::cuda {
 
 namespace {
 
-void check_lt(cublasStatus_t s, const char* what) {
-  KILN_CHECK(s == CUBLAS_STATUS_SUCCESS, "matmul: cuBLASLt error in ", what, ": status ", static_cast<int>(s));
-}
-
-// RAII owners of the cuBLASLt descriptors of one call.
-struct DescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
-  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
-};
-using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
-using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
-using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
-
-// A column-major rows×cols matrix with leading dimension ld, `batch` of them `stride` apart.
+void check_lt(cublasStatus_t s, const char* what) { lt::check(s, "matmul", what); }
+using lt::alignment_of;
+using lt::Layout;
+using lt::MatmulDesc;
+using lt::Preference;
 Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
-  cublasLtMatrixLayout_t l = nullptr;
-  check_lt(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
-           "cublasLtMatrixLayoutCreate");
-  Layout out(l);
-  if (batch > 1) {
-    int32_t count = static_cast<int32_t>(batch);
-    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
-             "batch count");
-    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
-             "batch stride");
-  }
-  return out;
-}
-
-// The largest power of two (<= 256) dividing the address and the batch stride in bytes.
-uint32_t alignment_of(const void* p, int64_t stride_bytes) {
-  uint64_t bits = reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(stride_bytes) | 256u;
-  return static_cast<uint32_t>(bits & (~bits + 1));
+  return lt::make_layout("matmul", type, rows, cols, ld, batch, stride);
 }
 
 }  // namespace

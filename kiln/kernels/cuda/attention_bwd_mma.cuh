@@ -1,0 +1,393 @@
+// The tensor-core (mma.sync m16n8k16) FlexAttention backward for 16-bit q/k/v, head dims 64 and
+// 128, bitwise deterministic: flex_backward_mma() launches
+//   1. delta = rowsum(dO ∘ O) − dlse (16-byte vector loads, a fixed shuffle tree per row);
+//   2. the dK/dV kernel: a CTA owns 64 keys of one (b, kv head); for each query head of the GQA
+//      group it walks the q_blocks lists of its KV block (partial tiles with the mask, then full
+//      ones) in a fixed order, 64 (E=64) or 32 (E=128) queries per step, computing
+//      Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (rows = keys) so Pᵀ = exp(Sᵀ − lse) and
+//      dSᵀ = Pᵀ ∘ (dPᵀ − delta) · dscore · scale are A fragments in registers:
+//      dV += Pᵀ·dO, dK += dSᵀ·Q, accumulated in f32 registers and written once;
+//   3. the dQ kernel: a CTA owns 64 queries of one (b, q head) and walks the kv_blocks lists of
+//      its Q block in order: S = Q·Kᵀ, dP = dO·Vᵀ, dS, dQ += dS·K, written once.
+// Every output element has exactly one owner thread that reduces in a fixed order (no atomics),
+// so gradients are identical run to run. S and dP are computed twice (once per kernel): the
+// price of determinism without atomics (see docs/attention.md, "CUDA backward").
+// Q/dO (dK/dV kernel) and K/V (dQ kernel) tiles are double-buffered with cp.async into
+// swizzled shared tiles; the resident tile is loaded once. Tails are zero-filled and masked by
+// bounds; fully masked rows (lse = −inf) contribute nothing.
+// flex_mma::flex_backward_mma() returns false when it does not apply (f32, other head dims, E != Ev,
+// block sizes not multiples of the tiles, learnable score mods, unaligned pointers or strides):
+// the caller then runs the SIMT kernels.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kiln/attention/mods.h"
+#include "kiln/kernels/cuda/attention_mma_common.cuh"
+#include "kiln/kernels/cuda/context.h"
+
+namespace kiln::kernels::cuda::flex_mma {
+namespace bwd {
+
+constexpr int kTile = 64;     // keys per dK/dV CTA, queries per dQ CTA (4 warps × 16 rows)
+constexpr int kWarps = kTile / 16;
+constexpr int kThreads = kWarps * 32;
+
+// One step of a block-list walk: (head offset in the group, partial?, list position, sub-tile).
+struct Cursor {
+  int hi = 0, pass = 0, c = 0, sub = -1;
+  int64_t start = 0;  // first row (query for dK/dV, key for dQ) of the step's tile
+  bool valid = true;
+};
+
+// Advances to the next step of the walk over G heads (dK/dV: the q_blocks of KV block `blk`;
+// dQ: G = 1 and the kv_blocks of mask row `blk`), skipping sub-tiles past `limit`.
+template <int STEP, bool KV_SIDE>
+__device__ __forceinline__ void advance(const FlexParams& p, int64_t b, int64_t h0, int64_t G, int64_t blk,
+                                        int64_t limit, Cursor& s) {
+  const int64_t block = KV_SIDE ? p.QB : p.KB;
+  const int nsub = static_cast<int>(block / STEP);
+  while (true) {
+    if (++s.sub >= nsub) s.sub = 0, ++s.c;
+    while (true) {
+      if (s.hi >= G) {
+        s.valid = false;
+        return;
+      }
+      FlexParams::BlockList lst;
+      if constexpr (KV_SIDE) lst = p.q_blocks(mask_row(p, b, h0 + s.hi) * p.nKV + blk, s.pass == 0);
+      else lst = p.kv_blocks(blk, s.pass == 0);
+      if (s.c < lst.count) {
+        s.start = static_cast<int64_t>(lst.index[s.c]) * block + static_cast<int64_t>(s.sub) * STEP;
+        break;
+      }
+      s.c = 0, s.sub = 0;
+      if (++s.pass == 2) s.pass = 0, ++s.hi;
+    }
+    if (s.start < limit) return;
+  }
+}
+
+// Which elements of a warp's 16 × N fragment block are kept (in bounds and, on partial tiles,
+// mask_mod true): bit 4·nf + r for c[nf][r]. ROWS_ARE_Q: rows are queries (S), else keys (Sᵀ).
+// N ≤ 64, so one 32-bit word holds the warp-lane's N / 2 elements.
+template <int N, bool ROWS_ARE_Q, class MM>
+__device__ __forceinline__ uint32_t kept_bits(const FlexParams& p, const MM& mm, bool partial, int b, int h, int row0,
+                                              int col0, int lane) {
+  static_assert(N / 2 <= 32, "one bit per fragment element");
+  const int g = lane >> 2, t = lane & 3, L = static_cast<int>(p.L), S = static_cast<int>(p.S);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int nf = 0; nf < N / 8; ++nf)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = row0 + g + (r >> 1) * 8, col = col0 + nf * 8 + 2 * t + (r & 1);
+      const int i = ROWS_ARE_Q ? row : col, j = ROWS_ARE_Q ? col : row;
+      const bool in = i < L && j < S && (!partial || mm(b, h, i, j));
+      bits |= static_cast<uint32_t>(in) << (nf * 4 + r);
+    }
+  return bits;
+}
+
+// P and dS of one score element from its raw dot products (in place); 0 when not kept.
+template <class SM>
+__device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, bool kept, int b, int h, int i, int j,
+                                          float& s_to_p, float& dp_to_ds, float lse, float delta) {
+  float pv = 0.0f, ds = 0.0f;
+  if (kept && lse != -INFINITY) {
+    const float raw = s_to_p * p.scale;
+    const float x = sm(raw, b, h, i, j);
+    if (x != -INFINITY) {
+      pv = __expf(x - lse);
+      ds = pv * (dp_to_ds - delta) * sm.dscore(raw, b, h, i, j) * p.scale;
+    }
+  }
+  s_to_p = pv;
+  dp_to_ds = ds;
+}
+
+// acc[16 rows × N] += A[16 × K] · Tile[K][N] where A is given as f32 C fragments c[K/8][4]
+// (converted to 16-bit A fragments in registers) and the tile [k][n] is swizzled in shared memory.
+template <class NT, int K, int N>
+__device__ __forceinline__ void acc_c_times_tile(float (&acc)[N / 8][4], const float (&c)[K / 8][4],
+                                                 const NT* tile, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a[4];
+    c_to_a<NT>(a, c[2 * kk], c[2 * kk + 1]);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t bb[2][2];
+      ldmatrix_b_trans<N>(bb, tile, kk * 16, np * 16, lane);
+      mma_16816<NT>(acc[2 * np], a, bb[0]);
+      mma_16816<NT>(acc[2 * np + 1], a, bb[1]);
+    }
+  }
+}
+
+// c[16 × N] = A · Bᵀ: A = rows row0.. of swizzled [*, E] tile `a_tile`, B = swizzled [N][E] tile.
+template <class NT, int E, int N>
+__device__ __forceinline__ void rows_times_tile_t(float (&c)[N / 8][4], const NT* a_tile, int row0,
+                                                  const NT* b_tile, int lane) {
+#pragma unroll
+  for (int nf = 0; nf < N / 8; ++nf) c[nf][0] = c[nf][1] = c[nf][2] = c[nf][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < E / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_a<E>(a, a_tile, row0, kk * 16, lane);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t bb[2][2];
+      ldmatrix_b<E>(bb, b_tile, np * 16, kk * 16, lane);
+      mma_16816<NT>(c[2 * np], a, bb[0]);
+      mma_16816<NT>(c[2 * np + 1], a, bb[1]);
+    }
+  }
+}
+
+// Writes a warp's 16 × N f32 accumulators (rows row0 ..) as 16-bit rows of length N.
+template <class NT, int N>
+__device__ __forceinline__ void store_rows(const float (&acc)[N / 8][4], NT* out, int64_t row0, int64_t nrows,
+                                           int lane) {
+#pragma unroll
+  for (int nf = 0; nf < N / 8; ++nf) store_c<NT>(out, N, acc[nf], row0, nf * 8, nrows, lane);
+}
+
+template <class NT, int EV>
+__global__ void __launch_bounds__(256) delta_kernel(FlexParams p) {
+  constexpr int kPerRow = EV / 8;  // threads per row, 8 elements (16 bytes) each
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t r = tid / kPerRow, rows = p.B * p.Hq * p.L;
+  const int part = static_cast<int>(tid % kPerRow);
+  float d = 0.0f;
+  if (r < rows) {
+    const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const NT*>(p.out) + r * EV + part * 8);
+    const uint4 g = *reinterpret_cast<const uint4*>(static_cast<const NT*>(p.dout) + r * EV + part * 8);
+    const uint32_t ov[4] = {o.x, o.y, o.z, o.w}, gv[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 a = unpack2<NT>(ov[k]), c = unpack2<NT>(gv[k]);
+      d += a.x * c.x + a.y * c.y;
+    }
+  }
+#pragma unroll
+  for (int off = kPerRow / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+  if (r < rows && part == 0) p.delta[r] = d - (p.dlse ? p.dlse[r] : 0.0f);
+}
+
+// dK/dV: grid (ceil(S / 64), Hkv, B); BQ queries per step.
+template <class NT, int E, int BQ, class SM, class MM>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM mm) {
+  extern __shared__ __align__(128) unsigned char kiln_flex_bwd_smem[];
+  NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
+  NT* Ks = smem;
+  NT* Vs = Ks + kTile * E;
+  NT* Qs = Vs + kTile * E;                           // [2][BQ][E]
+  NT* Gs = Qs + 2 * BQ * E;                          // dO, [2][BQ][E]
+  float* stat = reinterpret_cast<float*>(Gs + 2 * BQ * E);  // [2][2][BQ]: lse, delta
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile, hk = blockIdx.y, b = blockIdx.z;
+  const int64_t G = p.Hq / p.Hkv, kb = j0 / p.KB;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+
+  load_tile_async<kTile, E, kThreads>(Ks, static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1], p.k_st[2], j0, p.S, tid);
+  load_tile_async<kTile, E, kThreads>(Vs, static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1], p.v_st[2], j0, p.S, tid);
+  cp_async_commit();
+
+  auto issue = [&](const Cursor& c, int buf) {
+    const int64_t h = hk * G + c.hi, row = (b * p.Hq + h) * p.L;
+    load_tile_async<BQ, E, kThreads>(Qs + buf * BQ * E, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1],
+                     p.q_st[2], c.start, p.L, tid);
+    load_tile_async<BQ, E, kThreads>(Gs + buf * BQ * E, static_cast<const NT*>(p.dout) + row * E, E, c.start, p.L, tid);
+    for (int x = tid; x < BQ; x += kThreads) {
+      const int64_t i = c.start + x;
+      stat[(buf * 2) * BQ + x] = i < p.L ? p.lse[row + i] : -INFINITY;
+      stat[(buf * 2 + 1) * BQ + x] = i < p.L ? p.delta[row + i] : 0.0f;
+    }
+  };
+
+  Cursor cur;
+  advance<BQ, true>(p, b, hk * G, G, kb, p.L, cur);
+  if (cur.valid) issue(cur, 0);
+  cp_async_commit();
+
+  float dk[E / 8][4], dv[E / 8][4];
+#pragma unroll
+  for (int nf = 0; nf < E / 8; ++nf)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dk[nf][r] = dv[nf][r] = 0.0f;
+
+  for (int step = 0; cur.valid; ++step) {
+    Cursor nxt = cur;
+    advance<BQ, true>(p, b, hk * G, G, kb, p.L, nxt);
+    const int buf = step & 1;
+    __syncthreads();  // every warp is done with buffer buf ^ 1 (the previous step)
+    if (nxt.valid) issue(nxt, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const NT* Qb = Qs + buf * BQ * E;
+    const NT* Gb = Gs + buf * BQ * E;
+    const float* lse_s = stat + (buf * 2) * BQ;
+    const float* del_s = stat + (buf * 2 + 1) * BQ;
+    const int h = static_cast<int>(hk * G + cur.hi);
+    const uint32_t kept = kept_bits<BQ, false>(p, mm, cur.pass == 0, int(b), h, int(j0) + w * 16,
+                                                     int(cur.start), lane);
+    // A warp whose 16 × BQ block is entirely masked skips the step: its terms are exactly 0.
+    if (__any_sync(0xffffffffu, kept != 0)) {
+      float s[BQ / 8][4], dp[BQ / 8][4];
+      rows_times_tile_t<NT, E, BQ>(s, Ks, w * 16, Qb, lane);   // Sᵀ = K·Qᵀ
+      rows_times_tile_t<NT, E, BQ>(dp, Vs, w * 16, Gb, lane);  // dPᵀ = V·dOᵀ
+#pragma unroll
+      for (int nf = 0; nf < BQ / 8; ++nf)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int col = nf * 8 + 2 * t + (r & 1);
+          const int i = int(cur.start) + col, j = int(j0) + w * 16 + g + (r >> 1) * 8;
+          grad_elem(p, sm, (kept >> (nf * 4 + r)) & 1u, int(b), h, i, j, s[nf][r], dp[nf][r], lse_s[col],
+                    del_s[col]);
+        }
+      acc_c_times_tile<NT, BQ, E>(dv, s, Gb, lane);   // dV += Pᵀ·dO
+      acc_c_times_tile<NT, BQ, E>(dk, dp, Qb, lane);  // dK += dSᵀ·Q
+    }
+    cur = nxt;
+  }
+  cp_async_wait<0>();
+
+  const int64_t o = (b * p.Hkv + hk) * p.S;
+  store_rows<NT, E>(dk, static_cast<NT*>(p.dk) + o * E, j0 + w * 16, p.S, lane);
+  store_rows<NT, E>(dv, static_cast<NT*>(p.dv) + o * E, j0 + w * 16, p.S, lane);
+}
+
+// dQ: grid (ceil(L / 64), Hq, B); BK keys per step.
+template <class NT, int E, int BK, class SM, class MM>
+__global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm) {
+  extern __shared__ __align__(128) unsigned char kiln_flex_bwd_smem[];
+  NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
+  NT* Qs = smem;
+  NT* Gs = Qs + kTile * E;
+  NT* Ks = Gs + kTile * E;  // [2][BK][E]
+  NT* Vs = Ks + 2 * BK * E;  // [2][BK][E]
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kTile, h = blockIdx.y, b = blockIdx.z;
+  const int64_t hk = h / (p.Hq / p.Hkv), row = mask_row(p, b, h) * p.nQ + i0 / p.QB;
+  const int64_t orow = (b * p.Hq + h) * p.L;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+  const NT* kbase = static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];
+  const NT* vbase = static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];
+
+  load_tile_async<kTile, E, kThreads>(Qs, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1], p.q_st[2], i0, p.L, tid);
+  load_tile_async<kTile, E, kThreads>(Gs, static_cast<const NT*>(p.dout) + orow * E, E, i0, p.L, tid);
+  cp_async_commit();
+
+  auto issue = [&](const Cursor& c, int buf) {
+    load_tile_async<BK, E, kThreads>(Ks + buf * BK * E, kbase, p.k_st[2], c.start, p.S, tid);
+    load_tile_async<BK, E, kThreads>(Vs + buf * BK * E, vbase, p.v_st[2], c.start, p.S, tid);
+  };
+  Cursor cur;
+  advance<BK, false>(p, b, h, 1, row, p.S, cur);
+  if (cur.valid) issue(cur, 0);
+  cp_async_commit();
+
+  float lse[2], del[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t i = i0 + w * 16 + g + 8 * half;
+    lse[half] = i < p.L ? p.lse[orow + i] : -INFINITY;
+    del[half] = i < p.L ? p.delta[orow + i] : 0.0f;
+  }
+  float dq[E / 8][4];
+#pragma unroll
+  for (int nf = 0; nf < E / 8; ++nf)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dq[nf][r] = 0.0f;
+
+  for (int step = 0; cur.valid; ++step) {
+    Cursor nxt = cur;
+    advance<BK, false>(p, b, h, 1, row, p.S, nxt);
+    const int buf = step & 1;
+    __syncthreads();
+    if (nxt.valid) issue(nxt, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const NT* Kb = Ks + buf * BK * E;
+    const NT* Vb = Vs + buf * BK * E;
+    const uint32_t kept = kept_bits<BK, true>(p, mm, cur.pass == 0, int(b), int(h), int(i0) + w * 16,
+                                                    int(cur.start), lane);
+    if (__any_sync(0xffffffffu, kept != 0)) {  // else the warp's 16 × BK block is entirely masked
+      float s[BK / 8][4], dp[BK / 8][4];
+      rows_times_tile_t<NT, E, BK>(s, Qs, w * 16, Kb, lane);   // S = Q·Kᵀ
+      rows_times_tile_t<NT, E, BK>(dp, Gs, w * 16, Vb, lane);  // dP = dO·Vᵀ
+#pragma unroll
+      for (int nf = 0; nf < BK / 8; ++nf)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = int(i0) + w * 16 + g + (r >> 1) * 8, j = int(cur.start) + nf * 8 + 2 * t + (r & 1);
+          grad_elem(p, sm, (kept >> (nf * 4 + r)) & 1u, int(b), int(h), i, j, s[nf][r], dp[nf][r], lse[r >> 1],
+                    del[r >> 1]);
+        }
+      acc_c_times_tile<NT, BK, E>(dq, dp, Kb, lane);  // dQ += dS·K
+    }
+    cur = nxt;
+  }
+  cp_async_wait<0>();
+  store_rows<NT, E>(dq, static_cast<NT*>(p.dq) + orow * E, i0 + w * 16, p.L, lane);
+}
+
+inline bool aligned16(const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; }
+
+template <class K>
+void set_smem(K kernel, int bytes) {
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <class NT, int E, class SM, class MM>
+void launch(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+  const int64_t rows = p.B * p.Hq * p.L;
+  const int64_t threads = rows * (E / 8);
+  delta_kernel<NT, E><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
+  KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (mma)");
+
+  constexpr int BQ = E == 128 ? 32 : 64;  // queries per dK/dV step (register budget)
+  constexpr int kv_smem = (2 * kTile * E + 4 * BQ * E) * 2 + 4 * BQ * 4;
+  auto kv_kernel = dkdv_kernel<NT, E, BQ, SM, MM>;
+  set_smem(kv_kernel, kv_smem);
+  dim3 gk(static_cast<unsigned>((p.S + kTile - 1) / kTile), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(p.B));
+  kv_kernel<<<gk, kThreads, kv_smem, st>>>(p, sm, mm);
+  KILN_CUDA_CHECK_LAUNCH("flex dkdv_kernel (mma)");
+
+  constexpr int BK = 64;
+  constexpr int q_smem = (2 * kTile * E + 4 * BK * E) * 2;
+  auto q_kernel = dq_kernel<NT, E, BK, SM, MM>;
+  set_smem(q_kernel, q_smem);
+  dim3 gq(static_cast<unsigned>((p.L + kTile - 1) / kTile), static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B));
+  q_kernel<<<gq, kThreads, q_smem, st>>>(p, sm, mm);
+  KILN_CUDA_CHECK_LAUNCH("flex dq_kernel (mma)");
+}
+
+}  // namespace bwd
+
+// Runs the tensor-core backward (delta, dK/dV, dQ) and returns true, or returns false without
+// launching anything when it does not apply (the caller falls back to the SIMT kernels).
+template <class T, class SM, class MM>
+bool flex_backward_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+  using NT = cuda_t<T>;
+  if constexpr (std::is_void_v<NT> || attention::is_learnable_v<SM>) {
+    return false;  // f32 storage, or a learnable table (dbias is not implemented here)
+  } else {
+    if (!mma_layout_ok(p, bwd::kTile, bwd::kTile) || p.L <= 0 || p.S <= 0) return false;
+    if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
+        !bwd::aligned16(p.dv))
+      return false;
+    if (p.E == 64) bwd::launch<NT, 64>(p, sm, mm, st);
+    else bwd::launch<NT, 128>(p, sm, mm, st);
+    return true;
+  }
+}
+
+}  // namespace kiln::kernels::cuda::flex_mma

@@ -1,0 +1,131 @@
+// Pieces shared by the tensor-core FlexAttention kernels (attention_fwd_mma.cuh, forward, and
+// attention_bwd_mma.cuh, backward): the kiln → CUDA 16-bit type map, the mask row of (b, h),
+// the applicability check of a layout (alignment, head dims, block sizes), the cp.async loader
+// of a [rows × D] tile into a swizzled shared tile, the application of score_mod + mask_mod +
+// bounds to one m16n8 f32 accumulator fragment (also in the transposed S^T = K·Q^T form), the
+// quad (4-lane) row reductions of m16n8 fragments and the C → A fragment repacking of P.
+//
+// NOTE [fragment coordinates] (see NOTE [m16n8k16 fragments] in mma.cuh): lane = 4·g + t; the
+// C fragment of an m16n8 tile at (row0, col0) holds c[i] at row row0 + g + 8·(i / 2) and column
+// col0 + 2t + (i % 2). A row of the tile lives in the 4 lanes of one quad (same g).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kiln/core/half.h"
+#include "kiln/kernels/attention.h"
+#include "kiln/kernels/cuda/mma.cuh"
+
+namespace kiln::kernels::cuda::flex_mma {
+
+using namespace ::kiln::kernels::cuda::mma;
+
+// kiln's storage types → the CUDA types of the mma (same bits); void for unsupported ones.
+template <class T> struct CudaType { using type = void; };
+template <> struct CudaType<BFloat16> { using type = __nv_bfloat16; };
+template <> struct CudaType<Half> { using type = __half; };
+template <> struct CudaType<__nv_bfloat16> { using type = __nv_bfloat16; };
+template <> struct CudaType<__half> { using type = __half; };
+template <class T> using cuda_t = typename CudaType<T>::type;
+
+// The row of the BlockMask's (Bm, Hm) planes that (b, h) reads (1 broadcasts).
+__host__ __device__ __forceinline__ int64_t mask_row(const FlexParams& p, int64_t b, int64_t h) {
+  return (p.Bm == 1 ? 0 : b) * p.Hm + (p.Hm == 1 ? 0 : h);
+}
+
+// Host: whether the tensor-core kernels can run this layout with CTA tiles of q_tile query rows
+// and kv_tile keys: E == Ev ∈ {64, 128}; every q/k/v row 16-byte aligned (pointers and all
+// strides multiples of 8 elements); the BlockMask's blocks multiples of the tiles (a tile then
+// never straddles two blocks); lengths and grid dims in range.
+inline bool mma_layout_ok(const FlexParams& p, int64_t q_tile, int64_t kv_tile) {
+  if (p.E != p.Ev || (p.E != 64 && p.E != 128)) return false;
+  auto aligned = [](const void* ptr, const int64_t (&st)[3]) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
+  };
+  if (!aligned(p.q, p.q_st) || !aligned(p.k, p.k_st) || !aligned(p.v, p.v_st)) return false;
+  if (p.QB % q_tile != 0 || p.KB % kv_tile != 0) return false;
+  if (p.Hkv <= 0 || p.Hq % p.Hkv != 0) return false;
+  return p.L < (int64_t{1} << 31) && p.S < (int64_t{1} << 31) && p.Hq < 65536 && p.B < 65536 &&
+         (p.L + q_tile - 1) / q_tile < (int64_t{1} << 31);
+}
+
+// Copies rows row0 .. row0 + ROWS - 1 of a [len × COLS] matrix of 16-bit elements (row r at
+// base + r·stride, 16-byte aligned) into the swizzled shared tile `tile` ([ROWS × COLS], see
+// mma::swz) with cp.async; rows ≥ len are zero-filled. All NT threads of the CTA call it with
+// their tid; the caller commits the group (cp_async_commit) and waits.
+template <int ROWS, int COLS, int NT, class T>
+__device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t stride, int64_t row0, int64_t len,
+                                                int tid) {
+  constexpr int kChunks = COLS / 8;  // 16-byte chunks per row
+  static_assert((ROWS * kChunks) % NT == 0, "tile chunks must divide among the threads");
+#pragma unroll
+  for (int it = 0; it < ROWS * kChunks / NT; ++it) {
+    const int i = it * NT + tid, r = i / kChunks, c = (i % kChunks) * 8;
+    const bool ok = row0 + r < len;
+    const T* src = ok ? base + (row0 + r) * stride + c : base;  // a valid address even when unused
+    cp_async_16(smem_addr(tile + swz<COLS>(r, c)), src, ok);
+  }
+}
+
+// score_mod + mask_mod + bounds on one m16n8 f32 accumulator fragment of raw dot products.
+// Non-transposed (S = Q·Kᵀ): rows are queries q0 + ..., columns keys kv0 + ...; kTransposed
+// (Sᵀ = K·Qᵀ, the dK/dV kernel): rows are keys, columns queries. On return c[i] is
+// score_mod(scale · dot) or -INFINITY where the pair is masked (mask_mod false, evaluated only
+// when `use_mask`: partial blocks) or out of range (q ≥ L or kv ≥ S, checked only when
+// `check_bounds`; the mods are never called out of range). (row0, col0) are the absolute
+// coordinates of the fragment's (0, 0).
+template <bool kTransposed, class SM, class MM>
+__device__ __forceinline__ void apply_mods(float (&c)[4], const SM& sm, const MM& mm, float scale, int b, int h,
+                                           int row0, int col0, int lane, bool use_mask, bool check_bounds, int L,
+                                           int S) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = row0 + g + 8 * (i >> 1), col = col0 + 2 * t + (i & 1);
+    const int q = kTransposed ? col : row, kv = kTransposed ? row : col;
+    const bool in = !check_bounds || (q < L && kv < S);
+    float x = -INFINITY;
+    if (in && (!use_mask || mm(b, h, q, kv))) x = sm(c[i] * scale, b, h, q, kv);
+    c[i] = x;
+  }
+}
+
+// Max / sum over the 4 lanes of a quad (one fragment row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Two C fragments (columns 16·kk .. 16·kk + 7 and 16·kk + 8 .. 16·kk + 15 of a 16-row tile),
+// rounded to T, as the A fragment of the k16 step kk (see mma.cuh: P·V from registers).
+template <class T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack2<T>(lo[0], lo[1]);
+  a[1] = pack2<T>(lo[2], lo[3]);
+  a[2] = pack2<T>(hi[0], hi[1]);
+  a[3] = pack2<T>(hi[2], hi[3]);
+}
+
+// Stores the C fragment of an m16n8 tile (f32) at rows row0.., cols col0.. of a row-major
+// [rows × ld] T matrix, rows ≥ nrows skipped (col0 + 8 ≤ ld assumed).
+template <class T>
+__device__ __forceinline__ void store_c(T* out, int64_t ld, const float (&c)[4], int64_t row0, int col0,
+                                        int64_t nrows, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int hrow = 0; hrow < 2; ++hrow) {
+    const int64_t r = row0 + g + 8 * hrow;
+    if (r < nrows)
+      *reinterpret_cast<uint32_t*>(out + r * ld + col0 + 2 * t) = pack2<T>(c[2 * hrow], c[2 * hrow + 1]);
+  }
+}
+
+}  // namespace kiln::kernels::cuda::flex_mma
