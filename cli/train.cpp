@@ -77,7 +77,7 @@ int run_train(const Args& args) {
   p.option("--intermediate", &c.intermediate, "N", "SwiGLU MLP width");
   p.option("--rope-theta", &c.rope_theta, "T", "rotary embedding base");
   p.flag("--tie-embeddings", &c.tie_embeddings, "share the input embedding with the output projection");
-  p.option("--attention", &c.attention, "BACKEND", "attention backend: auto (flex on CUDA, reference on CPU), "
+  p.option("--attention", &c.attention, "BACKEND", "attention backend: auto (= flex), "
            "reference (ops) or flex");
   p.option("--attention-mask", &c.attention_mask, "MASK", "causal, window:W (sliding window of W tokens) or "
            "document (causal within packed documents; needs --sample-mode packed)");

@@ -23,7 +23,7 @@ struct TrainConfig {
   int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, intermediate = 0;
   double rope_theta = 10000.0, norm_eps = 1e-5, init_std = 0.02;
   bool tie_embeddings = false;
-  std::string attention = "auto";  // auto (flex on CUDA, reference on CPU) | reference | flex
+  std::string attention = "auto";  // auto (flex; measured faster or equal on CPU too) | reference | flex
   // auto (document with sample=packed, else causal) | causal | window:W (causal, W tokens back,
   // the query included) | document (causal within the packed documents of the data loader's
   // per-token document ids; needs sample=packed)
