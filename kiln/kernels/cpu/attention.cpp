@@ -1,21 +1,53 @@
 // CPU FlexAttention tile products (the hot loops of kernels/cpu/attention_impl.h), compiled for
-// AVX2+FMA and for the baseline ISA and picked at load time (target_clones).
+// x86-64-v3 (AVX2+FMA) and for the baseline ISA and picked at load time by CPU features
+// (target_clones). Each product is register-blocked: a kR x kC block of the output stays in
+// registers over the whole reduction (kC floats = two AVX2 vectors), and every output element
+// sums its terms in increasing reduction index, exactly as the plain loops did.
+#include <algorithm>
 #include <cstdint>
 
 #include "kiln/kernels/cpu/attention_impl.h"
 
 namespace kiln::kernels::cpu::flex_detail {
 
-// The tile products are compiled twice (AVX2+FMA and the baseline) and picked at load time.
+// "arch=x86-64-v3" dispatches on the CPU's features (AVX2, FMA, ...); "arch=haswell" would
+// dispatch on the CPU model (Intel Haswell only) and leave every other x86 on the baseline.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#define KILN_FLEX_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define KILN_FLEX_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define KILN_FLEX_CLONES
 #endif
 
+namespace {
+constexpr int64_t kR = 4;   // output rows per register block
+constexpr int64_t kC = 16;  // output columns per register block
+}  // namespace
+
 // s[i * ld + j] = sum_e a[i * n + e] * bt[e * ld + j] for i < m, j < nk.
 KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, int64_t n, const float* bt, int64_t nk) {
-  for (int64_t i = 0; i < m; ++i) {
+  int64_t i0 = 0;
+  for (; i0 + kR <= m; i0 += kR) {
+    int64_t j0 = 0;
+    for (; j0 + kC <= nk; j0 += kC) {
+      float c[kR][kC] = {};
+      for (int64_t e = 0; e < n; ++e) {
+        const float* b = bt + e * ld + j0;
+        for (int64_t r = 0; r < kR; ++r) {
+          const float ar = a[(i0 + r) * n + e];
+#pragma omp simd
+          for (int64_t j = 0; j < kC; ++j) c[r][j] += ar * b[j];
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r) std::copy(c[r], c[r] + kC, s + (i0 + r) * ld + j0);
+    }
+    for (int64_t i = i0; i < i0 + kR; ++i)  // column tail
+      for (int64_t j = j0; j < nk; ++j) {
+        float acc = 0.0f;
+        for (int64_t e = 0; e < n; ++e) acc += a[i * n + e] * bt[e * ld + j];
+        s[i * ld + j] = acc;
+      }
+  }
+  for (int64_t i = i0; i < m; ++i) {  // row tail
     float* si = s + i * ld;
 #pragma omp simd
     for (int64_t j = 0; j < nk; ++j) si[j] = 0.0f;
@@ -28,29 +60,69 @@ KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, 
     }
   }
 }
+
 // acc[r * n + :] += sum_c w[r * ld + c] * x[c * n + :] (w indexed by (row, col)).
 KILN_FLEX_CLONES void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* ar = acc + r * n;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float wc = w[r * ld + c];
-      if (wc == 0.0f) continue;
-      const float* xc = x + c * n;
+  int64_t r0 = 0;
+  for (; r0 + kR <= rows; r0 += kR) {
+    int64_t e0 = 0;
+    for (; e0 + kC <= n; e0 += kC) {
+      float c[kR][kC];
+      for (int64_t r = 0; r < kR; ++r) std::copy(acc + (r0 + r) * n + e0, acc + (r0 + r) * n + e0 + kC, c[r]);
+      for (int64_t k = 0; k < cols; ++k) {
+        const float* xk = x + k * n + e0;
+        for (int64_t r = 0; r < kR; ++r) {
+          const float wk = w[(r0 + r) * ld + k];
 #pragma omp simd
-      for (int64_t e = 0; e < n; ++e) ar[e] += wc * xc[e];
+          for (int64_t e = 0; e < kC; ++e) c[r][e] += wk * xk[e];
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r) std::copy(c[r], c[r] + kC, acc + (r0 + r) * n + e0);
+    }
+    for (int64_t r = r0; r < r0 + kR; ++r)  // column tail
+      for (int64_t k = 0; k < cols; ++k)
+        for (int64_t e = e0; e < n; ++e) acc[r * n + e] += w[r * ld + k] * x[k * n + e];
+  }
+  for (int64_t r = r0; r < rows; ++r) {  // row tail
+    float* ar = acc + r * n;
+    for (int64_t k = 0; k < cols; ++k) {
+      const float wk = w[r * ld + k];
+      const float* xk = x + k * n;
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) ar[e] += wk * xk[e];
     }
   }
 }
+
 // acc[c * n + :] += sum_r w[r * ld + c] * x[r * n + :] (the transposed product).
 KILN_FLEX_CLONES void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float wc = w[r * ld + c];
-      if (wc == 0.0f) continue;
-      float* ac = acc + c * n;
+  int64_t c0 = 0;
+  for (; c0 + kR <= cols; c0 += kR) {
+    int64_t e0 = 0;
+    for (; e0 + kC <= n; e0 += kC) {
+      float c[kR][kC];
+      for (int64_t q = 0; q < kR; ++q) std::copy(acc + (c0 + q) * n + e0, acc + (c0 + q) * n + e0 + kC, c[q]);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * n + e0;
+        for (int64_t q = 0; q < kR; ++q) {
+          const float wq = w[r * ld + c0 + q];
 #pragma omp simd
-      for (int64_t e = 0; e < n; ++e) ac[e] += wc * xr[e];
+          for (int64_t e = 0; e < kC; ++e) c[q][e] += wq * xr[e];
+        }
+      }
+      for (int64_t q = 0; q < kR; ++q) std::copy(c[q], c[q] + kC, acc + (c0 + q) * n + e0);
+    }
+    for (int64_t q = c0; q < c0 + kR; ++q)  // column tail
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t e = e0; e < n; ++e) acc[q * n + e] += w[r * ld + q] * x[r * n + e];
+  }
+  for (int64_t q = c0; q < cols; ++q) {  // row tail
+    float* aq = acc + q * n;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float wq = w[r * ld + q];
+      const float* xr = x + r * n;
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) aq[e] += wq * xr[e];
     }
   }
 }
