@@ -3,6 +3,12 @@
 // (target_clones). Each product is register-blocked: a kR x kC block of the output stays in
 // registers over the whole reduction (kC floats = two AVX2 vectors), and every output element
 // sums its terms in increasing reduction index, exactly as the plain loops did.
+// No FP-exception traps are observed: lets GCC if-convert (and so vectorise) the clamps in
+// fast_expf. Results are unchanged. Set before every include, so that every function of this
+// file has the same options (a mismatch would stop inlining).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include <algorithm>
 #include <cstdint>
 
@@ -124,6 +130,36 @@ KILN_FLEX_CLONES void tile_atx(float* acc, int64_t n, const float* w, int64_t ld
 #pragma omp simd
       for (int64_t e = 0; e < n; ++e) aq[e] += wq * xr[e];
     }
+  }
+}
+
+}  // namespace kiln::kernels::cpu::flex_detail
+
+namespace kiln::kernels::cpu::flex_detail {
+
+KILN_FLEX_CLONES float row_max(const float* s, int64_t n) {
+  float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+  return mx;
+}
+
+KILN_FLEX_CLONES float row_exp_sum(float* s, int64_t n, float m) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = fast_expf(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+KILN_FLEX_CLONES void row_softmax_grad(float* s, float* d, int64_t n, float lse, float delta) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const float p = fast_expf(s[j] - lse);
+    s[j] = p;
+    d[j] = p * (d[j] - delta);
   }
 }
 
