@@ -16,13 +16,7 @@
 
 namespace kiln::kernels::cpu::flex_detail {
 
-// "arch=x86-64-v3" dispatches on the CPU's features (AVX2, FMA, ...); "arch=haswell" would
-// dispatch on the CPU model (Intel Haswell only) and leave every other x86 on the baseline.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#define KILN_FLEX_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define KILN_FLEX_CLONES
-#endif
+#define KILN_FLEX_CLONES KILN_CPU_CLONES  // kernels/cpu/vec_math.h
 
 namespace {
 constexpr int64_t kR = 4;   // output rows per register block

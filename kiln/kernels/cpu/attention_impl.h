@@ -25,30 +25,9 @@
 #include "kiln/attention/mods.h"
 #include "kiln/core/dtype.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cpu/vec_math.h"
 
 namespace kiln::kernels::cpu {
-
-// exp(x) for x <= ~88 with ~2 ulp error; exactly 0 for x < -87.3 (and for -inf). Branch-free,
-// so loops over it vectorise.
-inline float fast_expf(float x) {
-  const float keep = x < -87.3f ? 0.0f : 1.0f;  // a multiplier, not a branch (vectorises)
-  x = x < 88.0f ? x : 88.0f;
-  x = x > -87.3f ? x : -87.3f;
-  float t = x * 1.44269504088896341f;
-  float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  float s = std::bit_cast<float>(e);
-  return p * s * keep;
-}
 
 namespace flex_detail {
 
