@@ -55,7 +55,7 @@ bool env_profile() {
 
 int run_bench_lce(const Args& args) {
   std::string device_s = "cpu", dtype_s = "f32", impls;
-  int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0, chunk = 0, dh_split = 0, row_pass = 0;
+  int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0, chunk = 0, dh_split = 0, row_pass = 0, dw_sms = 0;
   double filter_eps = std::ldexp(1.0, -12);
   bool profile = false;
   ArgParser p("bench lce", "Times forward + backward of linear_cross_entropy (impl 'fused'), of the unfused\n"
@@ -77,6 +77,9 @@ int run_bench_lce(const Args& args) {
   p.option("--dh-split", &dh_split, "S", "fused, CUDA: slices of V for the d_hidden product (0 or 1: unsplit)");
   p.option("--row-pass", &row_pass, "K",
            "fused, CUDA: 0 the cluster row pass where it fits, 1 the persistent two-read row pass");
+  p.option("--dw-sms", &dw_sms, "K",
+           "fused, CUDA, experimental: d_weight product on a side stream on K SMs, concurrent with d_hidden\n"
+           "(0: off; not in the --profile step)");
   p.option("--filter-eps", &filter_eps, "E", "fused_filter: the gradient filter's eps (default 2^-12)");
   p.flag("--profile", &profile,
          "fused, CUDA: one more step timing each phase (logits GEMM, row pass, d_hidden, its reduction,\n"
@@ -109,6 +112,7 @@ int run_bench_lce(const Args& args) {
   base_opts.chunk_tokens = chunk;
   base_opts.dh_split = dh_split;
   base_opts.row_pass = static_cast<int>(row_pass);
+  base_opts.dw_sms = dw_sms;
 
   std::fprintf(stderr, "%-12s %-6s %-6s %10s %12s %9s %12s\n", "impl", "device", "dtype", "ms", "peak MiB", "TFLOP/s",
                "loss");

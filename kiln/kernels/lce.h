@@ -40,6 +40,10 @@ struct LceParams {
   int row_pass = 0;              // CUDA row pass: 0 the cluster kernel where it fits (one read of the
                                  // logits, slices in shared memory), else the persistent kernel;
                                  // 1 always the persistent kernel (two reads, the second mostly L2)
+  int64_t dw_sms = 0;            // CUDA, experimental: > 0 runs each chunk's d_weight product on a
+                                 // side stream with cuBLASLt's SM-count target dw_sms (no workspace),
+                                 // concurrent with d_hidden on the other SMs; no extra memory;
+                                 // ignored while profiling. 0: sequential (default)
   LceProfile* profile = nullptr; // when set, filled (summed into) by the CUDA body
 };
 

@@ -86,6 +86,7 @@ void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target
   KILN_CHECK(o.dh_split >= 0, kOp, ": dh_split=", o.dh_split, " must be >= 0 (0 or 1: unsplit)");
   KILN_CHECK(o.row_pass == 0 || o.row_pass == 1, kOp, ": row_pass=", o.row_pass,
              " must be 0 (cluster where it fits) or 1 (persistent)");
+  KILN_CHECK(o.dw_sms >= 0, kOp, ": dw_sms=", o.dw_sms, " must be >= 0 (0: off)");
 }
 
 // Checks every target against [0, V) ∪ {ignore_index} (on CUDA without a host synchronisation:
@@ -200,6 +201,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   p.chunk_tokens = o.chunk_tokens;
   p.dh_split = o.dh_split;
   p.row_pass = o.row_pass;
+  p.dw_sms = o.dw_sms;
   p.profile = o.profile;
   // The divisor of the summed loss: num_items, else Σ w[target] (mean; a device scalar, so that
   // no step waits for the device) or 1 (sum). A zero divisor leaves the gradients unscaled (they

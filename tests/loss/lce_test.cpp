@@ -519,6 +519,35 @@ TEST_P(Lce, RowPassesClusterAndPersistent) {
   }
 }
 
+// The experimental overlap (CUDA): each chunk's d_weight product on a side stream on part of the
+// SMs, concurrent with d_hidden. Same results as the truth over several chunks (the side stream
+// keeps the chunk order, the next chunk waits for it), and the same bits run to run.
+TEST_P(Lce, OverlappedWeightGradient) {
+  if (!dev().is_cuda()) GTEST_SKIP() << "dw_sms is a CUDA option (the CPU kernel ignores it)";
+  const std::vector<Case> cs = option_cases();
+  const Case& all = cs[cs.size() - 2];
+  Case c = all;
+  c.set = [&all](LinearCrossEntropyOptions& o) {
+    all.set(o);
+    o.dw_sms = 40;
+  };
+  check_case(c, {257, 24}, 1003, DType::f32, 64, 490);
+  check_case(c, {130, 24}, 5003, DType::bf16, 32, 491);
+  set_deterministic(true);
+  Inputs in = make_inputs(492, {200, 24}, 2000, 0.2);
+  LinearCrossEntropyOptions o;
+  c.set(o);
+  o.chunk_tokens = 48;
+  Outcome a = run(Impl::fused, in, o, true, true, DType::bf16, dev());
+  Outcome b = run(Impl::fused, in, o, true, true, DType::bf16, dev());
+  for (auto [x, y] : {std::pair{a.gh, b.gh}, {a.gw, b.gw}, {a.gb, b.gb}}) {
+    auto vx = x.to_vector<double>(), vy = y.to_vector<double>();
+    ASSERT_EQ(vx.size(), vy.size());
+    EXPECT_EQ(0, std::memcmp(vx.data(), vy.data(), vx.size() * sizeof(double)));
+  }
+  set_deterministic(false);
+}
+
 // The training path does not wait for the device: the target range check is deferred, the
 // mean's divisor stays on the device, and grad_output scales the gradients there (mean, sum
 // with num_items, grad_output 1 and not 1, a recomputing second backward).
@@ -599,6 +628,9 @@ TEST_P(Lce, BadInputsNameTheProblem) {
   o = {};
   o.row_pass = 2;
   expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "row_pass=2 must be 0");
+  o = {};
+  o.dw_sms = -1;
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "dw_sms=-1 must be >= 0");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Lce, ::testing::Values(kCPU, cuda(0)),

@@ -481,6 +481,7 @@ struct LtGemm {
   MatmulDesc op;
   Layout a, b, c;
   cublasLtMatmulHeuristicResult_t heur{};
+  bool ws = true;  // uses the context's workspace
 };
 
 struct GemmShape {
@@ -490,6 +491,8 @@ struct GemmShape {
   int64_t lda = 0, ldb = 0, ldc = 0;
   uint32_t align_a = 256, align_b = 256, align_c = 256;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  int32_t sm_target = 0;      // > 0: CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET (a concurrent GEMM has the rest)
+  bool no_workspace = false;  // the product runs on the side stream: no share of the context's workspace
 };
 
 std::unique_ptr<LtGemm> make_gemm(DeviceContext& ctx, const GemmShape& s) {
@@ -500,13 +503,18 @@ std::unique_ptr<LtGemm> make_gemm(DeviceContext& ctx, const GemmShape& s) {
   const cublasOperation_t opa = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), "transa");
   lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), "transb");
+  if (s.sm_target > 0)
+    lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &s.sm_target,
+                                            sizeof(s.sm_target)),
+             "sm count target");
+  g->ws = !s.no_workspace;
   g->a = make_layout(s.at, s.ta ? s.k : s.m, s.ta ? s.m : s.k, s.lda, s.batch, s.stride_a);
   g->b = make_layout(s.bt, s.tb ? s.n : s.k, s.tb ? s.k : s.n, s.ldb, s.batch, s.stride_b);
   g->c = make_layout(s.ct, s.m, s.n, s.ldc, s.batch, s.stride_c);
   cublasLtMatmulPreference_t pr = nullptr;
   lt_check(cublasLtMatmulPreferenceCreate(&pr), "preference");
   Preference pref(pr);
-  size_t ws = ctx.workspace_bytes;
+  size_t ws = s.no_workspace ? 0 : ctx.workspace_bytes;
   cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &s.align_a, sizeof(s.align_a));
   cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &s.align_b, sizeof(s.align_b));
@@ -539,12 +547,50 @@ std::unique_ptr<LtGemm> make_gemm(DeviceContext& ctx, const GemmShape& s) {
   return g;
 }
 
-void run_gemm(DeviceContext& ctx, const LtGemm& g, const void* A, const void* B, void* C, float beta) {
+void run_gemm(DeviceContext& ctx, const LtGemm& g, const void* A, const void* B, void* C, float beta,
+              cudaStream_t stream = nullptr) {
   const float alpha = 1.f;
   lt_check(cublasLtMatmul(ctx.cublaslt, g.op.get(), &alpha, A, g.a.get(), B, g.b.get(), &beta, C, g.c.get(), C,
-                          g.c.get(), &g.heur.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream),
+                          g.c.get(), &g.heur.algo, g.ws ? ctx.workspace : nullptr, g.ws ? ctx.workspace_bytes : 0,
+                          stream ? stream : ctx.stream),
            "cublasLtMatmul");
 }
+
+// The side stream of the d_weight product (LceParams::dw_sms): created per call, joined into the
+// context stream `main` when it goes out of scope (declared after the chunk buffer, so before the
+// buffer returns to the caching allocator, which tracks the context stream only).
+class SideStream {
+ public:
+  SideStream(bool on, cudaStream_t main) : main_(main) {
+    if (!on) return;
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() {
+    if (stream_ && cudaEventRecord(done_, stream_) == cudaSuccess) cudaStreamWaitEvent(main_, done_, 0);
+    if (done_) cudaEventDestroy(done_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);  // released once its work is done
+  }
+  cudaStream_t get() const { return stream_; }
+  // The side stream waits for everything queued on `main` so far.
+  void fork(cudaStream_t main) {
+    KILN_CUDA_CHECK(cudaEventRecord(ready_, main));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  }
+  // `main` waits for everything queued on the side stream so far.
+  void join(cudaStream_t main) {
+    KILN_CUDA_CHECK(cudaEventRecord(done_, stream_));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(main, done_, 0));
+  }
+
+ private:
+  cudaStream_t main_ = nullptr, stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+};
 
 // Slice length of V when the d_hidden product is split s ways: a multiple of 8 elements (16-byte
 // aligned batch offsets); the remainder v − s·slice goes into the last partial.
@@ -688,6 +734,10 @@ void run(const LceParams& p, const LceTensors& t) {
   const T* cw = t.class_weight.defined() ? static_cast<const T*>(t.class_weight.data_ptr()) : nullptr;
   const float* rs = t.row_scale.defined() ? t.row_scale.data<float>() : nullptr;
 
+  // d_weight on a side stream, concurrent with d_hidden, each held to part of the SMs (opt-in;
+  // not while profiling, whose events time one stream).
+  const bool overlap = p.dw_sms > 0 && p.dw_sms < ctx.sm_count && gw && gh && grads && !p.profile;
+  const int32_t dh_sms = overlap ? static_cast<int32_t>(ctx.sm_count - p.dw_sms) : 0;
   auto plan = [&](int64_t mm) {
     ChunkPlans pl;
     GemmShape g;
@@ -704,11 +754,13 @@ void run(const LceParams& p, const LceTensors& t) {
       // d_hidden rows [mm, d] = column-major [d, mm] = Wᵀ[d, V] · dzᵀ[V, mm].
       g = dh_shape(d, mm, v, ld, 1, ct, gh_t, W, es);
       g.align_b = alignment_of(buf), g.align_c = alignment_of(gh, m * d * gh_es);
+      g.sm_target = dh_sms;
       pl.dh = make_gemm(ctx, g);
     } else if (gh) {
       // Partial s [d, mm] (f32) = W[s·vs : (s+1)·vs]ᵀ · dz[:, s·vs : (s+1)·vs]ᵀ, one batched call.
       g = dh_shape(d, mm, v, ld, S, ct, gh_t, W, es);
       g.align_b = alignment_of(buf, vs * es), g.align_c = alignment_of(part, mm * d * 4);
+      g.sm_target = dh_sms;
       pl.dh = make_gemm(ctx, g);
       if (vtail > 0) {
         GemmShape tg = g;
@@ -716,6 +768,7 @@ void run(const LceParams& p, const LceTensors& t) {
         tg.batch = 1, tg.stride_a = tg.stride_b = tg.stride_c = 0;
         tg.align_a = alignment_of(W + S * vs * d), tg.align_b = alignment_of(buf + S * vs);
         tg.align_c = alignment_of(part + (S - 1) * mm * d);
+        tg.sm_target = dh_sms;
         pl.dh_tail = make_gemm(ctx, tg);
       }
     }
@@ -727,6 +780,7 @@ void run(const LceParams& p, const LceTensors& t) {
       g.at = g.bt = ct, g.ct = gw_t;
       g.lda = d, g.ldb = ld, g.ldc = d;
       g.align_a = alignment_of(H, m * d * es), g.align_b = alignment_of(buf), g.align_c = alignment_of(gw);
+      if (overlap) g.sm_target = static_cast<int32_t>(p.dw_sms), g.no_workspace = true;
       pl.dw = make_gemm(ctx, g);
     }
     return pl;
@@ -740,10 +794,12 @@ void run(const LceParams& p, const LceTensors& t) {
   const int row_blocks = std::max(ctx.sm_count, 1);
   const double* gscale = t.grad_scale.defined() ? t.grad_scale.data<double>() : nullptr;
   const ClusterPlan cp = p.row_pass == 1 ? ClusterPlan{} : plan_cluster_rows<T, I>(ctx, ld);
+  SideStream side(overlap, ctx.stream);
   for (int64_t r0 = 0; r0 < n; r0 += m) {
     const int64_t mm = std::min(m, n - r0);
     const ChunkPlans& pl = mm == m ? full : last;
     const T* hc = H + r0 * d;
+    if (overlap && r0 > 0) side.join(ctx.stream);  // the previous d_weight product has read the buffer
     run_gemm(ctx, *pl.logits, W, hc, buf, 0.f);
     timer.mark(acc(&LceProfile::logits_ms));
     if (cp.c > 0) {
@@ -760,6 +816,10 @@ void run(const LceParams& p, const LceTensors& t) {
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy rows");
     timer.mark(acc(&LceProfile::rows_ms));
     if (!grads) continue;
+    if (overlap) {  // d_weight (the chunk order is kept: one side stream) while d_hidden runs here
+      side.fork(ctx.stream);
+      run_gemm(ctx, *pl.dw, hc, buf, gw, 1.f, side.get());
+    }
     if (gh) {
       char* ghc = gh + r0 * d * gh_es;
       if (S == 1) {
@@ -778,7 +838,7 @@ void run(const LceParams& p, const LceTensors& t) {
         timer.mark(acc(&LceProfile::dh_reduce_ms));
       }
     }
-    if (gw) {
+    if (gw && !overlap) {
       run_gemm(ctx, *pl.dw, hc, buf, gw, 1.f);
       timer.mark(acc(&LceProfile::dw_ms));
     }
