@@ -8,6 +8,9 @@
 // file has the same options (a mismatch would stop inlining).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
+// No FMA contraction either: a*b+c rounds as in the baseline clone, so Δ = rowsum(dO ∘ O) and
+// dP = dO·Vᵀ cancel exactly where P is one-hot (a window of 1 gives exactly zero dQ/dK).
+#pragma GCC optimize("fp-contract=off")
 #endif
 #include <algorithm>
 #include <cstdint>
@@ -130,6 +133,12 @@ KILN_FLEX_CLONES void tile_atx(float* acc, int64_t n, const float* w, int64_t ld
 }  // namespace kiln::kernels::cpu::flex_detail
 
 namespace kiln::kernels::cpu::flex_detail {
+
+KILN_FLEX_CLONES float row_dot(const float* a, const float* b, int64_t n) {
+  float d = 0.0f;
+  for (int64_t e = 0; e < n; ++e) d += a[e] * b[e];
+  return d;
+}
 
 KILN_FLEX_CLONES float row_max(const float* s, int64_t n) {
   float mx = kNegInf;

@@ -62,6 +62,9 @@ void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, co
 // acc[c * n + :] += sum_r w[r * ld + c] * x[r * n + :] (the transposed product).
 void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols);
 // Row loops of the online softmax and its gradient (same file, same dispatch):
+// sum_e a[e] * b[e] in increasing e: the order (and FMA use) of one element of tile_abt, so that
+// Δ = rowsum(dO ∘ O) cancels exactly against dP where P is one-hot (e.g. a window of 1).
+float row_dot(const float* a, const float* b, int64_t n);
 // max over s[0..n) (-inf for n == 0).
 float row_max(const float* s, int64_t n);
 // s[j] = fast_expf(s[j] - m) for j < n; returns the sum of the new s.
@@ -223,7 +226,10 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
 #pragma omp parallel for schedule(static) if (rows > 256)
   for (int64_t r = 0; r < rows; ++r) {
     float d = 0.0f;
-    for (int64_t e = 0; e < Ev; ++e) d += static_cast<float>(dout[r * Ev + e]) * static_cast<float>(out[r * Ev + e]);
+    if constexpr (std::is_same_v<T, float>)
+      d = row_dot(dout + r * Ev, out + r * Ev, Ev);
+    else
+      for (int64_t e = 0; e < Ev; ++e) d += static_cast<float>(dout[r * Ev + e]) * static_cast<float>(out[r * Ev + e]);
     p.delta[r] = d - (p.dlse ? p.dlse[r] : 0.0f);
   }
   // ---- dQ pass ----
