@@ -23,7 +23,7 @@ TrainConfig preset(const std::string& name) {
     c.steps = 200; c.batch = 8; c.seq = 64; c.lr = 3e-3; c.eval_every = 50; c.ckpt_every = 0;
   } else if (name == "small") {  // the default: about two minutes on 2 CPU cores
     c.hidden = 128; c.layers = 4; c.heads = 4; c.kv_heads = 2; c.intermediate = 352;
-    c.steps = 150; c.batch = 8; c.seq = 128; c.lr = 2e-3; c.eval_every = 50; c.ckpt_every = 0;
+    c.steps = 600; c.batch = 8; c.seq = 128; c.lr = 2e-3; c.eval_every = 100; c.ckpt_every = 0;
   } else if (name == "125m") {  // GPT-3 small shape
     c.hidden = 768; c.layers = 12; c.heads = 12; c.kv_heads = 4; c.intermediate = 2048;
     c.steps = 5000; c.batch = 16; c.seq = 2048; c.lr = 6e-4; c.eval_every = 250; c.ckpt_every = 1000;
