@@ -308,7 +308,9 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
   NT* Gs = Qs + kRows * E;
   NT* Ks = Gs + kRows * E;   // [2][BK][E]
   NT* Vs = Ks + 2 * BK * E;  // [2][BK][E]
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kRows, h = blockIdx.y, b = blockIdx.z;
+  // Heaviest first under causal masks (the last query tile has the most KV blocks; the dK/dV
+  // grid is already in that order: key tile 0 is seen by every query).
+  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows, h = blockIdx.y, b = blockIdx.z;
   const int64_t hk = h / (p.Hq / p.Hkv), row = mask_row(p, b, h) * p.nQ + i0 / p.QB;
   const int64_t orow = (b * p.Hq + h) * p.L;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
