@@ -37,7 +37,8 @@ struct FlexResult {
   Tensor lse;  // defined when options.return_lse
 };
 
-// The library combinations that have CUDA bodies (kernels/cuda/attention.cu).
+// The library combinations that have CUDA bodies (kernels/cuda/attention.cu and
+// attention_score_mods.cu); see docs/attention.md for instantiating your own.
 }  // namespace kiln::attention
 namespace kiln::kernels {
 template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::NoMask> = true;
@@ -45,6 +46,12 @@ template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention
 template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::SlidingWindow> = true;
 template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::DocumentCausal> = true;
 template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::PrefixLM> = true;
+template <> inline constexpr bool has_cuda_flex<attention::Alibi, attention::NoMask> = true;
+template <> inline constexpr bool has_cuda_flex<attention::Alibi, attention::Causal> = true;
+template <> inline constexpr bool has_cuda_flex<attention::Softcap, attention::NoMask> = true;
+template <> inline constexpr bool has_cuda_flex<attention::Softcap, attention::Causal> = true;
+template <> inline constexpr bool has_cuda_flex<attention::RelativePositionBias, attention::NoMask> = true;
+template <> inline constexpr bool has_cuda_flex<attention::RelativePositionBias, attention::Causal> = true;
 }  // namespace kiln::kernels
 namespace kiln::attention {
 
@@ -67,7 +74,8 @@ void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& s
     }
 #endif
     fail("flex_attention: no CUDA body for this score_mod/mask_mod combination (the library's masks with "
-         "NoScoreMod have one; instantiate others in kernels/cuda/attention.cu)");
+         "NoScoreMod, and ALiBi/softcap/relative bias with no mask or causal, have one; instantiate others with "
+         "KILN_FLEX_CUDA_INSTANTIATE, see docs/attention.md)");
   }
   switch (dt) {
     case DType::f32: return kernels::cpu::flex_forward<float>(p, sm, mm);
@@ -87,7 +95,8 @@ void run_backward(const kernels::FlexParams& p, DType dt, Device dev, const SM& 
     }
 #endif
     fail("flex_attention: no CUDA body for this score_mod/mask_mod combination (the library's masks with "
-         "NoScoreMod have one; instantiate others in kernels/cuda/attention.cu)");
+         "NoScoreMod, and ALiBi/softcap/relative bias with no mask or causal, have one; instantiate others with "
+         "KILN_FLEX_CUDA_INSTANTIATE, see docs/attention.md)");
   }
   switch (dt) {
     case DType::f32: return kernels::cpu::flex_backward<float>(p, sm, mm);

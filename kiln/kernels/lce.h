@@ -19,7 +19,8 @@ namespace kiln::kernels {
 // the device), the chunking chosen, and the cuBLASLt algorithm of each product.
 struct LceProfile {
   double logits_ms = 0, rows_ms = 0, dh_ms = 0, dh_reduce_ms = 0, dw_ms = 0, bias_ms = 0;
-  int64_t chunks = 0, chunk_tokens = 0, dh_split = 0, extra_bytes = 0;  // extra: buffers + workspace
+  int64_t chunks = 0, chunk_tokens = 0, dh_split = 0, extra_bytes = 0;  // extra: the chunk buffers
+  int64_t row_cluster = 0;  // CTAs per row of the cluster row pass; 0: the persistent row kernel
   std::string logits_algo, dh_algo, dw_algo;  // cuBLASLt algo config (id, tile, split-K, ...)
 };
 
@@ -34,7 +35,15 @@ struct LceParams {
   double filter_eps = 0.0;       // > 0: gradient entries with |dz| < eps (before scaling) become 0
   int64_t chunk_tokens = 0;      // 0: the backend's choice
   int64_t dh_split = 0;          // CUDA: slices of V the d_hidden product is split into (each an
-                                 // f32 partial, summed in a fixed order); 0: from the shape, 1: off
+                                 // f32 partial, summed in a fixed order); 0 or 1: unsplit (cuBLASLt
+                                 // picks its own split-K)
+  int row_pass = 0;              // CUDA row pass: 0 the cluster kernel where it fits (one read of the
+                                 // logits, slices in shared memory), else the persistent kernel;
+                                 // 1 always the persistent kernel (two reads, the second mostly L2)
+  int64_t dw_sms = 0;            // CUDA, experimental: > 0 runs each chunk's d_weight product on a
+                                 // side stream with cuBLASLt's SM-count target dw_sms (no workspace),
+                                 // concurrent with d_hidden on the other SMs; no extra memory;
+                                 // ignored while profiling. 0: sequential (default)
   LceProfile* profile = nullptr; // when set, filled (summed into) by the CUDA body
 };
 
@@ -42,11 +51,13 @@ struct LceParams {
 // Outputs: loss/zloss/lse [N] in the accumulation dtype (f64 for f64 inputs, else f32).
 // Gradients are optional (undefined: not computed). grad_hidden is overwritten; grad_weight and
 // grad_bias are accumulated into (the caller zeroes them). row_scale [N] (accumulation dtype),
-// when defined, multiplies row i's gradient (reduction none's backward).
+// when defined, multiplies row i's gradient (reduction none's backward). grad_scale, when defined,
+// is an f64 scalar on the inputs' device multiplying every gradient besides p.grad_scale (the
+// mean's 1/divisor and grad_output, kept on the device so that no step waits for it).
 // CPU: gradients in the accumulation dtype. CUDA: grad_hidden and grad_weight in the input dtype
 // or f32, grad_bias f32.
 struct LceTensors {
-  Tensor hidden, weight, bias, target, class_weight, row_scale;
+  Tensor hidden, weight, bias, target, class_weight, row_scale, grad_scale;
   Tensor loss, zloss, lse;
   Tensor grad_hidden, grad_weight, grad_bias;
 };
@@ -97,6 +108,9 @@ void linear_cross_entropy(const LceParams& p, const LceTensors& t);
 }
 namespace cuda {
 void linear_cross_entropy(const LceParams& p, const LceTensors& t);
+// x *= s in place, s an f32 scalar on x's device (grad_output); nothing is written when s == 1.
+// x: f32, bf16 or f16, contiguous. No host synchronisation.
+void lce_scale(const Tensor& x, const Tensor& s);
 }
 
 }  // namespace kiln::kernels

@@ -8,11 +8,13 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <string>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/lce.h"
+#include "kiln/ops/index_check.h"
 
 namespace kiln {
 namespace {
@@ -27,6 +29,7 @@ struct LceState {
   Tensor hidden, weight, bias, target, class_weight;  // contiguous, detached
   Shape hidden_shape, target_shape;
   bool weight_grad_f32 = false;
+  Tensor grad_scale;  // mean without num_items: 1/divisor (1 for a zero divisor), f64 device scalar
   Tensor grad_hidden, grad_weight, grad_bias;  // computed in the forward (mean/sum), handed over once
   bool handed_over = false;
 };
@@ -80,23 +83,31 @@ void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target
   KILN_CHECK(std::isfinite(o.filter_eps) && o.filter_eps >= 0.0, kOp, ": filter_eps=", o.filter_eps,
              " must be finite and >= 0");
   KILN_CHECK(o.chunk_tokens >= 0, kOp, ": chunk_tokens=", o.chunk_tokens, " must be >= 0");
-  KILN_CHECK(o.dh_split >= 0, kOp, ": dh_split=", o.dh_split, " must be >= 0 (0: chosen from the shape)");
+  KILN_CHECK(o.dh_split >= 0, kOp, ": dh_split=", o.dh_split, " must be >= 0 (0 or 1: unsplit)");
+  KILN_CHECK(o.row_pass == 0 || o.row_pass == 1, kOp, ": row_pass=", o.row_pass,
+             " must be 0 (cluster where it fits) or 1 (persistent)");
+  KILN_CHECK(o.dw_sms >= 0, kOp, ": dw_sms=", o.dw_sms, " must be >= 0 (0: off)");
 }
 
-// Checks every target against [0, V) ∪ {ignore_index}; returns the mean's divisor
-// (Σ w[target] over non-ignored tokens; their count without class weights).
-double check_targets(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o) {
-  std::vector<int64_t> t = target.to_vector<int64_t>();
-  std::vector<double> cw;
-  if (o.weight.defined()) cw = o.weight.to_vector<double>();
-  double divisor = 0.0;
-  for (size_t i = 0; i < t.size(); ++i) {
-    if (t[i] == o.ignore_index) continue;
-    KILN_CHECK(t[i] >= 0 && t[i] < v, kOp, ": target[", i, "]=", t[i], " out of range [0, ", v,
-               ") (ignore_index is ", o.ignore_index, ")");
-    divisor += cw.empty() ? 1.0 : cw[static_cast<size_t>(t[i])];
-  }
-  return divisor;
+// Checks every target against [0, V) ∪ {ignore_index} (on CUDA without a host synchronisation:
+// a failure is raised at the next device-to-host copy, ops/index_check.h).
+void check_targets(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o) {
+  detail::check_index_range(target, 0, v, o.ignore_index, std::string(kOp) + ": target",
+                            " out of range [0, " + std::to_string(v) + ") (ignore_index is " +
+                                std::to_string(o.ignore_index) + ")");
+}
+
+// The mean's divisor as an f64 scalar on the target's device, computed there (no host sync):
+// Σ w[target] over non-ignored tokens, their count without class weights. Out-of-range targets
+// (reported by check_targets) count with a clamped index.
+Tensor mean_divisor(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o) {
+  const Device dev = target.device();
+  Tensor keep = ne(target, full({}, static_cast<double>(o.ignore_index), target.dtype(), dev)).to(DType::f64);
+  if (!o.weight.defined()) return sum(keep);
+  Tensor idx = minimum(maximum(target, zeros({}, target.dtype(), dev)),
+                       full({}, static_cast<double>(v - 1), target.dtype(), dev));
+  Tensor wt = embedding(o.weight.detach().to(DType::f64).contiguous().view({v, 1}), idx).view({target.numel()});
+  return sum(mul(wt, keep));
 }
 
 struct Rows {
@@ -104,8 +115,8 @@ struct Rows {
 };
 
 // Runs the kernel over the state's inputs; gradients (when defined in `g`) are accumulated.
-Rows run_kernel(const LceState& s, const kernels::LceParams& p, const Tensor& row_scale, const Tensor& gh,
-                const Tensor& gw, const Tensor& gb) {
+Rows run_kernel(const LceState& s, const kernels::LceParams& p, const Tensor& grad_scale, const Tensor& row_scale,
+                const Tensor& gh, const Tensor& gw, const Tensor& gb) {
   const DType acc = acc_dtype(s.hidden.dtype());
   const Device dev = s.hidden.device();
   Rows r{Tensor::empty({p.n}, acc, dev), Tensor::empty({p.n}, acc, dev), Tensor::empty({p.n}, acc, dev)};
@@ -115,6 +126,7 @@ Rows run_kernel(const LceState& s, const kernels::LceParams& p, const Tensor& ro
   t.bias = s.bias;
   t.target = s.target;
   t.class_weight = s.class_weight;
+  t.grad_scale = grad_scale;
   t.row_scale = row_scale;
   t.loss = r.loss;
   t.zloss = r.zloss;
@@ -145,6 +157,19 @@ Grads alloc_grads(const LceState& s, bool need_h, bool need_w, bool need_b) {
 
 Tensor to_dtype(const Tensor& t, DType d) { return !t.defined() || t.dtype() == d ? t : t.to(d); }
 
+// t *= go (grad_output, a scalar) in place. CUDA: on the device, a no-op when go is 1, without
+// a host sync; CPU: reads go directly.
+void scale_by(Tensor& t, const Tensor& go) {
+#ifdef KILN_CUDA
+  if (t.device().is_cuda()) {
+    kernels::cuda::lce_scale(t, go.reshape({}).to(DType::f32).contiguous());
+    return;
+  }
+#endif
+  const double x = go.item();
+  if (x != 1.0) mul_(t, x);
+}
+
 }  // namespace
 
 LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& target,
@@ -152,13 +177,13 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   check_args(hidden, weight, target, o);
   check_device_available(hidden.device(), kOp);
   const int64_t d = hidden.size(-1), v = weight.size(0), n = target.numel();
-  const double divisor = check_targets(target, v, o);
 
   auto s = std::make_shared<LceState>();
   s->hidden = hidden.detach().reshape({n, d}).contiguous();
   s->weight = weight.detach().contiguous();
   if (o.bias.defined()) s->bias = o.bias.detach().contiguous();
   s->target = target.detach().reshape({n}).contiguous();
+  check_targets(s->target, v, o);
   if (o.weight.defined()) s->class_weight = o.weight.detach().contiguous();
   s->hidden_shape = hidden.shape();
   s->target_shape = target.shape();
@@ -175,12 +200,28 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   p.filter_eps = o.filter_eps;
   p.chunk_tokens = o.chunk_tokens;
   p.dh_split = o.dh_split;
+  p.row_pass = o.row_pass;
+  p.dw_sms = o.dw_sms;
   p.profile = o.profile;
-  // The divisor of the summed loss: num_items, else Σ w[target] (mean) or 1 (sum).
-  double div = 1.0;
-  if (o.num_items > 0.0) div = o.num_items;
-  else if (o.reduction == Reduction::mean) div = divisor;
-  p.grad_scale = (o.reduction == Reduction::none || div == 0.0) ? 1.0 : 1.0 / div;
+  // The divisor of the summed loss: num_items, else Σ w[target] (mean; a device scalar, so that
+  // no step waits for the device) or 1 (sum). A zero divisor leaves the gradients unscaled (they
+  // are zero then) and makes the mean NaN, as in PyTorch.
+  const DType acc = acc_dtype(hidden.dtype());
+  double divisor_h = 1.0;
+  Tensor loss_scale;  // device divisor only: the mean's 1/divisor (NaN for 0), accumulation dtype
+  if (o.num_items > 0.0) divisor_h = o.num_items;
+  if (o.num_items == 0.0 && o.reduction == Reduction::mean) {
+    NoGradGuard ng;
+    const Device dev = hidden.device();
+    Tensor divisor = mean_divisor(s->target, v, o);
+    Tensor zero = eq(divisor, zeros({}, DType::f64, dev));
+    Tensor inv = div(ones({}, DType::f64, dev), divisor);
+    s->grad_scale = where(zero, ones({}, DType::f64, dev), inv);
+    loss_scale = where(zero, full({}, std::numeric_limits<double>::quiet_NaN(), DType::f64, dev), inv).to(acc);
+    p.grad_scale = 1.0;
+  } else {
+    p.grad_scale = o.reduction == Reduction::none ? 1.0 : 1.0 / divisor_h;
+  }
 
   std::vector<Tensor> inputs{hidden, weight};
   if (o.bias.defined()) inputs.push_back(o.bias);
@@ -194,13 +235,13 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
     NoGradGuard ng;
     if (grads_in_forward) {
       Grads g = alloc_grads(*s, need_h, need_w, need_b);
-      rows = run_kernel(*s, p, Tensor(), g.h, g.w, g.b);
+      rows = run_kernel(*s, p, s->grad_scale, Tensor(), g.h, g.w, g.b);
       const DType in = hidden.dtype();
       s->grad_hidden = g.h.defined() ? to_dtype(g.h, in).view(s->hidden_shape) : Tensor();
       s->grad_weight = to_dtype(g.w, in);
       s->grad_bias = to_dtype(g.b, in);
     } else {
-      rows = run_kernel(*s, p, Tensor(), Tensor(), Tensor(), Tensor());
+      rows = run_kernel(*s, p, s->grad_scale, Tensor(), Tensor(), Tensor(), Tensor());
     }
     p.profile = nullptr;  // the node may outlive the caller's profile object
   }
@@ -212,10 +253,13 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
       res.loss = rows.loss.to(hidden.dtype()).view(target.shape());
       res.z_loss = rows.zloss.to(hidden.dtype()).view(target.shape());
     } else {
-      // Mean over zero (all targets ignored) is NaN, as in PyTorch.
-      const double scale = div == 0.0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / div;
-      res.loss = mul(sum(rows.loss), scale).to(hidden.dtype());
-      res.z_loss = mul(sum(rows.zloss), scale).to(hidden.dtype());
+      if (loss_scale.defined()) {
+        res.loss = mul(sum(rows.loss), loss_scale).to(hidden.dtype());
+        res.z_loss = mul(sum(rows.zloss), loss_scale).to(hidden.dtype());
+      } else {
+        res.loss = mul(sum(rows.loss), 1.0 / divisor_h).to(hidden.dtype());
+        res.z_loss = mul(sum(rows.zloss), 1.0 / divisor_h).to(hidden.dtype());
+      }
     }
     if (o.return_lse) res.lse = rows.lse.view(target.shape());
   }
@@ -227,22 +271,24 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
     if (!none && !s->handed_over) {
       // Gradients were computed in the forward: scale them by grad_output and hand them over.
       s->handed_over = true;
-      const double go = g[0].item();
       for (Tensor* t : {&s->grad_hidden, &s->grad_weight, &s->grad_bias})
-        if (t->defined() && go != 1.0) mul_(*t, go);
+        if (t->defined()) scale_by(*t, g[0]);
       out = {std::move(s->grad_hidden), std::move(s->grad_weight), std::move(s->grad_bias)};
       s->grad_hidden = s->grad_weight = s->grad_bias = Tensor();
     } else {
       // Recompute: reduction none (per-token grad_output) or a second backward.
       kernels::LceParams p = s->params;
-      Tensor row_scale;
+      Tensor row_scale, grad_scale;
       if (none) {
         row_scale = g[0].reshape({p.n}).to(acc_dtype(s->hidden.dtype())).contiguous();
       } else {
-        p.grad_scale *= g[0].item();
+        // grad_output stays on the device (no host sync): the kernel reads it as a scalar.
+        grad_scale = g[0].reshape({}).to(DType::f64);
+        if (s->grad_scale.defined()) grad_scale = mul(grad_scale, s->grad_scale);
+        grad_scale = grad_scale.contiguous();
       }
       Grads gr = alloc_grads(*s, need_h, need_w, need_b);
-      run_kernel(*s, p, row_scale, gr.h, gr.w, gr.b);
+      run_kernel(*s, p, grad_scale, row_scale, gr.h, gr.w, gr.b);
       const DType in = s->hidden.dtype();
       out = {gr.h.defined() ? to_dtype(gr.h, in).view(s->hidden_shape) : Tensor(), to_dtype(gr.w, in),
              to_dtype(gr.b, in)};

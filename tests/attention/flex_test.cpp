@@ -741,3 +741,60 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
     EXPECT_GT(check_backward_mma(2, Hq, Hkv, L, S, E, block, dt, host, dev, false, seed), 0);
   }
 }
+
+// The library's score mods on the GPU (ALiBi, soft-capping: tensor cores in 16 bits; the
+// learnable relative-position bias: its table gradient on the SIMT path) vs the float64
+// reference, no mask and causal, f32 and bf16, and bits equal across two runs.
+// sm runs on the GPU, sm_host in the reference (they differ when the functor holds a table).
+template <class SM>
+void check_cuda_score_mod(SM sm, SM sm_host, const char* name) {
+  const Device gpu = Device::parse("cuda:0");
+  for (bool causal : {false, true}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(testing::Message() << name << (causal ? " causal " : " no mask ") << dtype_name(dt));
+      const int64_t B = 2, Hq = 4, Hkv = 2, L = 129, S = 129, E = 64;
+      Generator gen(11);
+      Tensor q = make({B, Hq, L, E}, gen, dt), k = make({B, Hkv, S, E}, gen, dt), v = make({B, Hkv, S, E}, gen, dt);
+      Tensor dout = make({B, Hq, L, E}, gen, dt), dlse = make({B, Hq, L}, gen, DType::f32);
+      Tensor bias;
+      if constexpr (is_learnable_v<SM>) bias = mul(randn({Hq, L + S - 1}, gen), 0.5);
+      auto run = [&](auto mm) {
+        auto bm = create_block_mask(mm, 1, 1, L, S, 64, 64);
+        bm.layout = bm.layout.to(gpu);
+        Grads g = run_flex(q.to(gpu), k.to(gpu), v.to(gpu), sm, bm, dout.to(gpu), dlse.to(gpu),
+                           bias.defined() ? bias.to(gpu) : Tensor());
+        ReferenceResult ref =
+            reference_flex_attention(q, k, v, sm_host, mm, 1.0 / std::sqrt(double(E)), dout, dlse, bias);
+        Grads g2 = run_flex(q.to(gpu), k.to(gpu), v.to(gpu), sm, bm, dout.to(gpu), dlse.to(gpu),
+                            bias.defined() ? bias.to(gpu) : Tensor());
+        expect_close(g.out.to(kCPU), ref.out, dt, "out");
+        expect_close(g.lse.to(kCPU), ref.lse, DType::f32, "lse");
+        expect_close(g.dq.to(kCPU), ref.dq, dt, "dq");
+        expect_close(g.dk.to(kCPU), ref.dk, dt, "dk");
+        expect_close(g.dv.to(kCPU), ref.dv, dt, "dv");
+        std::vector<std::tuple<Tensor, Tensor, const char*>> same{
+            {g.dq, g2.dq, "dq"}, {g.dk, g2.dk, "dk"}, {g.dv, g2.dv, "dv"}};
+        if constexpr (is_learnable_v<SM>) {
+          expect_close(g.dbias.to(kCPU), ref.dbias, dt, "dbias");
+          same.emplace_back(g.dbias, g2.dbias, "dbias");
+        }
+        for (auto& [x, y, what] : same) {
+          Tensor a = x.to(kCPU), b = y.to(kCPU);
+          EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << what << " not bitwise reproducible";
+        }
+      };
+      if (causal) run(Causal{});
+      else run(NoMask{});
+    }
+  }
+}
+
+TEST(FlexCuda, ScoreModsMatchReference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Tensor slopes = Tensor::empty({4}, DType::f32, kCPU);
+  alibi_slopes(4, slopes.data<float>());
+  Tensor slopes_gpu = slopes.to(Device::parse("cuda:0"));
+  check_cuda_score_mod(Alibi{slopes_gpu.data<float>()}, Alibi{slopes.data<float>()}, "alibi");
+  check_cuda_score_mod(Softcap{2.0f}, Softcap{2.0f}, "softcap");
+  check_cuda_score_mod(RelativePositionBias{}, RelativePositionBias{}, "relative bias");
+}

@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/core/profile.h"
 #include "kiln/loss/linear_cross_entropy.h"
 #include "kiln/loss/module.h"
 #include "kiln/ops/ops.h"
@@ -258,8 +259,14 @@ TEST_P(Lce, ProfileReportsChunkingAndPhases) {
   linear_cross_entropy(h, w, in.target.to(dev()), o).loss.backward();
   EXPECT_EQ(auto_prof.chunks, 1);  // 300 tokens of V = 5000 fit one chunk
   EXPECT_EQ(auto_prof.chunk_tokens, 300);
-  EXPECT_EQ(auto_prof.dh_split, 1);  // V < 2 × the shortest slice
+  EXPECT_EQ(auto_prof.dh_split, 1);  // unsplit by default
+  EXPECT_EQ(auto_prof.row_cluster, 1);  // a 10 kB row: one CTA per row
   EXPECT_LE(auto_prof.extra_bytes, int64_t{256} << 20);
+  kernels::LceProfile persistent_prof;
+  o.row_pass = 1;
+  o.profile = &persistent_prof;
+  linear_cross_entropy(h, w, in.target.to(dev()), o).loss.backward();
+  EXPECT_EQ(persistent_prof.row_cluster, 0);
 }
 
 TEST_P(Lce, BatchedNonContiguousHidden) {
@@ -394,8 +401,9 @@ TEST_P(Lce, DeterministicBits) {
   LinearCrossEntropyOptions o;
   all.set(o);
   o.chunk_tokens = 16;
-  for (int64_t split : {1, 3}) {  // CUDA: the d_hidden product unsplit and split over V
+  for (int64_t split : {1, 3, 0}) {  // CUDA: the d_hidden product unsplit and split over V
     o.dh_split = split;
+    o.row_pass = split == 0 ? 1 : 0;  // CUDA: the cluster row pass, then the persistent one
     for (DType dt : {DType::f32, DType::bf16}) {
       Outcome a = run(Impl::fused, in, o, true, true, dt, dev());
       Outcome b = run(Impl::fused, in, o, true, true, dt, dev());
@@ -473,6 +481,108 @@ TEST_P(Lce, Int32TargetsAndGradientFilter) {
   EXPECT_GT(max_diff(g0, g2), 0.0);  // a large eps does drop entries
 }
 
+// The CUDA row passes: the cluster kernel (a row split over C CTAs of a cluster, slices in
+// shared memory) at rows that need 1, 2-3 and 6 CTAs, with every option and ignored targets,
+// against the f64 truth and against the persistent kernel (row_pass 1); and a row too long for
+// a cluster of 8, where the cluster form falls back to the persistent kernel.
+TEST_P(Lce, RowPassesClusterAndPersistent) {
+  if (!dev().is_cuda()) GTEST_SKIP() << "row_pass is a CUDA option (the CPU kernel ignores it)";
+  const std::vector<Case> cs = option_cases();
+  const Case& all = cs[cs.size() - 2];
+  const Case& none = cs[cs.size() - 1];
+  uint64_t seed = 480;
+  struct Shape3 {
+    int64_t n, v;
+    DType dt;
+    int64_t expect_c;  // CTAs per row (100 kB slices of the 16-byte padded row)
+  };
+  for (const Shape3& sh : {Shape3{37, 1003, DType::f32, 1}, Shape3{20, 60003, DType::bf16, 2},
+                           Shape3{9, 60003, DType::f32, 3}, Shape3{5, 150001, DType::f32, 6},
+                           Shape3{3, 210001, DType::f32, 0}}) {
+    for (int rp : {0, 1}) {
+      for (const Case* base : {&all, &none}) {
+        Case c = *base;
+        c.set = [base, rp](LinearCrossEntropyOptions& o) {
+          base->set(o);
+          o.row_pass = rp;
+        };
+        check_case(c, {sh.n, 12}, sh.v, sh.dt, 0, ++seed);
+      }
+    }
+    Inputs in = make_inputs(++seed, {sh.n, 12}, sh.v, 0.2);
+    kernels::LceProfile prof;
+    LinearCrossEntropyOptions o;
+    o.profile = &prof;
+    Tensor h = in.hidden.to(sh.dt).to(dev()).requires_grad_();
+    linear_cross_entropy(h, in.weight.to(sh.dt).to(dev()), in.target.to(dev()), o).loss.backward();
+    EXPECT_EQ(prof.row_cluster, sh.expect_c) << "V=" << sh.v << " " << dtype_name(sh.dt);
+  }
+}
+
+// The experimental overlap (CUDA): each chunk's d_weight product on a side stream on part of the
+// SMs, concurrent with d_hidden. Same results as the truth over several chunks (the side stream
+// keeps the chunk order, the next chunk waits for it), and the same bits run to run.
+TEST_P(Lce, OverlappedWeightGradient) {
+  if (!dev().is_cuda()) GTEST_SKIP() << "dw_sms is a CUDA option (the CPU kernel ignores it)";
+  const std::vector<Case> cs = option_cases();
+  const Case& all = cs[cs.size() - 2];
+  Case c = all;
+  c.set = [&all](LinearCrossEntropyOptions& o) {
+    all.set(o);
+    o.dw_sms = 40;
+  };
+  check_case(c, {257, 24}, 1003, DType::f32, 64, 490);
+  check_case(c, {130, 24}, 5003, DType::bf16, 32, 491);
+  set_deterministic(true);
+  Inputs in = make_inputs(492, {200, 24}, 2000, 0.2);
+  LinearCrossEntropyOptions o;
+  c.set(o);
+  o.chunk_tokens = 48;
+  Outcome a = run(Impl::fused, in, o, true, true, DType::bf16, dev());
+  Outcome b = run(Impl::fused, in, o, true, true, DType::bf16, dev());
+  for (auto [x, y] : {std::pair{a.gh, b.gh}, {a.gw, b.gw}, {a.gb, b.gb}}) {
+    auto vx = x.to_vector<double>(), vy = y.to_vector<double>();
+    ASSERT_EQ(vx.size(), vy.size());
+    EXPECT_EQ(0, std::memcmp(vx.data(), vy.data(), vx.size() * sizeof(double)));
+  }
+  set_deterministic(false);
+}
+
+// The training path does not wait for the device: the target range check is deferred, the
+// mean's divisor stays on the device, and grad_output scales the gradients there (mean, sum
+// with num_items, grad_output 1 and not 1, a recomputing second backward).
+TEST_P(Lce, NoHostSyncOnTheTrainingPath) {
+  if (!dev().is_cuda()) GTEST_SKIP() << "host synchronisation is a CUDA matter";
+  Inputs in = make_inputs(1600, {40, 16}, 300, 0.2);
+  Tensor tg = in.target.to(dev());
+  Tensor w64 = in.weight.clone().requires_grad_();
+  linear_cross_entropy_reference(in.hidden, w64, in.target).loss.backward();
+  for (int variant = 0; variant < 3; ++variant) {
+    Tensor h = in.hidden.to(DType::bf16).to(dev()).requires_grad_();
+    Tensor w = in.weight.to(DType::bf16).to(dev()).requires_grad_();
+    Tensor go = full({}, variant == 1 ? 0.5 : 1.0, DType::bf16, dev());
+    LinearCrossEntropyOptions o;
+    if (variant == 2) {
+      o.reduction = Reduction::sum;
+      o.num_items = 17.0;
+    }
+    profile::Profiler prof;
+    Tensor loss;
+    {
+      profile::Session on(prof);
+      loss = linear_cross_entropy(h, w, tg, o).loss;
+      loss.backward(go, /*retain_graph=*/true);
+      loss.backward(go);  // recomputes
+      EXPECT_EQ(prof.total_syncs(), 0) << "variant " << variant << "\n" << prof.table();
+    }
+    EXPECT_TRUE(std::isfinite(loss.item()));
+    if (variant == 0) {  // mean, grad_output 1, two backwards: twice the reference gradient
+      Tensor gw = w.grad().to(kCPU).to(DType::f64);
+      EXPECT_LE(max_diff(gw, mul(w64.grad(), 2.0)), 2e-2 * max_abs(w64.grad()));
+    }
+  }
+}
+
 TEST_P(Lce, BadInputsNameTheProblem) {
   Inputs in = make_inputs(1400, {4, 8}, 10, 0.0);
   Tensor h = in.hidden.to(DType::f32).to(dev()), w = in.weight.to(DType::f32).to(dev());
@@ -485,9 +595,13 @@ TEST_P(Lce, BadInputsNameTheProblem) {
     }
   };
   Tensor bad = from_vector<int64_t>({1, 2, 10, 3}, {4}).to(dev());
-  expect_error([&] { linear_cross_entropy(h, w, bad); }, "linear_cross_entropy: target[2]=10 out of range [0, 10)");
+  // On CUDA the target range check is deferred to the next host read (here: item()).
+  expect_error([&] { linear_cross_entropy(h, w, bad).loss.item(); },
+               "linear_cross_entropy: target[2]=10 out of range [0, 10)");
   Tensor neg = from_vector<int64_t>({1, -5, 0, 3}, {4}).to(dev());
-  expect_error([&] { linear_cross_entropy(h, w, neg); }, "target[1]=-5 out of range");
+  expect_error([&] { linear_cross_entropy(h, w, neg).loss.item(); }, "target[1]=-5 out of range");
+  // After the failure the next call works (the deferred failure was raised once).
+  EXPECT_TRUE(std::isfinite(linear_cross_entropy(h, w, in.target.to(dev())).loss.item()));
   expect_error([&] { linear_cross_entropy(h, w.narrow(1, 0, 7).contiguous(), in.target.to(dev())); }, "weight is [10, 7]");
   expect_error([&] { linear_cross_entropy(h, w, in.target.narrow(0, 0, 3).to(dev())); }, "target has shape [3]");
   expect_error([&] { linear_cross_entropy(h, w.to(DType::f64), in.target.to(dev())); }, "weight has dtype f64");
@@ -511,6 +625,12 @@ TEST_P(Lce, BadInputsNameTheProblem) {
   o = {};
   o.dh_split = -2;
   expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "dh_split=-2 must be >= 0");
+  o = {};
+  o.row_pass = 2;
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "row_pass=2 must be 0");
+  o = {};
+  o.dw_sms = -1;
+  expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "dw_sms=-1 must be >= 0");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Lce, ::testing::Values(kCPU, cuda(0)),

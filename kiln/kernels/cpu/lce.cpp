@@ -50,6 +50,7 @@ void run(const LceParams& p, const LceTensors& t) {
   const A* cw = CWt.defined() ? CWt.data<A>() : nullptr;
   const A* rs = t.row_scale.defined() ? t.row_scale.data<A>() : nullptr;
   const I* tgt = t.target.data<I>();
+  const double grad_scale = p.grad_scale * (t.grad_scale.defined() ? t.grad_scale.item() : 1.0);
   A* loss = t.loss.data<A>();
   A* zloss = t.zloss.data<A>();
   A* lse_out = t.lse.data<A>();
@@ -106,7 +107,7 @@ void run(const LceParams& p, const LceTensors& t) {
         zloss[r] = rt.zl;
         lse_out[r] = lse;
         if (!grads) continue;
-        const A scale = static_cast<A>(p.grad_scale) * (rs ? rs[r] : A(1));
+        const A scale = static_cast<A>(grad_scale) * (rs ? rs[r] : A(1));
         if (ignored || scale == A(0)) {
           std::fill(z, z + v, A(0));
           continue;
