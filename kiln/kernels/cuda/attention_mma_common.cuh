@@ -60,6 +60,7 @@ inline bool mma_layout_ok(const FlexParams& p, int64_t q_tile, int64_t kv_tile) 
 template <int ROWS, int COLS, int NT, class T>
 __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t stride, int64_t row0, int64_t len,
                                                 int tid) {
+  static_assert(sizeof(T) == 2, "16-bit elements");
   constexpr int kChunks = COLS / 8;          // 16-byte chunks per row
   static_assert(NT % kChunks == 0 && ROWS % (NT / kChunks) == 0, "tile chunks must divide among the threads");
   constexpr int kRowsPerIt = NT / kChunks;   // rows the CTA copies per iteration
