@@ -76,7 +76,7 @@ int run_bench_lce(const Args& args) {
   p.option("--chunk", &chunk, "M", "fused: tokens per chunk (0: chosen from V and the memory budget)");
   p.option("--dh-split", &dh_split, "S", "fused, CUDA: slices of V for the d_hidden product (0 or 1: unsplit)");
   p.option("--row-pass", &row_pass, "K",
-           "fused, CUDA: 0 the cluster row pass where it fits, 1 the persistent two-read row pass");
+           "fused, CUDA: 0 the persistent two-read row pass (default), 1 the cluster row pass where it fits");
   p.option("--dw-sms", &dw_sms, "K",
            "fused, CUDA, experimental: d_weight product on a side stream on K SMs, concurrent with d_hidden\n"
            "(0: off; not in the --profile step)");

@@ -2,6 +2,9 @@
 # The issue-3 CPU training benchmark: kiln vs PyTorch on the `small` preset (same model, batch
 # 8 x 128, AdamW, clipping), THREADS threads pinned with taskset to cores 0..THREADS-1.
 # Prints two JSON lines: {"impl":"kiln",...} and {"impl":"torch",...} (scripts/bench_train_torch.py).
+# Both train on the same text, DATA (default: README.md and docs/*.md concatenated), tokenized by
+# kiln's byte tokenizer, so their first/final losses are comparable (DATA=random: kiln on its
+# embedded default corpus, torch on random bytes, the old behaviour).
 # kiln's tokens/s is measured over the steps after WARMUP (from metrics.jsonl: tokens and
 # elapsed_s between the warm-up step and the last step; no eval, no sample, the final
 # checkpoint is not timed).
@@ -16,11 +19,18 @@ KILN=${KILN:-$( [ -x build/cpu/kiln ] && echo build/cpu/kiln || echo build/cuda/
 CORES="0-$((THREADS - 1))"
 RUN=$(mktemp -d /tmp/kiln_bench_train.XXXXXX)
 trap 'rm -rf "$RUN"' EXIT
+DATA=${DATA:-}
+if [ -z "$DATA" ]; then
+  DATA="$RUN/corpus.txt"
+  cat README.md docs/*.md > "$DATA"
+fi
+KILN_DATA=(); TORCH_DATA=()
+if [ "$DATA" != random ]; then KILN_DATA=(--data "$DATA"); TORCH_DATA=(--data "$DATA"); fi
 
 OMP_NUM_THREADS=$THREADS OMP_PROC_BIND=true taskset -c "$CORES" "$KILN" train --device cpu --preset small \
   --steps $((STEPS + WARMUP)) --warmup -1 --eval-every 0 --sample-tokens 0 --log-every 1 \
-  --ckpt-every 0 --out "$RUN" >&2
-python3 - "$RUN/metrics.jsonl" "$THREADS" "$WARMUP" <<'PY'
+  --ckpt-every 0 "${KILN_DATA[@]}" --out "$RUN/kiln" >&2
+python3 - "$RUN/kiln/metrics.jsonl" "$THREADS" "$WARMUP" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 threads, warm = int(sys.argv[2]), int(sys.argv[3])
@@ -32,4 +42,4 @@ print(json.dumps({"impl": "kiln", "threads": threads,
                   "first_loss": rows[0]["loss"], "final_loss": b["loss"]}), flush=True)
 PY
 OMP_NUM_THREADS=$THREADS taskset -c "$CORES" python3 scripts/bench_train_torch.py --threads "$THREADS" \
-  --steps "$STEPS" --warmup "$WARMUP"
+  --steps "$STEPS" --warmup "$WARMUP" "${TORCH_DATA[@]}"

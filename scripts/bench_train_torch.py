@@ -6,7 +6,11 @@ hidden 128, 4 layers, 4 heads, 2 kv heads (GQA), SwiGLU 352, RMSNorm (eps 1e-5),
 1e4, rotate-half), byte vocabulary of 259, untied lm_head, no biases, init normal(0, 0.02),
 norms ones; batch 8 x seq 128; AdamW (lr 2e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on
 matrices only), warmup + cosine (5% warmup, min lr 0.1 x), gradient clipping at 1.0; the loss
-is the mean cross-entropy over the next tokens. Data: random byte windows (seeded).
+is the mean cross-entropy over the next tokens. Data: random byte windows (seeded); with
+--data FILE, random windows of FILE tokenized as kiln's byte tokenizer does it (one document:
+<bos>=256, the bytes, <eos>=257), from the training split (the last --val-fraction of the
+tokens, at least seq+1, are kiln's validation split and never drawn), so the loss curve is
+comparable with `kiln train --data FILE` (the windows are drawn by a different generator).
 Trains --warmup steps untimed, then --steps timed steps, and prints one JSON line:
   {"impl": "torch", "threads": T, "tokens_per_s": ..., ...}
 Needs torch (a benchmark peer, not a kiln dependency).
@@ -126,6 +130,25 @@ def lr_at(step, a, total):
     return lo + 0.5 * (a.lr - lo) * (1 + math.cos(math.pi * p))
 
 
+BOS, EOS = 256, 257  # kiln's ByteTokenizer::kBos, kEos
+
+
+def load_tokens(path, seq, val_fraction):
+    """kiln's token stream of one file (<bos> bytes <eos>) and the end of its training split."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data:
+        sys.exit(f"bench_train_torch: {path} is empty")
+    tokens = torch.cat((torch.tensor([BOS]), torch.frombuffer(bytearray(data), dtype=torch.uint8).long(),
+                        torch.tensor([EOS])))
+    val = int(len(tokens) * val_fraction)
+    if val_fraction > 0:
+        val = max(val, seq + 1)
+    if len(tokens) < val + seq + 1:
+        sys.exit(f"bench_train_torch: {path} has {len(tokens)} tokens, too few for seq {seq} with a validation split")
+    return tokens, len(tokens) - val
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, required=True)
@@ -148,6 +171,8 @@ def main():
     p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--init-std", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--data", help="train on this text file (kiln's byte tokenization) instead of random bytes")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="held-out tail of --data (kiln's default)")
     a = p.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -159,13 +184,21 @@ def main():
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(a.seed + 1)
+    corpus = None
+    if a.data:
+        corpus, train_end = load_tokens(a.data, a.seq, a.val_fraction)
+        offsets = torch.arange(a.seq + 1)
     total = a.warmup + a.steps
     params = list(model.parameters())
     nparams = sum(q.numel() for q in params)
     model.train()
 
     def step(i):
-        window = torch.randint(0, 256, (a.batch, a.seq + 1), generator=gen)  # random bytes
+        if corpus is None:
+            window = torch.randint(0, 256, (a.batch, a.seq + 1), generator=gen)  # random bytes
+        else:  # starts in [0, train_end - seq - 1], as kiln's window sampler
+            starts = torch.randint(0, train_end - a.seq, (a.batch, 1), generator=gen)
+            window = corpus[starts + offsets]
         ids, targets = window[:, :-1], window[:, 1:]
         for g in opt.param_groups:
             g["lr"] = lr_at(i, a, total)
@@ -189,7 +222,8 @@ def main():
     tokens = a.steps * a.batch * a.seq
     print(json.dumps({"impl": "torch", "threads": a.threads, "tokens_per_s": tokens / dt, "steps": a.steps,
                       "warmup_steps": a.warmup, "batch": a.batch, "seq": a.seq, "parameters": nparams,
-                      "first_loss": first, "final_loss": loss, "torch": torch.__version__}), flush=True)
+                      "first_loss": first, "final_loss": loss, "data": a.data or "random bytes",
+                      "torch": torch.__version__}), flush=True)
     return 0
 
 

@@ -255,15 +255,16 @@ TEST_P(Lce, ProfileReportsChunkingAndPhases) {
   o.chunk_tokens = 0;
   o.dh_split = 0;
   o.profile = &auto_prof;
+  o.row_pass = 1;  // the cluster row pass
   h.set_grad(Tensor());
   linear_cross_entropy(h, w, in.target.to(dev()), o).loss.backward();
   EXPECT_EQ(auto_prof.chunks, 1);  // 300 tokens of V = 5000 fit one chunk
   EXPECT_EQ(auto_prof.chunk_tokens, 300);
   EXPECT_EQ(auto_prof.dh_split, 1);  // unsplit by default
-  EXPECT_EQ(auto_prof.row_cluster, 1);  // a 10 kB row: one CTA per row
+  EXPECT_EQ(auto_prof.row_cluster, 1);  // a 10 kB row: one CTA per row of the cluster row pass
   EXPECT_LE(auto_prof.extra_bytes, int64_t{256} << 20);
   kernels::LceProfile persistent_prof;
-  o.row_pass = 1;
+  o.row_pass = 0;
   o.profile = &persistent_prof;
   linear_cross_entropy(h, w, in.target.to(dev()), o).loss.backward();
   EXPECT_EQ(persistent_prof.row_cluster, 0);
@@ -403,7 +404,7 @@ TEST_P(Lce, DeterministicBits) {
   o.chunk_tokens = 16;
   for (int64_t split : {1, 3, 0}) {  // CUDA: the d_hidden product unsplit and split over V
     o.dh_split = split;
-    o.row_pass = split == 0 ? 1 : 0;  // CUDA: the cluster row pass, then the persistent one
+    o.row_pass = split == 0 ? 0 : 1;  // CUDA: the cluster row pass, then the persistent one
     for (DType dt : {DType::f32, DType::bf16}) {
       Outcome a = run(Impl::fused, in, o, true, true, dt, dev());
       Outcome b = run(Impl::fused, in, o, true, true, dt, dev());
@@ -483,7 +484,7 @@ TEST_P(Lce, Int32TargetsAndGradientFilter) {
 
 // The CUDA row passes: the cluster kernel (a row split over C CTAs of a cluster, slices in
 // shared memory) at rows that need 1, 2-3 and 6 CTAs, with every option and ignored targets,
-// against the f64 truth and against the persistent kernel (row_pass 1); and a row too long for
+// against the f64 truth and against the persistent kernel (row_pass 0); and a row too long for
 // a cluster of 8, where the cluster form falls back to the persistent kernel.
 TEST_P(Lce, RowPassesClusterAndPersistent) {
   if (!dev().is_cuda()) GTEST_SKIP() << "row_pass is a CUDA option (the CPU kernel ignores it)";
@@ -513,6 +514,7 @@ TEST_P(Lce, RowPassesClusterAndPersistent) {
     kernels::LceProfile prof;
     LinearCrossEntropyOptions o;
     o.profile = &prof;
+    o.row_pass = 1;
     Tensor h = in.hidden.to(sh.dt).to(dev()).requires_grad_();
     linear_cross_entropy(h, in.weight.to(sh.dt).to(dev()), in.target.to(dev()), o).loss.backward();
     EXPECT_EQ(prof.row_cluster, sh.expect_c) << "V=" << sh.v << " " << dtype_name(sh.dt);

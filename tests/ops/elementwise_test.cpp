@@ -201,3 +201,38 @@ TEST(ElementwiseErrors, NameOpAndValues) {
   if (cuda_device_count() > 0)
     EXPECT_KILN_ERROR(add(a, zeros({2, 3}, DType::f32, cuda(0))), "add", "device mismatch", "cpu", "cuda:0");
 }
+
+// The vectorised f32 SiLU (contiguous f32 on CPU: kernels/cpu/vec_math.cpp) and its derivative
+// vs float64, over the whole range (large |x|, zero, odd lengths across the vector tails),
+// NaN propagation, and non-contiguous inputs (the generic path) giving the same values.
+TEST(Unary, SiluF32FastPathMatchesFloat64) {
+  KILN_TEST_GENERATOR(gen);
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{129}, int64_t{40000}}) {
+    Tensor x64 = mul(randn({n}, gen, DType::f64), 8.0);
+    std::vector<double> xv = x64.to_vector<double>();
+    const std::vector<double> edges{0.0, -0.0, 100.0, -100.0, 88.5, -88.5, 1e-30, -1e-30};
+    for (size_t i = 0; i < edges.size() && i < xv.size(); ++i) xv[i] = edges[i];
+    Tensor x = from_vector(xv, {n}).to(DType::f32).requires_grad_();
+    Tensor y = silu(x);
+    sum(y).backward();
+    std::vector<double> xf = x.detach().to(DType::f64).to_vector<double>();
+    std::vector<double> yv = y.detach().to(DType::f64).to_vector<double>();
+    std::vector<double> gv = x.grad().to(DType::f64).to_vector<double>();
+    for (size_t i = 0; i < xf.size(); ++i) {
+      const double s = 1 / (1 + std::exp(-xf[i]));
+      const double want_y = xf[i] * s, want_g = s * (1 + xf[i] * (1 - s));
+      // relative float rounding; below 1e-35 (x < -80) results may flush to 0
+      EXPECT_NEAR(yv[i], want_y, 4e-7 * std::fabs(want_y) + 1e-35) << "silu(" << xf[i] << ")";
+      // silu' = s·(1 + x·(1 − s)) cancels near x = -1.28: rounding scales with its terms
+      EXPECT_NEAR(gv[i], want_g, 4e-7 * s * (1 + std::fabs(xf[i])) + 1e-35) << "silu'(" << xf[i] << ")";
+    }
+  }
+  Tensor nan = from_vector(std::vector<float>{std::nanf(""), 1.0f}, {2});
+  std::vector<float> yn = silu(nan).to_vector<float>();
+  EXPECT_TRUE(std::isnan(yn[0]));
+  // non-contiguous (generic loop, libm exp) vs contiguous (vectorised): float rounding apart
+  Tensor m = randn({33, 17}, gen, DType::f32);
+  std::vector<float> a = silu(m.transpose(0, 1)).contiguous().to_vector<float>();
+  std::vector<float> b = silu(m).transpose(0, 1).contiguous().to_vector<float>();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 4e-7 * (1 + std::fabs(b[i])));
+}

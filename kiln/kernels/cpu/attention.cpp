@@ -1,21 +1,56 @@
 // CPU FlexAttention tile products (the hot loops of kernels/cpu/attention_impl.h), compiled for
-// AVX2+FMA and for the baseline ISA and picked at load time (target_clones).
+// x86-64-v3 (AVX2+FMA) and for the baseline ISA and picked at load time by CPU features
+// (target_clones). Each product is register-blocked: a kR x kC block of the output stays in
+// registers over the whole reduction (kC floats = two AVX2 vectors), and every output element
+// sums its terms in increasing reduction index, exactly as the plain loops did.
+// No FP-exception traps are observed: lets GCC if-convert (and so vectorise) the clamps in
+// fast_expf. Results are unchanged. Set before every include, so that every function of this
+// file has the same options (a mismatch would stop inlining).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+// No FMA contraction either: a*b+c rounds as in the baseline clone, so Δ = rowsum(dO ∘ O) and
+// dP = dO·Vᵀ cancel exactly where P is one-hot (a window of 1 gives exactly zero dQ/dK).
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include <algorithm>
 #include <cstdint>
 
 #include "kiln/kernels/cpu/attention_impl.h"
 
 namespace kiln::kernels::cpu::flex_detail {
 
-// The tile products are compiled twice (AVX2+FMA and the baseline) and picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#define KILN_FLEX_CLONES __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define KILN_FLEX_CLONES
-#endif
+#define KILN_FLEX_CLONES KILN_CPU_CLONES  // kernels/cpu/vec_math.h
+
+namespace {
+constexpr int64_t kR = 4;   // output rows per register block
+constexpr int64_t kC = 16;  // output columns per register block
+}  // namespace
 
 // s[i * ld + j] = sum_e a[i * n + e] * bt[e * ld + j] for i < m, j < nk.
 KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, int64_t n, const float* bt, int64_t nk) {
-  for (int64_t i = 0; i < m; ++i) {
+  int64_t i0 = 0;
+  for (; i0 + kR <= m; i0 += kR) {
+    int64_t j0 = 0;
+    for (; j0 + kC <= nk; j0 += kC) {
+      float c[kR][kC] = {};
+      for (int64_t e = 0; e < n; ++e) {
+        const float* b = bt + e * ld + j0;
+        for (int64_t r = 0; r < kR; ++r) {
+          const float ar = a[(i0 + r) * n + e];
+#pragma omp simd
+          for (int64_t j = 0; j < kC; ++j) c[r][j] += ar * b[j];
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r) std::copy(c[r], c[r] + kC, s + (i0 + r) * ld + j0);
+    }
+    for (int64_t i = i0; i < i0 + kR; ++i)  // column tail
+      for (int64_t j = j0; j < nk; ++j) {
+        float acc = 0.0f;
+        for (int64_t e = 0; e < n; ++e) acc += a[i * n + e] * bt[e * ld + j];
+        s[i * ld + j] = acc;
+      }
+  }
+  for (int64_t i = i0; i < m; ++i) {  // row tail
     float* si = s + i * ld;
 #pragma omp simd
     for (int64_t j = 0; j < nk; ++j) si[j] = 0.0f;
@@ -28,30 +63,106 @@ KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, 
     }
   }
 }
+
 // acc[r * n + :] += sum_c w[r * ld + c] * x[c * n + :] (w indexed by (row, col)).
 KILN_FLEX_CLONES void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* ar = acc + r * n;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float wc = w[r * ld + c];
-      if (wc == 0.0f) continue;
-      const float* xc = x + c * n;
+  int64_t r0 = 0;
+  for (; r0 + kR <= rows; r0 += kR) {
+    int64_t e0 = 0;
+    for (; e0 + kC <= n; e0 += kC) {
+      float c[kR][kC];
+      for (int64_t r = 0; r < kR; ++r) std::copy(acc + (r0 + r) * n + e0, acc + (r0 + r) * n + e0 + kC, c[r]);
+      for (int64_t k = 0; k < cols; ++k) {
+        const float* xk = x + k * n + e0;
+        for (int64_t r = 0; r < kR; ++r) {
+          const float wk = w[(r0 + r) * ld + k];
 #pragma omp simd
-      for (int64_t e = 0; e < n; ++e) ar[e] += wc * xc[e];
+          for (int64_t e = 0; e < kC; ++e) c[r][e] += wk * xk[e];
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r) std::copy(c[r], c[r] + kC, acc + (r0 + r) * n + e0);
+    }
+    for (int64_t r = r0; r < r0 + kR; ++r)  // column tail
+      for (int64_t k = 0; k < cols; ++k)
+        for (int64_t e = e0; e < n; ++e) acc[r * n + e] += w[r * ld + k] * x[k * n + e];
+  }
+  for (int64_t r = r0; r < rows; ++r) {  // row tail
+    float* ar = acc + r * n;
+    for (int64_t k = 0; k < cols; ++k) {
+      const float wk = w[r * ld + k];
+      const float* xk = x + k * n;
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) ar[e] += wk * xk[e];
     }
   }
 }
+
 // acc[c * n + :] += sum_r w[r * ld + c] * x[r * n + :] (the transposed product).
 KILN_FLEX_CLONES void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float wc = w[r * ld + c];
-      if (wc == 0.0f) continue;
-      float* ac = acc + c * n;
+  int64_t c0 = 0;
+  for (; c0 + kR <= cols; c0 += kR) {
+    int64_t e0 = 0;
+    for (; e0 + kC <= n; e0 += kC) {
+      float c[kR][kC];
+      for (int64_t q = 0; q < kR; ++q) std::copy(acc + (c0 + q) * n + e0, acc + (c0 + q) * n + e0 + kC, c[q]);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * n + e0;
+        for (int64_t q = 0; q < kR; ++q) {
+          const float wq = w[r * ld + c0 + q];
 #pragma omp simd
-      for (int64_t e = 0; e < n; ++e) ac[e] += wc * xr[e];
+          for (int64_t e = 0; e < kC; ++e) c[q][e] += wq * xr[e];
+        }
+      }
+      for (int64_t q = 0; q < kR; ++q) std::copy(c[q], c[q] + kC, acc + (c0 + q) * n + e0);
     }
+    for (int64_t q = c0; q < c0 + kR; ++q)  // column tail
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t e = e0; e < n; ++e) acc[q * n + e] += w[r * ld + q] * x[r * n + e];
+  }
+  for (int64_t q = c0; q < cols; ++q) {  // row tail
+    float* aq = acc + q * n;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float wq = w[r * ld + q];
+      const float* xr = x + r * n;
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) aq[e] += wq * xr[e];
+    }
+  }
+}
+
+}  // namespace kiln::kernels::cpu::flex_detail
+
+namespace kiln::kernels::cpu::flex_detail {
+
+KILN_FLEX_CLONES float row_dot(const float* a, const float* b, int64_t n) {
+  float d = 0.0f;
+  for (int64_t e = 0; e < n; ++e) d += a[e] * b[e];
+  return d;
+}
+
+KILN_FLEX_CLONES float row_max(const float* s, int64_t n) {
+  float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+  return mx;
+}
+
+KILN_FLEX_CLONES float row_exp_sum(float* s, int64_t n, float m) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = fast_expf(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+KILN_FLEX_CLONES void row_softmax_grad(float* s, float* d, int64_t n, float lse, float delta) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const float p = fast_expf(s[j] - lse);
+    s[j] = p;
+    d[j] = p * (d[j] - delta);
   }
 }
 

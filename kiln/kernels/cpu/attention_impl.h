@@ -25,30 +25,9 @@
 #include "kiln/attention/mods.h"
 #include "kiln/core/dtype.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cpu/vec_math.h"
 
 namespace kiln::kernels::cpu {
-
-// exp(x) for x <= ~88 with ~2 ulp error; exactly 0 for x < -87.3 (and for -inf). Branch-free,
-// so loops over it vectorise.
-inline float fast_expf(float x) {
-  const bool tiny = x < -87.3f;
-  x = std::min(x, 88.0f);
-  x = std::max(x, -87.3f);
-  float t = x * 1.44269504088896341f;
-  float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  float s = std::bit_cast<float>(e);
-  return tiny ? 0.0f : p * s;
-}
 
 namespace flex_detail {
 
@@ -82,6 +61,16 @@ void tile_abt(float* s, int64_t ld, const float* a, int64_t m, int64_t n, const 
 void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols);
 // acc[c * n + :] += sum_r w[r * ld + c] * x[r * n + :] (the transposed product).
 void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols);
+// Row loops of the online softmax and its gradient (same file, same dispatch):
+// sum_e a[e] * b[e] in increasing e: the order (and FMA use) of one element of tile_abt, so that
+// Δ = rowsum(dO ∘ O) cancels exactly against dP where P is one-hot (e.g. a window of 1).
+float row_dot(const float* a, const float* b, int64_t n);
+// max over s[0..n) (-inf for n == 0).
+float row_max(const float* s, int64_t n);
+// s[j] = fast_expf(s[j] - m) for j < n; returns the sum of the new s.
+float row_exp_sum(float* s, int64_t n, float m);
+// s[j] = P = fast_expf(s[j] - lse), d[j] = P * (d[j] - delta) for j < n.
+void row_softmax_grad(float* s, float* d, int64_t n, float lse, float delta);
 
 struct Geo {
   const FlexParams& p;
@@ -150,8 +139,7 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
                      partial);
           for (int64_t i = 0; i < nq; ++i) {
             float* si = &s[i * KB];
-            float mx = kNegInf;
-            for (int64_t j = 0; j < nk; ++j) mx = std::max(mx, si[j]);
+            const float mx = row_max(si, nk);
             const float mnew = std::max(m[i], mx);
             if (mnew == kNegInf) {  // everything masked so far
 #pragma omp simd
@@ -159,12 +147,7 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
               continue;
             }
             const float alpha = fast_expf(m[i] - mnew);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < nk; ++j) {
-              si[j] = fast_expf(si[j] - mnew);
-              sum += si[j];
-            }
+            const float sum = row_exp_sum(si, nk, mnew);
             l[i] = l[i] * alpha + sum;
             m[i] = mnew;
             if (alpha != 1.0f) {
@@ -210,12 +193,7 @@ inline void flex_tile_grad(float* s, float* dp, float* raw, int64_t ld, int64_t 
       for (int64_t j = 0; j < nk; ++j) si[j] = di[j] = 0.0f;
       continue;
     }
-#pragma omp simd
-    for (int64_t j = 0; j < nk; ++j) {
-      const float pj = fast_expf(si[j] - li);
-      si[j] = pj;
-      di[j] = pj * (di[j] - dl);
-    }
+    row_softmax_grad(si, di, nk, li, dl);
     if constexpr (attention::is_learnable_v<SM>) {
       if (dbias_row) {
         const int64_t base = static_cast<int64_t>(h) * p.bias_row;
@@ -248,7 +226,10 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
 #pragma omp parallel for schedule(static) if (rows > 256)
   for (int64_t r = 0; r < rows; ++r) {
     float d = 0.0f;
-    for (int64_t e = 0; e < Ev; ++e) d += static_cast<float>(dout[r * Ev + e]) * static_cast<float>(out[r * Ev + e]);
+    if constexpr (std::is_same_v<T, float>)
+      d = row_dot(dout + r * Ev, out + r * Ev, Ev);
+    else
+      for (int64_t e = 0; e < Ev; ++e) d += static_cast<float>(dout[r * Ev + e]) * static_cast<float>(out[r * Ev + e]);
     p.delta[r] = d - (p.dlse ? p.dlse[r] : 0.0f);
   }
   // ---- dQ pass ----

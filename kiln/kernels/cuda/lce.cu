@@ -8,7 +8,7 @@
 //      ignore); then dz written in place over the row, times the row's scale. Default: the
 //      cluster kernel (a row split over the CTAs of a thread-block cluster, each slice copied
 //      once into shared memory: one read and one write of the logits); rows too long for a
-//      cluster of 8 (or row_pass = 1): the persistent kernel (two reads, the second mostly L2)
+//      cluster of 8 (or row_pass = 0, the default): the persistent kernel (two reads, the second mostly L2)
 //   3. d_hidden[c] = dz · W               cuBLASLt, unsplit by default (cuBLASLt picks its own
 //      split-K, reduced in its workspace); a manual dh_split S > 1 splits V into S slices (one
 //      strided-batched call, f32 partials [S, m, d]) summed in slice order by a kernel
@@ -795,7 +795,7 @@ void run(const LceParams& p, const LceTensors& t) {
   PhaseTimer timer(ctx.stream, prof != nullptr);
   const int row_blocks = std::max(ctx.sm_count, 1);
   const double* gscale = t.grad_scale.defined() ? t.grad_scale.data<double>() : nullptr;
-  const ClusterPlan cp = p.row_pass == 1 ? ClusterPlan{} : plan_cluster_rows<T, I>(ctx, ld);
+  const ClusterPlan cp = p.row_pass == 1 ? plan_cluster_rows<T, I>(ctx, ld) : ClusterPlan{};
   SideStream side(overlap, ctx.stream);
   for (int64_t r0 = 0; r0 < n; r0 += m) {
     const int64_t mm = std::min(m, n - r0);

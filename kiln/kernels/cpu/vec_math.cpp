@@ -1,0 +1,31 @@
+// Vectorised f32 loops of kernels/cpu/vec_math.h (see there). FP traps are never observed:
+// no-trapping-math lets GCC if-convert fast_expf's clamps and vectorise (set before every
+// include, so all functions of this file share the options and inline into each other).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include "kiln/kernels/cpu/vec_math.h"
+
+#include <cmath>
+
+namespace kiln::kernels::cpu {
+
+// σ(x) and 1 − σ(x) from e = exp(−|x|) ≤ 1 (no overflow, no cancellation in 1 − σ).
+KILN_CPU_CLONES void silu_f32(float* y, const float* x, int64_t n, bool deriv) {
+  if (deriv) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float xi = x[i], e = fast_expf(-std::fabs(xi)), d = 1.0f / (1.0f + e);
+      const float sg = xi >= 0.0f ? d : e * d, om = xi >= 0.0f ? e * d : d;
+      y[i] = sg * (1.0f + xi * om);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float xi = x[i], e = fast_expf(-std::fabs(xi)), d = 1.0f / (1.0f + e);
+      y[i] = xi * (xi >= 0.0f ? d : e * d);
+    }
+  }
+}
+
+}  // namespace kiln::kernels::cpu

@@ -1,0 +1,47 @@
+// Vectorisable f32 math for CPU kernels: fast_expf (a branch-free polynomial exp) and the
+// contiguous f32 SiLU loops built on it (vec_math.cpp, compiled for x86-64-v3 and the baseline
+// and picked at load time by CPU features: KILN_CPU_CLONES).
+#pragma once
+#include <bit>
+#include <cstdint>
+
+namespace kiln::kernels::cpu {
+
+// "arch=x86-64-v3" dispatches on the CPU's features (AVX2, FMA, ...); "arch=haswell" would
+// dispatch on the CPU model (Intel Haswell only) and leave every other x86 on the baseline.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define KILN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KILN_CPU_CLONES
+#endif
+
+// exp(x) for x <= ~88 with ~2 ulp error; exactly 0 for x < -87.3 (and for -inf). Branch-free
+// (a multiplier instead of a select), so loops over it vectorise where FP traps are off
+// (files using it in hot loops are compiled with no-trapping-math). NaN in gives a number out:
+// callers that must propagate NaN do it through another term.
+inline float fast_expf(float x) {
+  const float keep = x < -87.3f ? 0.0f : 1.0f;
+  x = x < 88.0f ? x : 88.0f;
+  x = x > -87.3f ? x : -87.3f;
+  float t = x * 1.44269504088896341f;
+  float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float s = std::bit_cast<float>(e);
+  return p * s * keep;
+}
+
+// y[i] = silu(x[i]) = x·σ(x), or (deriv) σ(x)·(1 + x·(1 − σ(x))), for i < n (f32, contiguous;
+// the formulas of kernels/elementwise.h with σ from fast_expf(−|x|); NaN propagates through x;
+// |results| below ~1e-37 (x < −87) flush to ±0).
+void silu_f32(float* y, const float* x, int64_t n, bool deriv);
+
+}  // namespace kiln::kernels::cpu
