@@ -670,6 +670,18 @@ TEST(FlexCuda, ForwardTensorCoresMatchCpuAndReference) {
       Tensor q2 = on_gpu({2, 4, 1000, 64}), k2 = on_gpu({2, 2, 200, 64}), v2 = on_gpu({2, 2, 200, 64});
       check_cuda_forward(q2, k2, v2, Causal{}, Causal{}, {64}, "L=1000 S=200 B=2 causal " + dn);
     }
+    // Tiny and tail shapes: L = 1 (one row of a 128-row CTA), S = 1 and S = 64 (a single
+    // 64-key sub-tile: the pipeline's prologue only), L = 129 / S = 7 (tails on both sides).
+    for (int64_t E : {128, 64}) {
+      const std::string at = dn + " E=" + std::to_string(E);
+      using Sz = std::pair<int64_t, int64_t>;
+      for (auto [L, S] : std::vector<Sz>{{1, 1}, {1, 300}, {129, 64}, {129, 7}}) {
+        Tensor q = on_gpu({1, 2, L, E}), k = on_gpu({1, 1, S, E}), v = on_gpu({1, 1, S, E});
+        const std::string sz = " L=" + std::to_string(L) + " S=" + std::to_string(S) + " ";
+        check_cuda_forward(q, k, v, NoMask{}, NoMask{}, {128, 64}, "tiny none" + sz + at);
+        check_cuda_forward(q, k, v, Causal{}, Causal{}, {128}, "tiny causal" + sz + at);
+      }
+    }
     // Rows the mask empties: document ids on the q side that no key has (every 7th query and
     // the first 70), causal within documents of 97 tokens; L = S = 1000.
     {
@@ -707,6 +719,11 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   check_backward_mma<SlidingWindow>(2, 2, 1, 1000, 1000, 128, 64, hf, {37}, {37}, false, 3);
   check_backward_mma<Causal>(1, 4, 1, 200, 1000, 64, 128, bf, {}, {}, true, 4);
   check_backward_mma<PrefixLM>(1, 4, 4, 1000, 200, 64, 64, bf, {50}, {50}, false, 5);
+  // Tiny and tail shapes (one step, one row; 128-row dQ CTAs at E = 64 with block 128).
+  check_backward_mma<Causal>(1, 2, 1, 1, 1, 64, 128, bf, {}, {}, false, 6);
+  check_backward_mma<NoMask>(1, 2, 2, 1, 129, 128, 128, hf, {}, {}, false, 7);
+  check_backward_mma<Causal>(1, 2, 1, 129, 64, 64, 128, bf, {}, {}, true, 8);
+  check_backward_mma<NoMask>(1, 2, 1, 129, 7, 64, 64, hf, {}, {}, false, 9);
   // Causal documents with query rows that belong to no key document (their rows are empty):
   // documents of 150 tokens; queries 0..9 and 500..519 get ids no key has (and with L > S, the
   // queries of documents that start after the last key).

@@ -1,14 +1,19 @@
 // The tensor-core (mma.sync m16n8k16) FlexAttention backward for 16-bit q/k/v, head dims 64 and
 // 128, bitwise deterministic: flex_backward_mma() launches
 //   1. delta = rowsum(dO ∘ O) − dlse (16-byte vector loads, a fixed shuffle tree per row);
-//   2. the dK/dV kernel: a CTA owns 64 keys of one (b, kv head); for each query head of the GQA
-//      group it walks the q_blocks lists of its KV block (partial tiles with the mask, then full
-//      ones) in a fixed order, 64 (E=64) or 32 (E=128) queries per step, computing
-//      Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (rows = keys) so Pᵀ = exp(Sᵀ − lse) and
+//   2. the dK/dV kernel: a CTA (4 warps × 16 keys) owns 64 keys of one (b, kv head); for each
+//      query head of the GQA group it walks the q_blocks lists of its KV block (partial tiles
+//      with the mask, then full ones) in a fixed order, 64 (E=64) or 32 (E=128) queries per
+//      step, computing Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (rows = keys) so Pᵀ = exp(Sᵀ − lse) and
 //      dSᵀ = Pᵀ ∘ (dPᵀ − delta) · dscore · scale are A fragments in registers:
 //      dV += Pᵀ·dO, dK += dSᵀ·Q, accumulated in f32 registers and written once;
-//   3. the dQ kernel: a CTA owns 64 queries of one (b, q head) and walks the kv_blocks lists of
+//   3. the dQ kernel: a CTA owns 64·MT queries of one (b, q head), MT m16 tiles per warp (MT = 2,
+//      32-key steps at E = 64 with q blocks multiples of 128: every K/V fragment read from
+//      shared memory feeds two mma; else MT = 1, 64-key steps), and walks the kv_blocks lists of
 //      its Q block in order: S = Q·Kᵀ, dP = dO·Vᵀ, dS, dQ += dS·K, written once.
+// Both kernels are templates on MT; registers decide (dK/dV with MT = 2 spills: its dK and dV
+// accumulators double). One __syncthreads per step: wait for the step's tiles, sync (which
+// also proves the other buffer is free), then issue the next step's tiles and compute.
 // Every output element has exactly one owner thread that reduces in a fixed order (no atomics),
 // so gradients are identical run to run. S and dP are computed twice (once per kernel): the
 // price of determinism without atomics (see docs/attention.md, "CUDA backward").
@@ -33,8 +38,8 @@
 namespace kiln::kernels::cuda::flex_mma {
 namespace bwd {
 
-constexpr int kTile = 64;  // keys per dK/dV CTA, queries per dQ CTA (4 warps × 16 rows)
-constexpr int kWarps = kTile / 16;
+constexpr int kTile = 64;  // the smallest CTA tile: 4 warps × 16 rows (blocks must be multiples)
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
 // One step of a block-list walk: (head offset in the group, partial?, list position, sub-tile).
@@ -112,51 +117,66 @@ __device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, boo
   dp_to_ds = ds;
 }
 
-// acc[16 rows × N] += A[16 × K] · Tile[K][N] where A is given as f32 C fragments c[K/8][4]
-// (converted to 16-bit A fragments in registers) and the tile [k][n] is swizzled in shared memory.
-template <class NT, int K, int N>
-__device__ __forceinline__ void acc_c_times_tile(float (&acc)[N / 8][4], const float (&c)[K / 8][4], const NT* tile,
-                                                 int lane) {
+// acc[16·MT rows × N] += A[16·MT × K] · Tile[K][N] where A is given as f32 C fragments
+// c[MT][K/8][4] (converted to 16-bit A fragments in registers) and the tile [k][n] is swizzled in
+// shared memory; each B fragment read from shared memory feeds MT mma.
+template <class NT, int K, int N, int MT>
+__device__ __forceinline__ void acc_c_times_tile(float (&acc)[MT][N / 8][4], const float (&c)[MT][K / 8][4],
+                                                 const NT* tile, int lane) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
-    uint32_t a[4];
-    c_to_a<NT>(a, c[2 * kk], c[2 * kk + 1]);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) c_to_a<NT>(a[mt], c[mt][2 * kk], c[mt][2 * kk + 1]);
 #pragma unroll
     for (int np = 0; np < N / 16; ++np) {
       uint32_t bb[2][2];
       ldmatrix_b_trans<N>(bb, tile, kk * 16, np * 16, lane);
-      mma_16816<NT>(acc[2 * np], a, bb[0]);
-      mma_16816<NT>(acc[2 * np + 1], a, bb[1]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<NT>(acc[mt][2 * np], a[mt], bb[0]);
+        mma_16816<NT>(acc[mt][2 * np + 1], a[mt], bb[1]);
+      }
     }
   }
 }
 
-// c[16 × N] = A · Bᵀ: A = rows row0.. of swizzled [*, E] tile `a_tile`, B = swizzled [N][E] tile.
-template <class NT, int E, int N>
-__device__ __forceinline__ void rows_times_tile_t(float (&c)[N / 8][4], const NT* a_tile, int row0, const NT* b_tile,
-                                                  int lane) {
+// c[16·MT × N] = A · Bᵀ: A = rows row0.. of swizzled [*, E] tile `a_tile`, B = swizzled [N][E]
+// tile. The k16 loop is not unrolled (it only moves ldmatrix addresses; unrolled, ptxas hoists
+// the loads of every step and runs out of registers).
+template <class NT, int E, int N, int MT>
+__device__ __forceinline__ void rows_times_tile_t(float (&c)[MT][N / 8][4], const NT* a_tile, int row0,
+                                                  const NT* b_tile, int lane) {
 #pragma unroll
-  for (int nf = 0; nf < N / 8; ++nf) c[nf][0] = c[nf][1] = c[nf][2] = c[nf][3] = 0.0f;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
+    for (int nf = 0; nf < N / 8; ++nf) c[mt][nf][0] = c[mt][nf][1] = c[mt][nf][2] = c[mt][nf][3] = 0.0f;
+#pragma unroll 1
   for (int kk = 0; kk < E / 16; ++kk) {
-    uint32_t a[4];
-    ldmatrix_a<E>(a, a_tile, row0, kk * 16, lane);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_a<E>(a[mt], a_tile, row0 + 16 * mt, kk * 16, lane);
 #pragma unroll
     for (int np = 0; np < N / 16; ++np) {
       uint32_t bb[2][2];
       ldmatrix_b<E>(bb, b_tile, np * 16, kk * 16, lane);
-      mma_16816<NT>(c[2 * np], a, bb[0]);
-      mma_16816<NT>(c[2 * np + 1], a, bb[1]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<NT>(c[mt][2 * np], a[mt], bb[0]);
+        mma_16816<NT>(c[mt][2 * np + 1], a[mt], bb[1]);
+      }
     }
   }
 }
 
-// Writes a warp's 16 × N f32 accumulators (rows row0 ..) as 16-bit rows of length N.
-template <class NT, int N>
-__device__ __forceinline__ void store_rows(const float (&acc)[N / 8][4], NT* out, int64_t row0, int64_t nrows,
+// Writes a warp's 16·MT × N f32 accumulators (rows row0 ..) as 16-bit rows of length N.
+template <class NT, int N, int MT>
+__device__ __forceinline__ void store_rows(const float (&acc)[MT][N / 8][4], NT* out, int64_t row0, int64_t nrows,
                                            int lane) {
 #pragma unroll
-  for (int nf = 0; nf < N / 8; ++nf) store_c<NT>(out, N, acc[nf], row0, nf * 8, nrows, lane);
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nf = 0; nf < N / 8; ++nf) store_c<NT>(out, N, acc[mt][nf], row0 + 16 * mt, nf * 8, nrows, lane);
 }
 
 template <class NT, int EV>
@@ -181,25 +201,26 @@ __global__ void __launch_bounds__(256) delta_kernel(FlexParams p) {
   if (r < rows && part == 0) p.delta[r] = d - (p.dlse ? p.dlse[r] : 0.0f);
 }
 
-// dK/dV: grid (ceil(S / 64), Hkv, B); BQ queries per step.
-template <class NT, int E, int BQ, class SM, class MM>
+// dK/dV: grid (ceil(S / (64·MT)), Hkv, B); warp w owns keys 16·MT·w ..; BQ queries per step.
+template <class NT, int E, int BQ, int MT, class SM, class MM>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM mm) {
+  constexpr int kRows = 16 * MT * kWarps;  // keys per CTA
   extern __shared__ __align__(128) unsigned char kiln_flex_bwd_smem[];
   NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
   NT* Ks = smem;
-  NT* Vs = Ks + kTile * E;
-  NT* Qs = Vs + kTile * E;                                  // [2][BQ][E]
+  NT* Vs = Ks + kRows * E;
+  NT* Qs = Vs + kRows * E;                                  // [2][BQ][E]
   NT* Gs = Qs + 2 * BQ * E;                                 // dO, [2][BQ][E]
   float* stat = reinterpret_cast<float*>(Gs + 2 * BQ * E);  // [2][2][BQ]: lse, delta
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile, hk = blockIdx.y, b = blockIdx.z;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows, hk = blockIdx.y, b = blockIdx.z;
   const int64_t G = p.Hq / p.Hkv, kb = j0 / p.KB;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int wrow = 16 * MT * w;
 
-  load_tile_async<kTile, E, kThreads>(Ks, static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1], p.k_st[2], j0,
+  load_tile_async<kRows, E, kThreads>(Ks, static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1], p.k_st[2], j0,
                                       p.S, tid);
-  load_tile_async<kTile, E, kThreads>(Vs, static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1], p.v_st[2], j0,
+  load_tile_async<kRows, E, kThreads>(Vs, static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1], p.v_st[2], j0,
                                       p.S, tid);
-  cp_async_commit();
 
   auto issue = [&](const Cursor& c, int buf) {
     const int64_t h = hk * G + c.hi, row = (b * p.Hq + h) * p.L;
@@ -216,75 +237,90 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
   Cursor cur;
   advance<BQ, true>(p, b, hk * G, G, kb, p.L, cur);
   if (cur.valid) issue(cur, 0);
-  cp_async_commit();
+  cp_async_commit();  // K, V and the first Q/dO tile: one group
 
-  float dk[E / 8][4], dv[E / 8][4];
+  float dk[MT][E / 8][4], dv[MT][E / 8][4];
 #pragma unroll
-  for (int nf = 0; nf < E / 8; ++nf)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) dk[nf][r] = dv[nf][r] = 0.0f;
+    for (int nf = 0; nf < E / 8; ++nf)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) dk[mt][nf][r] = dv[mt][nf][r] = 0.0f;
 
   for (int step = 0; cur.valid; ++step) {
     Cursor nxt = cur;
     advance<BQ, true>(p, b, hk * G, G, kb, p.L, nxt);
     const int buf = step & 1;
-    __syncthreads();  // every warp is done with buffer buf ^ 1 (the previous step)
-    if (nxt.valid) issue(nxt, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    cp_async_wait<0>();  // this step's tiles landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's; and every warp is done with buffer buf ^ 1 (previous step)
+    if (nxt.valid) {
+      issue(nxt, buf ^ 1);
+      cp_async_commit();
+    }
 
     const NT* Qb = Qs + buf * BQ * E;
     const NT* Gb = Gs + buf * BQ * E;
     const float* lse_s = stat + (buf * 2) * BQ;
     const float* del_s = stat + (buf * 2 + 1) * BQ;
     const int h = static_cast<int>(hk * G + cur.hi);
-    const uint32_t kept = kept_bits<BQ, false>(p, mm, cur.pass == 0, int(b), h, int(j0) + w * 16, int(cur.start), lane);
-    // A warp whose 16 × BQ block is entirely masked skips the step: its terms are exactly 0.
-    if (__any_sync(0xffffffffu, kept != 0)) {
-      float s[BQ / 8][4], dp[BQ / 8][4];
-      rows_times_tile_t<NT, E, BQ>(s, Ks, w * 16, Qb, lane);   // Sᵀ = K·Qᵀ
-      rows_times_tile_t<NT, E, BQ>(dp, Vs, w * 16, Gb, lane);  // dPᵀ = V·dOᵀ
+    uint32_t kept[MT];
+    bool any = false;
 #pragma unroll
-      for (int nf = 0; nf < BQ / 8; ++nf)
+    for (int mt = 0; mt < MT; ++mt) {
+      kept[mt] = kept_bits<BQ, false>(p, mm, cur.pass == 0, int(b), h, int(j0) + wrow + 16 * mt, int(cur.start), lane);
+      any = any || kept[mt] != 0;
+    }
+    // A warp whose 16·MT × BQ block is entirely masked skips the step: its terms are exactly 0.
+    if (__any_sync(0xffffffffu, any)) {
+      float s[MT][BQ / 8][4], dp[MT][BQ / 8][4];
+      rows_times_tile_t<NT, E, BQ, MT>(s, Ks, wrow, Qb, lane);   // Sᵀ = K·Qᵀ
+      rows_times_tile_t<NT, E, BQ, MT>(dp, Vs, wrow, Gb, lane);  // dPᵀ = V·dOᵀ
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int col = nf * 8 + 2 * t + (r & 1);
-          const int i = int(cur.start) + col, j = int(j0) + w * 16 + g + (r >> 1) * 8;
-          grad_elem(p, sm, (kept >> (nf * 4 + r)) & 1u, int(b), h, i, j, s[nf][r], dp[nf][r], lse_s[col], del_s[col]);
-        }
-      acc_c_times_tile<NT, BQ, E>(dv, s, Gb, lane);   // dV += Pᵀ·dO
-      acc_c_times_tile<NT, BQ, E>(dk, dp, Qb, lane);  // dK += dSᵀ·Q
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nf = 0; nf < BQ / 8; ++nf)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int col = nf * 8 + 2 * t + (r & 1);
+            const int i = int(cur.start) + col, j = int(j0) + wrow + 16 * mt + g + (r >> 1) * 8;
+            grad_elem(p, sm, (kept[mt] >> (nf * 4 + r)) & 1u, int(b), h, i, j, s[mt][nf][r], dp[mt][nf][r],
+                      lse_s[col], del_s[col]);
+          }
+      acc_c_times_tile<NT, BQ, E, MT>(dv, s, Gb, lane);   // dV += Pᵀ·dO
+      acc_c_times_tile<NT, BQ, E, MT>(dk, dp, Qb, lane);  // dK += dSᵀ·Q
     }
     cur = nxt;
   }
   cp_async_wait<0>();
 
   const int64_t o = (b * p.Hkv + hk) * p.S;
-  store_rows<NT, E>(dk, static_cast<NT*>(p.dk) + o * E, j0 + w * 16, p.S, lane);
-  store_rows<NT, E>(dv, static_cast<NT*>(p.dv) + o * E, j0 + w * 16, p.S, lane);
+  store_rows<NT, E, MT>(dk, static_cast<NT*>(p.dk) + o * E, j0 + wrow, p.S, lane);
+  store_rows<NT, E, MT>(dv, static_cast<NT*>(p.dv) + o * E, j0 + wrow, p.S, lane);
 }
 
-// dQ: grid (ceil(L / 64), Hq, B); BK keys per step.
-template <class NT, int E, int BK, class SM, class MM>
+// dQ: grid (ceil(L / (64·MT)), Hq, B); warp w owns queries 16·MT·w ..; BK keys per step.
+template <class NT, int E, int BK, int MT, class SM, class MM>
 __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm) {
+  constexpr int kRows = 16 * MT * kWarps;  // queries per CTA
   extern __shared__ __align__(128) unsigned char kiln_flex_bwd_smem[];
   NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
   NT* Qs = smem;
-  NT* Gs = Qs + kTile * E;
-  NT* Ks = Gs + kTile * E;   // [2][BK][E]
+  NT* Gs = Qs + kRows * E;
+  NT* Ks = Gs + kRows * E;   // [2][BK][E]
   NT* Vs = Ks + 2 * BK * E;  // [2][BK][E]
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kTile, h = blockIdx.y, b = blockIdx.z;
+  // Heaviest first under causal masks (the last query tile has the most KV blocks; the dK/dV
+  // grid is already in that order: key tile 0 is seen by every query).
+  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows, h = blockIdx.y, b = blockIdx.z;
   const int64_t hk = h / (p.Hq / p.Hkv), row = mask_row(p, b, h) * p.nQ + i0 / p.QB;
   const int64_t orow = (b * p.Hq + h) * p.L;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int wrow = 16 * MT * w;
   const NT* kbase = static_cast<const NT*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];
   const NT* vbase = static_cast<const NT*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];
 
-  load_tile_async<kTile, E, kThreads>(Qs, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1], p.q_st[2], i0,
+  load_tile_async<kRows, E, kThreads>(Qs, static_cast<const NT*>(p.q) + b * p.q_st[0] + h * p.q_st[1], p.q_st[2], i0,
                                       p.L, tid);
-  load_tile_async<kTile, E, kThreads>(Gs, static_cast<const NT*>(p.dout) + orow * E, E, i0, p.L, tid);
-  cp_async_commit();
+  load_tile_async<kRows, E, kThreads>(Gs, static_cast<const NT*>(p.dout) + orow * E, E, i0, p.L, tid);
 
   auto issue = [&](const Cursor& c, int buf) {
     load_tile_async<BK, E, kThreads>(Ks + buf * BK * E, kbase, p.k_st[2], c.start, p.S, tid);
@@ -293,53 +329,66 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
   Cursor cur;
   advance<BK, false>(p, b, h, 1, row, p.S, cur);
   if (cur.valid) issue(cur, 0);
-  cp_async_commit();
+  cp_async_commit();  // Q, dO and the first K/V tile: one group
 
-  float lse[2], del[2];
+  float lse[MT][2], del[MT][2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t i = i0 + w * 16 + g + 8 * half;
-    lse[half] = i < p.L ? p.lse[orow + i] : -INFINITY;
-    del[half] = i < p.L ? p.delta[orow + i] : 0.0f;
-  }
-  float dq[E / 8][4];
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int nf = 0; nf < E / 8; ++nf)
+    for (int half = 0; half < 2; ++half) {
+      const int64_t i = i0 + wrow + 16 * mt + g + 8 * half;
+      lse[mt][half] = i < p.L ? p.lse[orow + i] : -INFINITY;
+      del[mt][half] = i < p.L ? p.delta[orow + i] : 0.0f;
+    }
+  float dq[MT][E / 8][4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) dq[nf][r] = 0.0f;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nf = 0; nf < E / 8; ++nf)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) dq[mt][nf][r] = 0.0f;
 
   for (int step = 0; cur.valid; ++step) {
     Cursor nxt = cur;
     advance<BK, false>(p, b, h, 1, row, p.S, nxt);
     const int buf = step & 1;
-    __syncthreads();
-    if (nxt.valid) issue(nxt, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    cp_async_wait<0>();  // this step's tiles landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's; and every warp is done with buffer buf ^ 1 (previous step)
+    if (nxt.valid) {
+      issue(nxt, buf ^ 1);
+      cp_async_commit();
+    }
 
     const NT* Kb = Ks + buf * BK * E;
     const NT* Vb = Vs + buf * BK * E;
-    const uint32_t kept =
-        kept_bits<BK, true>(p, mm, cur.pass == 0, int(b), int(h), int(i0) + w * 16, int(cur.start), lane);
-    if (__any_sync(0xffffffffu, kept != 0)) {  // else the warp's 16 × BK block is entirely masked
-      float s[BK / 8][4], dp[BK / 8][4];
-      rows_times_tile_t<NT, E, BK>(s, Qs, w * 16, Kb, lane);   // S = Q·Kᵀ
-      rows_times_tile_t<NT, E, BK>(dp, Gs, w * 16, Vb, lane);  // dP = dO·Vᵀ
+    uint32_t kept[MT];
+    bool any = false;
 #pragma unroll
-      for (int nf = 0; nf < BK / 8; ++nf)
+    for (int mt = 0; mt < MT; ++mt) {
+      kept[mt] =
+          kept_bits<BK, true>(p, mm, cur.pass == 0, int(b), int(h), int(i0) + wrow + 16 * mt, int(cur.start), lane);
+      any = any || kept[mt] != 0;
+    }
+    if (__any_sync(0xffffffffu, any)) {  // else the warp's 16·MT × BK block is entirely masked
+      float s[MT][BK / 8][4], dp[MT][BK / 8][4];
+      rows_times_tile_t<NT, E, BK, MT>(s, Qs, wrow, Kb, lane);   // S = Q·Kᵀ
+      rows_times_tile_t<NT, E, BK, MT>(dp, Gs, wrow, Vb, lane);  // dP = dO·Vᵀ
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int i = int(i0) + w * 16 + g + (r >> 1) * 8, j = int(cur.start) + nf * 8 + 2 * t + (r & 1);
-          grad_elem(p, sm, (kept >> (nf * 4 + r)) & 1u, int(b), int(h), i, j, s[nf][r], dp[nf][r], lse[r >> 1],
-                    del[r >> 1]);
-        }
-      acc_c_times_tile<NT, BK, E>(dq, dp, Kb, lane);  // dQ += dS·K
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nf = 0; nf < BK / 8; ++nf)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int i = int(i0) + wrow + 16 * mt + g + (r >> 1) * 8, j = int(cur.start) + nf * 8 + 2 * t + (r & 1);
+            grad_elem(p, sm, (kept[mt] >> (nf * 4 + r)) & 1u, int(b), int(h), i, j, s[mt][nf][r], dp[mt][nf][r],
+                      lse[mt][r >> 1], del[mt][r >> 1]);
+          }
+      acc_c_times_tile<NT, BK, E, MT>(dq, dp, Kb, lane);  // dQ += dS·K
     }
     cur = nxt;
   }
   cp_async_wait<0>();
-  store_rows<NT, E>(dq, static_cast<NT*>(p.dq) + orow * E, i0 + w * 16, p.L, lane);
+  store_rows<NT, E, MT>(dq, static_cast<NT*>(p.dq) + orow * E, i0 + wrow, p.L, lane);
 }
 
 inline bool aligned16(const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; }
@@ -349,6 +398,33 @@ void set_smem(K kernel, int bytes) {
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
+// The dK/dV kernel with MT m16 tiles per warp (64·MT keys per CTA), BQ queries per step.
+template <class NT, int E, int BQ, int MT, class SM, class MM>
+void launch_dkdv(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+  constexpr int kRows = 16 * MT * kWarps;
+  constexpr int smem = (2 * kRows * E + 4 * BQ * E) * 2 + 4 * BQ * 4;
+  auto kernel = dkdv_kernel<NT, E, BQ, MT, SM, MM>;
+  set_smem(kernel, smem);
+  dim3 grid(static_cast<unsigned>((p.S + kRows - 1) / kRows), static_cast<unsigned>(p.Hkv),
+            static_cast<unsigned>(p.B));
+  kernel<<<grid, kThreads, smem, st>>>(p, sm, mm);
+  KILN_CUDA_CHECK_LAUNCH("flex dkdv_kernel (mma)");
+}
+
+// The dQ kernel with MT m16 tiles per warp (64·MT queries per CTA), BK keys per step.
+template <class NT, int E, int BK, int MT, class SM, class MM>
+void launch_dq(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+  constexpr int kRows = 16 * MT * kWarps;
+  constexpr int smem = (2 * kRows * E + 4 * BK * E) * 2;
+  auto kernel = dq_kernel<NT, E, BK, MT, SM, MM>;
+  set_smem(kernel, smem);
+  dim3 grid(static_cast<unsigned>((p.L + kRows - 1) / kRows), static_cast<unsigned>(p.Hq),
+            static_cast<unsigned>(p.B));
+  kernel<<<grid, kThreads, smem, st>>>(p, sm, mm);
+  KILN_CUDA_CHECK_LAUNCH("flex dq_kernel (mma)");
+}
+
+// Tile shapes: registers decide (see docs/attention.md).
 template <class NT, int E, class SM, class MM>
 void launch(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   const int64_t rows = p.B * p.Hq * p.L;
@@ -356,21 +432,17 @@ void launch(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   delta_kernel<NT, E><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
   KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (mma)");
 
-  constexpr int BQ = E == 128 ? 32 : 64;  // queries per dK/dV step (register budget)
-  constexpr int kv_smem = (2 * kTile * E + 4 * BQ * E) * 2 + 4 * BQ * 4;
-  auto kv_kernel = dkdv_kernel<NT, E, BQ, SM, MM>;
-  set_smem(kv_kernel, kv_smem);
-  dim3 gk(static_cast<unsigned>((p.S + kTile - 1) / kTile), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(p.B));
-  kv_kernel<<<gk, kThreads, kv_smem, st>>>(p, sm, mm);
-  KILN_CUDA_CHECK_LAUNCH("flex dkdv_kernel (mma)");
-
-  constexpr int BK = 64;
-  constexpr int q_smem = (2 * kTile * E + 4 * BK * E) * 2;
-  auto q_kernel = dq_kernel<NT, E, BK, SM, MM>;
-  set_smem(q_kernel, q_smem);
-  dim3 gq(static_cast<unsigned>((p.L + kTile - 1) / kTile), static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B));
-  q_kernel<<<gq, kThreads, q_smem, st>>>(p, sm, mm);
-  KILN_CUDA_CHECK_LAUNCH("flex dq_kernel (mma)");
+  // dK/dV: one m16 tile per warp (two would need the dK and dV accumulators twice: spills at
+  // E = 64 with 32-query steps, 256 registers of accumulators alone at E = 128).
+  launch_dkdv<NT, E, E == 128 ? 32 : 64, 1>(p, sm, mm, st);
+  // dQ: two m16 tiles per warp (128 queries per CTA, 32-key steps) at E = 64 when the q blocks
+  // are multiples of 128; otherwise one (64 queries, 64-key steps).
+  if constexpr (E == 64) {
+    if (p.QB % 128 == 0) launch_dq<NT, E, 32, 2>(p, sm, mm, st);
+    else launch_dq<NT, E, 64, 1>(p, sm, mm, st);
+  } else {
+    launch_dq<NT, E, 64, 1>(p, sm, mm, st);
+  }
 }
 
 }  // namespace bwd

@@ -60,14 +60,22 @@ inline bool mma_layout_ok(const FlexParams& p, int64_t q_tile, int64_t kv_tile) 
 template <int ROWS, int COLS, int NT, class T>
 __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t stride, int64_t row0, int64_t len,
                                                 int tid) {
-  constexpr int kChunks = COLS / 8;  // 16-byte chunks per row
-  static_assert((ROWS * kChunks) % NT == 0, "tile chunks must divide among the threads");
+  static_assert(sizeof(T) == 2, "16-bit elements");
+  constexpr int kChunks = COLS / 8;          // 16-byte chunks per row
+  static_assert(NT % kChunks == 0 && ROWS % (NT / kChunks) == 0, "tile chunks must divide among the threads");
+  constexpr int kRowsPerIt = NT / kChunks;   // rows the CTA copies per iteration
+  static_assert(kRowsPerIt % 8 == 0, "a thread's rows keep their swizzle phase (row % 8)");
+  // A thread copies chunk tid % kChunks of rows tid / kChunks + kRowsPerIt·it: one source
+  // pointer and one shared address advanced by constants (few live registers in callers).
+  const int r0 = tid / kChunks, c = (tid % kChunks) * 8;
+  const int64_t rem = len - row0 - r0;  // rows of this thread's column still in range
+  const T* src = base + (row0 + r0) * stride + c;
+  const uint32_t dst = smem_addr(tile + swz<COLS>(r0, c));
 #pragma unroll
-  for (int it = 0; it < ROWS * kChunks / NT; ++it) {
-    const int i = it * NT + tid, r = i / kChunks, c = (i % kChunks) * 8;
-    const bool ok = row0 + r < len;
-    const T* src = ok ? base + (row0 + r) * stride + c : base;  // a valid address even when unused
-    cp_async_16(smem_addr(tile + swz<COLS>(r, c)), src, ok);
+  for (int it = 0; it < ROWS / kRowsPerIt; ++it) {
+    const bool ok = it * kRowsPerIt < rem;
+    cp_async_16(dst + it * kRowsPerIt * COLS * 2, ok ? src : base, ok);  // base: a valid address when unused
+    src += kRowsPerIt * stride;
   }
 }
 
