@@ -72,6 +72,14 @@ struct LceTensors {
 template <class A>
 struct LceRowTerms {
   A ce = 0, zl = 0, p_coef = 0, target_coef = 0, smooth_coef = 0;
+  // dz_j before the soft-cap derivative and the row's scale, from p_j = exp(z_j − lse) and the
+  // class weight w_j; entries with |dz_j| < filter (when filter > 0) become 0 (the gradient filter).
+  KILN_HD A dz(A p_j, A w_j, bool is_target, A filter) const {
+    A g = p_j * p_coef - w_j * smooth_coef;
+    if (is_target) g -= target_coef;
+    if (filter > A(0) && (g < A(0) ? -g : g) < filter) g = A(0);
+    return g;
+  }
 };
 
 template <class A>

@@ -117,9 +117,7 @@ void run(const LceParams& p, const LceTensors& t) {
         const A inv_sum = A(1) / sum;
         for (int64_t j = 0; j < v; ++j) {
           const A pj = keep_exp ? z[j] * inv_sum : std::exp(z[j] - lse);
-          A dz = pj * rt.p_coef - (cw ? cw[j] : A(1)) * rt.smooth_coef;
-          if (j == tg) dz -= rt.target_coef;
-          if (filter > A(0) && std::abs(dz) < filter) dz = 0;
+          const A dz = rt.dz(pj, cw ? cw[j] : A(1), j == tg, filter);
           z[j] = dz * (keep_exp ? A(1) : lce_cap_deriv(z[j], cap)) * scale;
         }
       }

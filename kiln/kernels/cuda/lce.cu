@@ -207,10 +207,7 @@ __global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restri
     const float scale = row_grad_scale(p, gscale, row_scale, r);
     const bool zero = ignored || tg.bad || scale == 0.f;
     auto grad = [&](float x, int64_t j) {
-      float g = expf(x - lse) * rt.p_coef - cweight(j) * rt.smooth_coef;
-      if (j == t) g -= rt.target_coef;
-      if (filter > 0.f && fabsf(g) < filter) g = 0.f;
-      return g * lce_cap_deriv(x, cap) * scale;
+      return rt.dz(expf(x - lse), cweight(j), j == t, filter) * lce_cap_deriv(x, cap) * scale;
     };
 #pragma unroll 2
     for (int64_t q = threadIdx.x; q < nvec; q += blockDim.x) {
@@ -353,10 +350,7 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
             continue;
           }
           const float a = adjust(x[k], j);
-          float g = exp2f(fmaf(a, kLog2e, -lse2)) * rt.p_coef - cweight(j) * rt.smooth_coef;
-          if (j == t) g -= rt.target_coef;
-          if (filter > 0.f && fabsf(g) < filter) g = 0.f;
-          x[k] = g * lce_cap_deriv(a, cap) * scale;
+          x[k] = rt.dz(exp2f(fmaf(a, kLog2e, -lse2)), cweight(j), j == t, filter) * lce_cap_deriv(a, cap) * scale;
         }
       }
       store_vec<T>(z + q * NV, x);
