@@ -64,18 +64,21 @@ KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, 
   }
 }
 
-// acc[r * n + :] += sum_c w[r * ld + c] * x[c * n + :] (w indexed by (row, col)).
-KILN_FLEX_CLONES void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
+// acc[i * n + :] += sum_k w(i, k) · x[k * n + :] for i < out_rows, k < k_len, with
+// w(i, k) = w[i * w_out + k * w_sum]: register blocks of kR output rows × kC columns, then the
+// column and row tails. Inlined into the two cloned entry points below (one body per target).
+[[gnu::always_inline]] inline void tile_wx(float* acc, int64_t n, const float* w, int64_t w_out, int64_t w_sum,
+                                           int64_t out_rows, const float* x, int64_t k_len) {
   int64_t r0 = 0;
-  for (; r0 + kR <= rows; r0 += kR) {
+  for (; r0 + kR <= out_rows; r0 += kR) {
     int64_t e0 = 0;
     for (; e0 + kC <= n; e0 += kC) {
       float c[kR][kC];
       for (int64_t r = 0; r < kR; ++r) std::copy(acc + (r0 + r) * n + e0, acc + (r0 + r) * n + e0 + kC, c[r]);
-      for (int64_t k = 0; k < cols; ++k) {
+      for (int64_t k = 0; k < k_len; ++k) {
         const float* xk = x + k * n + e0;
         for (int64_t r = 0; r < kR; ++r) {
-          const float wk = w[(r0 + r) * ld + k];
+          const float wk = w[(r0 + r) * w_out + k * w_sum];
 #pragma omp simd
           for (int64_t e = 0; e < kC; ++e) c[r][e] += wk * xk[e];
         }
@@ -83,13 +86,13 @@ KILN_FLEX_CLONES void tile_ax(float* acc, int64_t n, const float* w, int64_t ld,
       for (int64_t r = 0; r < kR; ++r) std::copy(c[r], c[r] + kC, acc + (r0 + r) * n + e0);
     }
     for (int64_t r = r0; r < r0 + kR; ++r)  // column tail
-      for (int64_t k = 0; k < cols; ++k)
-        for (int64_t e = e0; e < n; ++e) acc[r * n + e] += w[r * ld + k] * x[k * n + e];
+      for (int64_t k = 0; k < k_len; ++k)
+        for (int64_t e = e0; e < n; ++e) acc[r * n + e] += w[r * w_out + k * w_sum] * x[k * n + e];
   }
-  for (int64_t r = r0; r < rows; ++r) {  // row tail
+  for (int64_t r = r0; r < out_rows; ++r) {  // row tail
     float* ar = acc + r * n;
-    for (int64_t k = 0; k < cols; ++k) {
-      const float wk = w[r * ld + k];
+    for (int64_t k = 0; k < k_len; ++k) {
+      const float wk = w[r * w_out + k * w_sum];
       const float* xk = x + k * n;
 #pragma omp simd
       for (int64_t e = 0; e < n; ++e) ar[e] += wk * xk[e];
@@ -97,37 +100,14 @@ KILN_FLEX_CLONES void tile_ax(float* acc, int64_t n, const float* w, int64_t ld,
   }
 }
 
+// acc[r * n + :] += sum_c w[r * ld + c] * x[c * n + :] (w indexed by (row, col)).
+KILN_FLEX_CLONES void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
+  tile_wx(acc, n, w, ld, 1, rows, x, cols);
+}
+
 // acc[c * n + :] += sum_r w[r * ld + c] * x[r * n + :] (the transposed product).
 KILN_FLEX_CLONES void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
-  int64_t c0 = 0;
-  for (; c0 + kR <= cols; c0 += kR) {
-    int64_t e0 = 0;
-    for (; e0 + kC <= n; e0 += kC) {
-      float c[kR][kC];
-      for (int64_t q = 0; q < kR; ++q) std::copy(acc + (c0 + q) * n + e0, acc + (c0 + q) * n + e0 + kC, c[q]);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* xr = x + r * n + e0;
-        for (int64_t q = 0; q < kR; ++q) {
-          const float wq = w[r * ld + c0 + q];
-#pragma omp simd
-          for (int64_t e = 0; e < kC; ++e) c[q][e] += wq * xr[e];
-        }
-      }
-      for (int64_t q = 0; q < kR; ++q) std::copy(c[q], c[q] + kC, acc + (c0 + q) * n + e0);
-    }
-    for (int64_t q = c0; q < c0 + kR; ++q)  // column tail
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t e = e0; e < n; ++e) acc[q * n + e] += w[r * ld + q] * x[r * n + e];
-  }
-  for (int64_t q = c0; q < cols; ++q) {  // row tail
-    float* aq = acc + q * n;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float wq = w[r * ld + q];
-      const float* xr = x + r * n;
-#pragma omp simd
-      for (int64_t e = 0; e < n; ++e) aq[e] += wq * xr[e];
-    }
-  }
+  tile_wx(acc, n, w, 1, ld, cols, x, rows);
 }
 
 }  // namespace kiln::kernels::cpu::flex_detail
