@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kiln/kernels/cpu/blas.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/cpu/loops.h"
 #include "kiln/kernels/lce.h"
@@ -24,7 +23,6 @@ template <class A>
 void gemm_rm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const A* b, int64_t ldb,
              A beta, A* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  blas_init_threads();
   const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<A, float>)
     cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), beta, c, int(ldc));

@@ -1,7 +1,6 @@
 // CPU gemm through OpenBLAS (cblas_sgemm/dgemm); 16-bit inputs go through f32 copies.
 #include <cblas.h>
 
-#include "kiln/kernels/cpu/blas.h"
 #include "kiln/kernels/cpu/loops.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/matmul.h"
@@ -11,7 +10,6 @@ namespace kiln::kernels::cpu {
 namespace {
 template <class T>
 void gemm_blas(const GemmArgs& g, T* out, const T* a, const T* b) {
-  blas_init_threads();
   const int64_t lda = g.trans_a ? g.m : g.k;
   const int64_t ldb = g.trans_b ? g.k : g.n;
   for (int64_t i = 0; i < g.batch; ++i) {
