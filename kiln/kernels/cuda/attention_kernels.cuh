@@ -25,6 +25,7 @@
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_mma.cuh"
+#include "kiln/kernels/cuda/attention_fwd_wgmma.cuh"
 #include "kiln/kernels/cuda/context.h"
 
 namespace kiln::kernels::cuda {
@@ -270,6 +271,7 @@ void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
+    if (flex_wgmma::flex_forward_wgmma<T>(p, sm, mm, st)) return;  // Hopper: TMA + wgmma (128-multiple blocks)
     if (flex_mma::flex_forward_mma<T>(p, sm, mm, st)) return;  // tensor cores (bf16/f16, E = Ev ∈ {64, 128})
     dim3 grid(static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B));
     flex_fwd_kernel<T><<<grid, kThreads, 0, st>>>(p, sm, mm);

@@ -1,0 +1,357 @@
+// The Hopper FlexAttention forward (FlashAttention-3 style: TMA, wgmma, warp specialisation) for
+// bf16 / f16 with E = Ev ∈ {64, 128} and BlockMask blocks that are multiples of 128:
+// flex_forward_wgmma, which returns false when it does not apply so that the caller falls back
+// to the mma.sync kernel (attention_fwd_mma.cuh).
+//
+// NOTE [flex forward wgmma]
+// - A persistent grid (one CTA per SM) walks the (query tile, b, h) tiles heaviest first
+//   (the last query tiles, which hold the most blocks under causal masks, come first) with a
+//   static stride of gridDim.x.
+// - A CTA is 3 warpgroups: two consumers of 64 query rows each (a 128-row tile) and a producer
+//   whose first lane issues the TMA copies; setmaxnreg moves the producer's registers to the
+//   consumers (240 each: O, S and P of a 64 × 128 tile stay in registers). Shared memory holds Q (one buffer) and
+//   kStages stages of (K, V) sub-tiles of 128 keys, all 128-byte swizzled (wgmma.cuh).
+//   mbarriers hand buffers over: q_full / kv_full[s] complete when the copies land
+//   (transaction bytes); q_empty / kv_empty[s] complete when the 8 consumer warps are done with
+//   them. The producer runs ahead by kStages sub-tiles and loads the next tile's Q as soon as
+//   the last S of the current tile is computed, so copies overlap the math across tiles too.
+//   The two consumer warpgroups only meet at the buffers, so one's softmax overlaps the other's
+//   mma.
+// - Per sub-tile a consumer warpgroup computes S = Q·Kᵀ (64 × 128, D / 16 wgmma from shared
+//   memory), applies score_mod (and mask_mod on partial blocks, bounds where the tile crosses L
+//   or S) in registers, updates the online softmax (exp2, f32) and accumulates O += P·V with P
+//   rounded to 16 bits and fed from registers (128 / 16 wgmma, V read transposed). Rows beyond
+//   L and keys beyond S arrive as zeros from the TMA and are masked. At the end O is divided by
+//   the row sum and lse = m + log(l) is written; a row with nothing kept gets O = 0, lse = −inf.
+// - GQA: K/V of head h / (Hq / Hkv) through the tensor maps' strides (no copies).
+#pragma once
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "kiln/attention/mods.h"
+#include "kiln/core/error.h"
+#include "kiln/kernels/cuda/attention_mma_common.cuh"
+#include "kiln/kernels/cuda/wgmma.cuh"
+
+namespace kiln::kernels::cuda::flex_wgmma {
+
+using namespace ::kiln::kernels::cuda::flex_mma;
+namespace wg = ::kiln::kernels::cuda::wgmma;
+
+inline constexpr int kBM = 128;  // query rows per tile (two warpgroups of 64)
+inline constexpr int kBN = 128;  // keys per sub-tile
+inline constexpr int kConsumerWarps = 8;
+inline constexpr int kThreads = 32 * (kConsumerWarps + 4);  // + the producer warpgroup
+// Registers per thread after setmaxnreg: the producer gives its share to the consumers
+// (128·24 + 256·240 ≤ 64 K registers of the SM).
+inline constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+
+// Shared-memory layout (byte offsets from a 1024-byte-aligned base).
+template <int D> struct FwdSmem {
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kQBytes = kBM * D * 2;
+  static constexpr int kKVBytes = kBN * D * 2;  // one of K, V
+  static constexpr int kK = kQBytes;            // stage s: K at kK + 2·s·kKVBytes, V right after
+  static constexpr int kBar = kK + 2 * kStages * kKVBytes;
+  static constexpr int kBytes = kBar + (2 + 2 * kStages) * 8 + 1024;  // + slack to align the base
+};
+
+// The tile of linear index t: (b, h, first query row), heaviest query tiles first.
+struct FwdTile {
+  int b, h;
+  int64_t q0;
+};
+__device__ __forceinline__ FwdTile fwd_tile(const FlexParams& p, int64_t t, int64_t n_qtiles) {
+  const int64_t bh = t % (p.B * p.Hq), qt = n_qtiles - 1 - t / (p.B * p.Hq);
+  return {static_cast<int>(bh / p.Hq), static_cast<int>(bh % p.Hq), qt * kBM};
+}
+
+// The sub-tiles a query tile visits: partial KV blocks first (mask_mod evaluated), then full ones.
+struct FwdSteps {
+  FlexParams::BlockList part, full;
+  int sub, n_part, n;
+  __device__ __forceinline__ FwdSteps(const FlexParams& p, int b, int h, int64_t q0) {
+    const int64_t row = mask_row(p, b, h) * p.nQ + q0 / p.QB;
+    part = p.kv_blocks(row, true);
+    full = p.kv_blocks(row, false);
+    sub = static_cast<int>(p.KB / kBN);
+    n_part = part.count * sub;
+    n = (part.count + full.count) * sub;
+  }
+  __device__ __forceinline__ int64_t kv0(const FlexParams& p, int s) const {  // first key of step s
+    const int blk = s / sub;
+    const int32_t idx = blk < part.count ? part.index[blk] : full.index[blk - part.count];
+    return static_cast<int64_t>(idx) * p.KB + static_cast<int64_t>(s - blk * sub) * kBN;
+  }
+};
+
+// 2^x on the special-function unit (one MUFU.EX2; -inf → 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Issues O += P·V for one 128-key sub-tile: P from registers (pa), V at shared address v_base,
+// read MN-major (transposed). The caller fences, commits and waits.
+template <class T, int D>
+__device__ __forceinline__ void pv_issue(float (&o)[D / 8][4], const uint32_t (&pa)[kBN / 16][4], uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk)
+    wg::wgmma_rs_tb<T, D>(o, pa[kk], wg::desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024), 1);
+}
+
+template <class T, int D, class SM, class MM>
+__global__ void __launch_bounds__(kThreads, 1)
+    flex_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                          const __grid_constant__ CUtensorMap tv, FlexParams p, SM sm, MM mm) {
+  using Smem = FwdSmem<D>;
+  constexpr int kStages = Smem::kStages;
+  constexpr int kGroups = D / 64;  // 64-column groups of a row (one TMA box each)
+  extern __shared__ unsigned char fwd_wgmma_smem[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(fwd_wgmma_smem) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
+  uint64_t* q_full = bars;
+  uint64_t* q_empty = bars + 1;
+  uint64_t* kv_full = bars + 2;
+  uint64_t* kv_empty = bars + 2 + kStages;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    wg::mbar_init(q_full, 1);
+    wg::mbar_init(q_empty, kConsumerWarps);
+    for (int s = 0; s < kStages; ++s) wg::mbar_init(kv_full + s, 1), wg::mbar_init(kv_empty + s, kConsumerWarps);
+    wg::mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int64_t n_qtiles = (p.L + kBM - 1) / kBM, n_tiles = n_qtiles * p.B * p.Hq;
+  const int64_t group = p.Hq / p.Hkv;
+
+  if (warp >= kConsumerWarps) {
+    // ---- producer: one lane of the third warpgroup issues every copy ----
+    wg::setmaxnreg_dec<kProducerRegs>();
+    if (warp != kConsumerWarps || lane != 0) return;
+    uint32_t it = 0, tc = 0;
+    for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x, ++tc) {
+      const FwdTile tile = fwd_tile(p, t, n_qtiles);
+      const FwdSteps steps(p, tile.b, tile.h, tile.q0);
+      const int hk = static_cast<int>(tile.h / group);
+      wg::mbar_wait(q_empty, (tc & 1) ^ 1);
+      wg::mbar_arrive_expect_tx(q_full, Smem::kQBytes);
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
+        wg::tma_load_4d(smem + g * kBM * 128, &tq, q_full, 64 * g, static_cast<int>(tile.q0), tile.h, tile.b);
+      for (int s = 0; s < steps.n; ++s, ++it) {
+        const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+        wg::mbar_wait(kv_empty + stage, phase ^ 1);
+        wg::mbar_arrive_expect_tx(kv_full + stage, 2 * Smem::kKVBytes);
+        const int kv0 = static_cast<int>(steps.kv0(p, s));
+        unsigned char* sk = smem + Smem::kK + stage * 2 * Smem::kKVBytes;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          wg::tma_load_4d(sk + g * kBN * 128, &tk, kv_full + stage, 64 * g, kv0, hk, tile.b);
+          wg::tma_load_4d(sk + Smem::kKVBytes + g * kBN * 128, &tv, kv_full + stage, 64 * g, kv0, hk, tile.b);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup wgi owns rows 64·wgi .. 64·wgi + 63 of the tile ----
+  wg::setmaxnreg_inc<kConsumerRegs>();
+  const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const int L = static_cast<int>(p.L), S = static_cast<int>(p.S);
+  const uint32_t q_base = wg::smem_u32(smem) + wgi * 64 * 128;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kNt = kBN / 8, kOt = D / 8;
+  constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
+  uint32_t it = 0, tc = 0;
+  for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x, ++tc) {
+    const FwdTile tile = fwd_tile(p, t, n_qtiles);
+    const FwdSteps steps(p, tile.b, tile.h, tile.q0);
+    const int row0 = static_cast<int>(tile.q0) + 64 * wgi + 16 * wq;
+    const bool q_tail = tile.q0 + kBM > p.L;
+    float o[kOt][4];
+#pragma unroll
+    for (int j = 0; j < kOt; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    wg::mbar_wait(q_full, tc & 1);
+    if (steps.n == 0 && lane == 0) wg::mbar_arrive(q_empty);
+    float sc[kNt][4];              // S of this step, then its P in f32
+    uint32_t pa[kBN / 16][4];      // P of the previous step, 16-bit, as A fragments
+    float alpha[2], sum[2];
+    // Issues S = Q·Kᵀ of step s (D / 16 k-steps, both operands K-major) into sc.
+    auto issue_s = [&](uint32_t k_base) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = (kk & 3) * 32;  // k16 step within the 128-byte row
+        const uint64_t da = wg::desc_sw128(q_base + (kk >> 2) * kBM * 128 + off, 16, 1024);
+        const uint64_t db = wg::desc_sw128(k_base + (kk >> 2) * kBN * 128 + off, 16, 1024);
+        wg::wgmma_ss<T, kBN>(sc, da, db, kk > 0 ? 1 : 0);
+      }
+    };
+    // Mods and the online softmax of step s on sc (P in place of S); alpha and sum for rows
+    // g (r = 0) and g + 8 (r = 1). score_mod always, mask_mod on partial blocks, bounds where
+    // the tile crosses L or S; the identity score_mod on a full in-range tile needs none: its
+    // scale goes into the exponent (scale > 0 keeps the row max where it is).
+    auto softmax = [&](int s) {
+      const int kv_tile = static_cast<int>(steps.kv0(p, s));
+      const bool use_mask = s < steps.n_part, bounds = q_tail || kv_tile + kBN > S;
+      const bool fast = kIdentity && !use_mask && !bounds && p.scale > 0.0f;
+      if (!fast) {
+#pragma unroll
+        for (int j = 0; j < kNt; ++j)
+          apply_mods<false>(sc[j], sm, mm, p.scale, tile.b, tile.h, row0, kv_tile + 8 * j, lane, use_mask, bounds, L,
+                            S);
+      }
+      const float mul = fast ? p.scale * kLog2e : kLog2e;  // exponent = x·mul − m·kLog2e
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kNt; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * r], sc[j][2 * r + 1]));
+        mx = fmaxf(m[r], quad_max(mx) * (mul / kLog2e));           // in scaled-score units
+        const float base = mx == -INFINITY ? 0.0f : mx * kLog2e;  // nothing kept yet: no inf − inf
+        alpha[r] = m[r] == -INFINITY ? 0.0f : fast_exp2(m[r] * kLog2e - base);
+        m[r] = mx;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kNt; ++j) {
+          sc[j][2 * r] = fast_exp2(fmaf(sc[j][2 * r], mul, -base));
+          sc[j][2 * r + 1] = fast_exp2(fmaf(sc[j][2 * r + 1], mul, -base));
+          acc += sc[j][2 * r] + sc[j][2 * r + 1];
+        }
+        sum[r] = acc;
+      }
+    };
+    // Rescales O and l by alpha and hands P over as 16-bit A fragments.
+    auto rescale_and_pack = [&] {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l[r] = l[r] * alpha[r] + sum[r];
+#pragma unroll
+        for (int j = 0; j < kOt; ++j) o[j][2 * r] *= alpha[r], o[j][2 * r + 1] *= alpha[r];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) c_to_a<T>(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
+    };
+    auto k_of = [&](uint32_t stage) { return wg::smem_u32(smem + Smem::kK + stage * 2 * Smem::kKVBytes); };
+
+    if (steps.n > 0) {
+      // Step 0: S, softmax, nothing to overlap with yet.
+      uint32_t stage_prev = it % kStages;
+      wg::mbar_wait(kv_full + stage_prev, (it / kStages) & 1);
+      wg::fence_operands(sc);
+      wg::fence();
+      issue_s(k_of(stage_prev));
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operands(sc);
+      if (steps.n == 1 && lane == 0) wg::mbar_arrive(q_empty);
+      softmax(0);
+      rescale_and_pack();
+      ++it;
+      // Steps 1 ..: issue S of step s and the previous step's O += P·V, so that the tensor cores
+      // run P·V while this warpgroup does the softmax of S.
+      for (int s = 1; s < steps.n; ++s, ++it) {
+        const uint32_t stage = it % kStages;
+        wg::mbar_wait(kv_full + stage, (it / kStages) & 1);
+        wg::fence_operands(sc);
+        wg::fence_operands(o);
+        wg::fence_operands(pa);
+        wg::fence();
+        issue_s(k_of(stage));
+        wg::commit();
+        pv_issue<T, D>(o, pa, k_of(stage_prev) + Smem::kKVBytes);
+        wg::commit();
+        wg::wait<1>();  // S landed; P·V may still run
+        wg::fence_operands(sc);
+        if (s == steps.n - 1 && lane == 0) wg::mbar_arrive(q_empty);  // Q is free for the next tile
+        softmax(s);
+        wg::wait<0>();  // the previous P·V is done: release its stage
+        wg::fence_operands(o);
+        wg::fence_operands(pa);
+        if (lane == 0) wg::mbar_arrive(kv_empty + stage_prev);
+        rescale_and_pack();
+        stage_prev = stage;
+      }
+      // The last step's P·V.
+      wg::fence_operands(o);
+      wg::fence_operands(pa);
+      wg::fence();
+      pv_issue<T, D>(o, pa, k_of(stage_prev) + Smem::kKVBytes);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operands(o);
+      wg::fence_operands(pa);
+      if (lane == 0) wg::mbar_arrive(kv_empty + stage_prev);
+    }
+
+    // Normalise, store O and lse (rows ≥ L skipped).
+    T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(tile.b) * p.Hq + tile.h) * p.L * D;
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float lt = quad_sum(l[r]);
+      inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
+      const int64_t i = row0 + g + 8 * r;
+      if (t4 == 0 && i < p.L)
+        p.lse[(static_cast<int64_t>(tile.b) * p.Hq + tile.h) * p.L + i] = lt > 0.0f ? m[r] + logf(lt) : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < kOt; ++j) {
+      const float c[4] = {o[j][0] * inv[0], o[j][1] * inv[0], o[j][2] * inv[1], o[j][3] * inv[1]};
+      store_c<T>(out, D, c, row0, 8 * j, p.L, lane);
+    }
+  }
+}
+
+template <class T, int D, class SM, class MM>
+bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  CUtensorMap tq, tk, tv;
+  if (!wg::encode_tensor_map_16bit(&tq, kBf16, p.q, p.B, p.Hq, p.L, D, p.q_st[0], p.q_st[1], p.q_st[2], kBM) ||
+      !wg::encode_tensor_map_16bit(&tk, kBf16, p.k, p.B, p.Hkv, p.S, D, p.k_st[0], p.k_st[1], p.k_st[2], kBN) ||
+      !wg::encode_tensor_map_16bit(&tv, kBf16, p.v, p.B, p.Hkv, p.S, D, p.v_st[0], p.v_st[1], p.v_st[2], kBN))
+    return false;
+  auto kernel = flex_fwd_wgmma_kernel<T, D, SM, MM>;
+  constexpr int smem = FwdSmem<D>::kBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) fail("flex_attention (CUDA): cudaFuncSetAttribute: ", cudaGetErrorString(e));
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int64_t tiles = (p.L + kBM - 1) / kBM * p.B * p.Hq;
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sms)));
+  kernel<<<grid, kThreads, smem, st>>>(tq, tk, tv, p, sm, mm);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) fail("flex_attention (CUDA): flex_fwd_wgmma_kernel launch: ", cudaGetErrorString(e));
+  return true;
+}
+
+// Whether KILN_FLEX_KERNEL=sm80 asks for the mma.sync kernels instead (for side-by-side
+// measurements; docs/attention.md).
+inline bool flex_wgmma_disabled() {
+  const char* v = std::getenv("KILN_FLEX_KERNEL");
+  return v != nullptr && std::strcmp(v, "sm80") == 0;
+}
+
+// The Hopper forward when it applies (see the top of the file); false: use another kernel.
+template <class T, class SM, class MM>
+bool flex_forward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+  using CT = cuda_t<T>;
+  if constexpr (std::is_void_v<CT>) {
+    return false;
+  } else {
+    if (!mma_layout_ok(p, kBM, kBN) || flex_wgmma_disabled()) return false;
+    if (p.B == 0 || p.Hq == 0 || p.L == 0) return true;  // nothing to write
+    return p.E == 64 ? launch_fwd_wgmma<CT, 64>(p, sm, mm, st) : launch_fwd_wgmma<CT, 128>(p, sm, mm, st);
+  }
+}
+
+}  // namespace kiln::kernels::cuda::flex_wgmma
