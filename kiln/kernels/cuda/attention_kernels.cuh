@@ -25,6 +25,7 @@
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_mma.cuh"
+#include "kiln/kernels/cuda/attention_bwd_wgmma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_wgmma.cuh"
 #include "kiln/kernels/cuda/context.h"
 
@@ -284,6 +285,7 @@ void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
+    if (flex_wgmma::flex_backward_wgmma<T>(p, sm, mm, st)) return;  // Hopper: TMA + wgmma (128-multiple blocks)
     if (flex_mma::flex_backward_mma<T>(p, sm, mm, st)) return;  // tensor cores when they apply (16-bit, E 64/128)
     const int64_t rows = p.B * p.Hq * p.L;
     flex_delta_kernel<T><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, st>>>(p);

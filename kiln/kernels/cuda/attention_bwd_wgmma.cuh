@@ -1,0 +1,324 @@
+// The Hopper FlexAttention backward (TMA, wgmma, warp specialisation) for bf16 / f16 with
+// E = Ev ∈ {64, 128}, BlockMask blocks multiples of 128 and score mods without a learnable
+// table: flex_backward_wgmma, which returns false when it does not apply (the caller then runs
+// the mma.sync backward of attention_bwd_mma.cuh). Bitwise deterministic, like that one: the
+// same three launches, each output element with one owner that reduces in a fixed order.
+//   1. delta = rowsum(dO ∘ O) − dlse (bwd::delta_kernel, shared with the mma.sync backward);
+//   2. dK/dV: a CTA owns 128 keys of one (b, kv head); it walks the q_blocks lists of its KV
+//      block for each query head of the GQA group (partial blocks first), 64 queries a step;
+//   3. dQ: a CTA owns 128 queries of one (b, q head) and walks the kv_blocks list of its Q
+//      block, 64 keys a step.
+//
+// NOTE [flex backward wgmma] Both passes are one kernel template (KV_SIDE = true: dK/dV):
+// - Three warpgroups: two consumers own 64 rows each of the CTA's resident tile pair (dK/dV:
+//   K and V; dQ: Q and dO), a producer whose first lane issues the TMA copies (resident pair
+//   once, then per step the streamed pair: dK/dV: Q and dO of 64 queries, with their lse and
+//   delta stored by the producer warp's lanes; dQ: K and V of 64 keys) into kStages
+//   shared-memory stages handed over by mbarriers
+//   (wgmma.cuh; the forward's scheme, NOTE [flex forward wgmma]).
+// - Per step a consumer warpgroup computes two 64 × 64 products from shared memory,
+//   A = its rows of the resident pair, B = the streamed pair: X = R0·S0ᵀ and dX = R1·S1ᵀ,
+//   i.e. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (dK/dV) or S = Q·Kᵀ and dP = dO·Vᵀ (dQ); then in registers
+//   P = exp(score_mod(scale·S) − lse) and dS = P ∘ (dP − delta) · dscore · scale (mask_mod on
+//   partial blocks, bounds on tiles crossing L or S; an identity score_mod on a full in-range
+//   tile skips both), and accumulates with A from registers and B = the streamed tiles read
+//   transposed: dV += Pᵀ·dO and dK += dSᵀ·Q, or dQ += dS·K. The accumulators (f32, 64 × E per
+//   warpgroup: two for dK/dV) are written once at the end.
+#pragma once
+#include "kiln/kernels/cuda/attention_bwd_mma.cuh"
+#include "kiln/kernels/cuda/attention_fwd_wgmma.cuh"
+
+namespace kiln::kernels::cuda::flex_wgmma {
+
+inline constexpr int kBwdRows = 128;  // resident rows per CTA (two warpgroups of 64)
+inline constexpr int kBwdStep = 64;   // streamed rows per step
+
+template <int D> struct BwdSmem {
+  static constexpr int kStages = 4;
+  static constexpr int kResBytes = kBwdRows * D * 2;   // one resident tile
+  static constexpr int kStrBytes = kBwdStep * D * 2;   // one streamed tile
+  static constexpr int kStage0 = 2 * kResBytes;        // stage s: two streamed tiles at kStage0 + 2·s·kStrBytes
+  static constexpr int kStats = kStage0 + 2 * kStages * kStrBytes;  // [kStages][2][kBwdStep] f32: lse, delta
+  static constexpr int kBar = kStats + kStages * 2 * kBwdStep * 4;  // res_full, full[S], empty[S]
+  static constexpr int kBytes = kBar + (1 + 2 * kStages) * 8 + 1024;
+};
+
+// The tensor maps of one pass: the resident pair and the streamed pair.
+struct BwdMaps {
+  CUtensorMap r0, r1, s0, s1;
+};
+
+template <class T, int D, bool KV_SIDE, class SM, class MM>
+__global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __grid_constant__ BwdMaps maps, FlexParams p,
+                                                                     SM sm, MM mm) {
+  using Smem = BwdSmem<D>;
+  constexpr int kStages = Smem::kStages;
+  constexpr int kGroups = D / 64;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
+  extern __shared__ unsigned char bwd_wgmma_smem[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(bwd_wgmma_smem) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
+  uint64_t* res_full = bars;
+  uint64_t* full = bars + 1;
+  uint64_t* empty = bars + 1 + kStages;
+  const float* stats = reinterpret_cast<const float*>(smem + Smem::kStats);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int b = blockIdx.z;
+  const int64_t G = p.Hq / p.Hkv;
+  // dK/dV: blockIdx.y is the kv head, the walk covers its G query heads; dQ: the q head.
+  const int head = blockIdx.y;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kBwdRows;  // first resident row
+  const int64_t h0 = KV_SIDE ? head * G : head, n_heads = KV_SIDE ? G : 1;
+  const int64_t blk = KV_SIDE ? row0 / p.KB : mask_row(p, b, head) * p.nQ + row0 / p.QB;
+  const int64_t limit = KV_SIDE ? p.L : p.S;                 // streamed rows end here
+  const int64_t res_len = KV_SIDE ? p.S : p.L;               // resident rows end here
+  auto str_head = [&](int hi) { return KV_SIDE ? static_cast<int>(h0 + hi) : static_cast<int>(head / G); };
+
+  // dK/dV: the producer warp's 32 lanes also store each step's lse and delta (plain loads: the
+  // rows of a (b, h) need not be 16-byte aligned for a copy), so `full` waits for them too.
+  constexpr uint32_t kFullArrivals = KV_SIDE ? 1 + 32 : 1;
+  if (tid == 0) {
+    wg::mbar_init(res_full, 1);
+    for (int s = 0; s < kStages; ++s) wg::mbar_init(full + s, kFullArrivals), wg::mbar_init(empty + s, kConsumerWarps);
+    wg::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp >= kConsumerWarps) {
+    // ---- producer: lane 0 of its first warp issues the copies ----
+    wg::setmaxnreg_dec<kProducerRegs>();
+    if (warp != kConsumerWarps) return;
+    if (lane == 0) {
+      wg::mbar_arrive_expect_tx(res_full, 2 * Smem::kResBytes);
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        wg::tma_load_4d(smem + g * kBwdRows * 128, &maps.r0, res_full, 64 * g, static_cast<int>(row0), head, b);
+        wg::tma_load_4d(smem + Smem::kResBytes + g * kBwdRows * 128, &maps.r1, res_full, 64 * g,
+                        static_cast<int>(row0), head, b);
+      }
+    }
+    flex_mma::bwd::Cursor cur;
+    flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+    for (uint32_t it = 0; cur.valid; ++it) {
+      const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+      wg::mbar_wait(empty + stage, phase ^ 1);
+      const int hs = str_head(cur.hi), start = static_cast<int>(cur.start);
+      if (lane == 0) {
+        wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
+        unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          wg::tma_load_4d(st + g * kBwdStep * 128, &maps.s0, full + stage, 64 * g, start, hs, b);
+          wg::tma_load_4d(st + Smem::kStrBytes + g * kBwdStep * 128, &maps.s1, full + stage, 64 * g, start, hs, b);
+        }
+      }
+      if constexpr (KV_SIDE) {
+        const int64_t o = (static_cast<int64_t>(b) * p.Hq + hs) * p.L;
+        float* stat = reinterpret_cast<float*>(smem + Smem::kStats) + stage * 2 * kBwdStep;
+#pragma unroll
+        for (int x = lane; x < kBwdStep; x += 32) {
+          const int64_t i = start + x;
+          stat[x] = i < p.L ? p.lse[o + i] : -INFINITY;
+          stat[kBwdStep + x] = i < p.L ? p.delta[o + i] : 0.0f;
+        }
+        wg::mbar_arrive(full + stage);  // release: the stores above are visible to the waiters
+      }
+      flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup wgi owns resident rows 64·wgi .. 64·wgi + 63 ----
+  wg::setmaxnreg_inc<kConsumerRegs>();
+  const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const int L = static_cast<int>(p.L), S = static_cast<int>(p.S);
+  const int wrow = static_cast<int>(row0) + 64 * wgi + 16 * wq;  // this warp's first resident row
+  const uint32_t r0_base = wg::smem_u32(smem) + wgi * 64 * 128, r1_base = r0_base + Smem::kResBytes;
+  const bool res_tail = row0 + kBwdRows > res_len;
+  constexpr int kNt = kBwdStep / 8, kAt = D / 8;
+
+  // dQ: lse and delta of this thread's two rows (g, g + 8) are fixed for the whole walk.
+  float row_lse[2] = {0.0f, 0.0f}, row_delta[2] = {0.0f, 0.0f};
+  if constexpr (!KV_SIDE) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = wrow + g + 8 * r;
+      const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L + i;
+      row_lse[r] = i < L ? p.lse[o] : -INFINITY;
+      row_delta[r] = i < L ? p.delta[o] : 0.0f;
+    }
+  }
+
+  float acc0[kAt][4], acc1[kAt][4];  // dK/dV: dK, dV; dQ: dQ, unused
+#pragma unroll
+  for (int j = 0; j < kAt; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc0[j][r] = acc1[j][r] = 0.0f;
+
+  wg::mbar_wait(res_full, 0);
+  flex_mma::bwd::Cursor cur;
+  flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+  for (uint32_t it = 0; cur.valid; ++it) {
+    const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+    const uint32_t s0_base = wg::smem_u32(smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes);
+    const uint32_t s1_base = s0_base + Smem::kStrBytes;
+    const int h = KV_SIDE ? static_cast<int>(h0 + cur.hi) : head;  // the query head of this step
+    const int start = static_cast<int>(cur.start);
+    wg::mbar_wait(full + stage, phase);
+
+    // X = R0·S0ᵀ and dX = R1·S1ᵀ (64 × 64 each, K-major operands).
+    float x[kNt][4], dx[kNt][4];
+    wg::fence_operands(x);
+    wg::fence_operands(dx);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * kBwdRows * 128 + (kk & 3) * 32;
+      const uint32_t soff = (kk >> 2) * kBwdStep * 128 + (kk & 3) * 32;
+      wg::wgmma_ss<T, kBwdStep>(x, wg::desc_sw128(r0_base + off, 16, 1024), wg::desc_sw128(s0_base + soff, 16, 1024),
+                                kk > 0 ? 1 : 0);
+      wg::wgmma_ss<T, kBwdStep>(dx, wg::desc_sw128(r1_base + off, 16, 1024), wg::desc_sw128(s1_base + soff, 16, 1024),
+                                kk > 0 ? 1 : 0);
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(x);
+    wg::fence_operands(dx);
+
+    // P and dS in place of X and dX. Rows of the fragments are resident rows, columns streamed.
+    const bool partial = cur.pass == 0;
+    const bool bounds = res_tail || cur.start + kBwdStep > limit;
+    const float* st_lse = stats + stage * 2 * kBwdStep;
+    const float* st_delta = st_lse + kBwdStep;
+    if (kIdentity && !partial && !bounds && p.scale > 0.0f) {
+      const float mul = p.scale * kLog2e;
+#pragma unroll
+      for (int j = 0; j < kNt; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int col = 8 * j + 2 * t4 + (r & 1);
+          const float lse = KV_SIDE ? st_lse[col] : row_lse[r >> 1];
+          const float delta = KV_SIDE ? st_delta[col] : row_delta[r >> 1];
+          const float base = lse == -INFINITY ? INFINITY : lse * kLog2e;  // a row that kept nothing: P = 0
+          const float pv = fast_exp2(fmaf(x[j][r], mul, -base));
+          x[j][r] = pv;
+          dx[j][r] = pv * (dx[j][r] - delta) * p.scale;
+        }
+    } else {
+      const uint32_t kept =
+          flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane);
+#pragma unroll
+      for (int j = 0; j < kNt; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int col = 8 * j + 2 * t4 + (r & 1), row = wrow + g + 8 * (r >> 1);
+          const int i = KV_SIDE ? start + col : row, jj = KV_SIDE ? row : start + col;
+          const float lse = KV_SIDE ? st_lse[col] : row_lse[r >> 1];
+          const float delta = KV_SIDE ? st_delta[col] : row_delta[r >> 1];
+          flex_mma::bwd::grad_elem(p, sm, (kept >> (j * 4 + r)) & 1u, b, h, i, jj, x[j][r], dx[j][r], lse, delta);
+        }
+    }
+
+    // Accumulate with the streamed tiles read transposed (MN-major; 64-row tiles).
+    uint32_t da[kBwdStep / 16][4], pa[kBwdStep / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBwdStep / 16; ++kk) {
+      c_to_a<T>(da[kk], dx[2 * kk], dx[2 * kk + 1]);
+      if constexpr (KV_SIDE) c_to_a<T>(pa[kk], x[2 * kk], x[2 * kk + 1]);
+    }
+    wg::fence_operands(acc0);
+    wg::fence_operands(acc1);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBwdStep / 16; ++kk) {
+      // dK += dSᵀ·Q (S0 = Q) or dQ += dS·K (S0 = K); dV += Pᵀ·dO (S1 = dO).
+      wg::wgmma_rs_tb<T, D>(acc0, da[kk], wg::desc_sw128(s0_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
+      if constexpr (KV_SIDE)
+        wg::wgmma_rs_tb<T, D>(acc1, pa[kk], wg::desc_sw128(s1_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(acc0);
+    wg::fence_operands(acc1);
+    wg::fence_operands(da);
+    wg::fence_operands(pa);
+    if (lane == 0) wg::mbar_arrive(empty + stage);
+    flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+  }
+
+  // Write the accumulators once (rows past the resident length skipped).
+  if constexpr (KV_SIDE) {
+    const int64_t o = (static_cast<int64_t>(b) * p.Hkv + head) * p.S * D;
+#pragma unroll
+    for (int j = 0; j < kAt; ++j) {
+      store_c<T>(static_cast<T*>(p.dk) + o, D, acc0[j], wrow, 8 * j, p.S, lane);
+      store_c<T>(static_cast<T*>(p.dv) + o, D, acc1[j], wrow, 8 * j, p.S, lane);
+    }
+  } else {
+    const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L * D;
+#pragma unroll
+    for (int j = 0; j < kAt; ++j) store_c<T>(static_cast<T*>(p.dq) + o, D, acc0[j], wrow, 8 * j, p.L, lane);
+  }
+}
+
+template <class T, int D, bool KV_SIDE, class SM, class MM>
+void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+  auto kernel = flex_bwd_wgmma_kernel<T, D, KV_SIDE, SM, MM>;
+  constexpr int smem = BwdSmem<D>::kBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) fail("flex_attention (CUDA): cudaFuncSetAttribute: ", cudaGetErrorString(e));
+  const int64_t rows = KV_SIDE ? p.S : p.L;
+  const dim3 grid(static_cast<unsigned>((rows + kBwdRows - 1) / kBwdRows), static_cast<unsigned>(KV_SIDE ? p.Hkv : p.Hq),
+                  static_cast<unsigned>(p.B));
+  kernel<<<grid, kThreads, smem, st>>>(maps, p, sm, mm);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) fail("flex_attention (CUDA): flex_bwd_wgmma_kernel launch: ", cudaGetErrorString(e));
+}
+
+// Encodes the maps of both passes; false when one cannot be described.
+template <class T, int D>
+bool bwd_maps(const FlexParams& p, BwdMaps& kv_side, BwdMaps& q_side) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const int64_t go_b = p.Hq * p.L * D, go_h = p.L * D;  // dO is contiguous [B, Hq, L, D]
+  auto map16 = [&](CUtensorMap& m, const void* base, int64_t H, int64_t rows, int64_t sb, int64_t sh, int64_t sr,
+                   int box) { return wg::encode_tensor_map_16bit(&m, kBf16, base, p.B, H, rows, D, sb, sh, sr, box); };
+  return map16(kv_side.r0, p.k, p.Hkv, p.S, p.k_st[0], p.k_st[1], p.k_st[2], kBwdRows) &&
+         map16(kv_side.r1, p.v, p.Hkv, p.S, p.v_st[0], p.v_st[1], p.v_st[2], kBwdRows) &&
+         map16(kv_side.s0, p.q, p.Hq, p.L, p.q_st[0], p.q_st[1], p.q_st[2], kBwdStep) &&
+         map16(kv_side.s1, p.dout, p.Hq, p.L, go_b, go_h, D, kBwdStep) &&
+         map16(q_side.r0, p.q, p.Hq, p.L, p.q_st[0], p.q_st[1], p.q_st[2], kBwdRows) &&
+         map16(q_side.r1, p.dout, p.Hq, p.L, go_b, go_h, D, kBwdRows) &&
+         map16(q_side.s0, p.k, p.Hkv, p.S, p.k_st[0], p.k_st[1], p.k_st[2], kBwdStep) &&
+         map16(q_side.s1, p.v, p.Hkv, p.S, p.v_st[0], p.v_st[1], p.v_st[2], kBwdStep);
+}
+
+// The Hopper backward when it applies (see the top of the file); false: nothing was launched.
+template <class T, class SM, class MM>
+bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+  using CT = cuda_t<T>;
+  if constexpr (std::is_void_v<CT> || attention::is_learnable_v<SM>) {
+    return false;
+  } else {
+    if (!mma_layout_ok(p, kBwdRows, kBwdRows) || flex_wgmma_disabled() || p.L <= 0 || p.S <= 0) return false;
+    namespace bwd = flex_mma::bwd;
+    if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
+        !bwd::aligned16(p.dv) || p.B * p.Hq * p.L >= (int64_t{1} << 31))
+      return false;
+    BwdMaps kv_side, q_side;
+    auto run = [&]<int D>() {
+      if (!bwd_maps<CT, D>(p, kv_side, q_side)) return false;
+      const int64_t threads = p.B * p.Hq * p.L * (D / 8);
+      bwd::delta_kernel<CT, D><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
+      KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (wgmma)");
+      launch_bwd_wgmma<CT, D, true>(kv_side, p, sm, mm, st);
+      launch_bwd_wgmma<CT, D, false>(q_side, p, sm, mm, st);
+      return true;
+    };
+    return p.E == 64 ? run.template operator()<64>() : run.template operator()<128>();
+  }
+}
+
+}  // namespace kiln::kernels::cuda::flex_wgmma
