@@ -1,5 +1,5 @@
 // The op-level profiler (see profile.h): per-key counts and times, CUDA event pairs harvested
-// in batches, the sorted table and its JSON.
+// in batches, the sorted table.
 #include "kiln/core/profile.h"
 
 #include <algorithm>
@@ -158,6 +158,8 @@ std::string kernel_of(const std::string& key) {
   size_t slash = key.rfind('/');
   return slash == std::string::npos ? key : key.substr(slash + 1);
 }
+}  // namespace
+
 std::vector<Entry> by_kernel(const std::vector<Entry>& es) {
   std::map<std::string, Entry> m;
   for (const Entry& e : es) {
@@ -172,19 +174,8 @@ std::vector<Entry> by_kernel(const std::vector<Entry>& es) {
   std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.total_ms > b.total_ms; });
   return out;
 }
-json::Value entries_json(const std::vector<Entry>& es) {
-  json::Value arr = json::Value::array();
-  for (const Entry& e : es) {
-    json::Value o = json::Value::object();
-    o["name"] = e.name;
-    o["count"] = e.count;
-    o["total_ms"] = e.total_ms;
-    o["mean_us"] = e.count ? 1000.0 * e.total_ms / static_cast<double>(e.count) : 0.0;
-    o["device_time"] = e.device_time;
-    arr.push_back(std::move(o));
-  }
-  return arr;
-}
+
+namespace {
 void table_rows(std::string& s, const std::vector<Entry>& es, size_t rows, double total) {
   char buf[512];
   for (size_t i = 0; i < es.size() && i < rows; ++i) {
@@ -220,19 +211,6 @@ std::string Profiler::table(size_t rows) {
   s += "host<->device synchronisations: " + std::to_string(n) + "\n";
   for (auto& [k, c] : sy) s += "  " + k + ": " + std::to_string(c) + "\n";
   return s;
-}
-
-json::Value Profiler::to_json() {
-  std::vector<Entry> es = entries();
-  json::Value v = json::Value::object();
-  v["entries"] = entries_json(es);
-  v["by_kernel"] = entries_json(by_kernel(es));
-  json::Value sy = json::Value::object();
-  int64_t n = 0;
-  for (auto& [k, c] : syncs()) sy[k] = c, n += c;
-  v["syncs"] = std::move(sy);
-  v["total_syncs"] = n;
-  return v;
 }
 
 }  // namespace kiln::profile

@@ -2,7 +2,10 @@
 //
 //   profile::Profiler prof;
 //   { profile::Session on(prof); ...run... }       // while a Session lives, prof is active
-//   std::cout << prof.table();  prof.to_json();
+//   std::cout << prof.table();
+//
+// The JSON form (profile.json) is written by the trainer: train::profile_to_json
+// (kiln/train/report.h); core does not depend on io.
 //
 // While a profiler is active, every kernel dispatch (KILN_DEVICE_CALL, the flex-attention
 // kernels, host<->device copies) is timed: on CUDA by events recorded on the device's stream
@@ -24,7 +27,6 @@
 #include <vector>
 
 #include "kiln/core/device.h"
-#include "kiln/io/json.h"
 
 namespace kiln::profile {
 
@@ -62,10 +64,8 @@ class Profiler {
   int64_t total_syncs() const;
   // Forgets everything recorded so far (e.g. after a warm-up step).
   void reset();
-  // A sorted text table (top `rows` entries, then per-kernel totals) and the same as JSON
-  // {"entries": [{name, count, total_ms, mean_us, device_time}], "by_kernel": [...], "syncs": {...}}.
+  // A sorted text table (top `rows` entries, then per-kernel totals, then the syncs).
   std::string table(size_t rows = 40);
-  json::Value to_json();
 
  private:
   struct Pending {
@@ -83,6 +83,10 @@ class Profiler {
   std::vector<void*> free_events_;
   int64_t open_ = 0;  // CUDA scopes begun and not yet ended
 };
+
+// Per-kernel totals of `es` (keys "backward:<node>/<kernel>" folded into "<kernel>"), largest
+// total first.
+std::vector<Entry> by_kernel(const std::vector<Entry>& es);
 
 // The active profiler or null (the process-wide switch, see the note above).
 Profiler* active();

@@ -1,4 +1,4 @@
-// Progress line, metrics log, SVG loss curve.
+// Progress line, metrics log, SVG loss curve, profile JSON.
 #include "kiln/train/report.h"
 
 #include <unistd.h>
@@ -11,6 +11,35 @@
 #include "kiln/core/error.h"
 
 namespace kiln::train {
+
+namespace {
+json::Value entries_json(const std::vector<profile::Entry>& es) {
+  json::Value arr = json::Value::array();
+  for (const profile::Entry& e : es) {
+    json::Value o = json::Value::object();
+    o["name"] = e.name;
+    o["count"] = e.count;
+    o["total_ms"] = e.total_ms;
+    o["mean_us"] = e.count ? 1000.0 * e.total_ms / static_cast<double>(e.count) : 0.0;
+    o["device_time"] = e.device_time;
+    arr.push_back(std::move(o));
+  }
+  return arr;
+}
+}  // namespace
+
+json::Value profile_to_json(profile::Profiler& prof) {
+  std::vector<profile::Entry> es = prof.entries();
+  json::Value v = json::Value::object();
+  v["entries"] = entries_json(es);
+  v["by_kernel"] = entries_json(profile::by_kernel(es));
+  json::Value sy = json::Value::object();
+  int64_t n = 0;
+  for (auto& [k, c] : prof.syncs()) sy[k] = c, n += c;
+  v["syncs"] = std::move(sy);
+  v["total_syncs"] = n;
+  return v;
+}
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";

@@ -1,5 +1,6 @@
 // What a training run shows: the progress line on stderr (redrawn in place on a terminal,
-// plain lines otherwise), the metrics log (JSON lines), and the loss curve as an SVG file.
+// plain lines otherwise), the metrics log (JSON lines), the loss curve as an SVG file, and the
+// op-level profile as JSON (profile.json).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/profile.h"
 #include "kiln/io/json.h"
 
 namespace kiln::train {
@@ -51,6 +53,11 @@ struct Curve {
 std::string loss_curve_svg(const std::vector<Curve>& curves, const std::string& title);
 // Reads the curves (train "loss", "eval_loss") back from a metrics log.
 std::vector<Curve> curves_from_metrics(const std::string& path);
+
+// The profile as JSON (harvests outstanding CUDA timings, like Profiler::entries()):
+// {"entries": [{name, count, total_ms, mean_us, device_time}], "by_kernel": [...],
+//  "syncs": {site: count}, "total_syncs": n}, entries and by_kernel largest total first.
+json::Value profile_to_json(profile::Profiler& prof);
 
 std::string format_duration(double seconds);
 std::string format_bytes(int64_t bytes);

@@ -292,7 +292,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   progress.finish();
   if (prof) {
     prof_on.reset();
-    json::Value pj = prof->to_json();
+    json::Value pj = profile_to_json(*prof);
     pj["steps"] = step - prof_from;
     pj["device"] = dev.str();
     std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";

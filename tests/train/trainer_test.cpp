@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/core/profile.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/ops.h"
 #include "kiln/train/checkpoint.h"
@@ -133,6 +134,40 @@ TEST(Report, SvgHasCurves) {
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("<polyline"), std::string::npos);
   EXPECT_NE(svg.find("train loss"), std::string::npos);
+}
+
+TEST(Report, ProfileToJson) {
+  Generator gen(11);
+  Tensor a = randn({7, 5}, gen).requires_grad_(true);
+  Tensor b = randn({5, 3}, gen);
+  profile::Profiler prof;
+  {
+    profile::Session on(prof);
+    sum(matmul(a, b)).backward();
+    profile::count_sync("site");
+  }
+  json::Value j = json::parse(train::profile_to_json(prof).dump());
+  auto es = prof.entries();
+  auto ks = profile::by_kernel(es);
+  ASSERT_FALSE(es.empty());
+  const auto& je = j.find("entries")->as_array();
+  const auto& jk = j.find("by_kernel")->as_array();
+  ASSERT_EQ(je.size(), es.size());
+  ASSERT_EQ(jk.size(), ks.size());
+  EXPECT_LT(ks.size(), es.size());  // "gemm" and "backward:.../gemm" fold into one kernel
+  for (size_t i = 0; i < es.size(); ++i) {
+    EXPECT_EQ(je[i].find("name")->as_string(), es[i].name);
+    EXPECT_EQ(je[i].find("count")->as_int(), es[i].count);
+    EXPECT_DOUBLE_EQ(je[i].find("total_ms")->as_double(), es[i].total_ms);
+    EXPECT_DOUBLE_EQ(je[i].find("mean_us")->as_double(), 1000.0 * es[i].total_ms / static_cast<double>(es[i].count));
+    EXPECT_EQ(je[i].find("device_time")->as_bool(), es[i].device_time);
+  }
+  for (size_t i = 0; i < ks.size(); ++i) {
+    EXPECT_EQ(jk[i].find("name")->as_string(), ks[i].name);
+    EXPECT_EQ(jk[i].find("count")->as_int(), ks[i].count);
+  }
+  EXPECT_EQ(j.find("syncs")->find("site")->as_int(), 1);
+  EXPECT_EQ(j.find("total_syncs")->as_int(), 1);
 }
 
 TEST(Train, Bf16MixedPrecisionLossFallsLikeF32) {
