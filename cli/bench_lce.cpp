@@ -55,7 +55,7 @@ bool env_profile() {
 
 int run_bench_lce(const Args& args) {
   std::string device_s = "cpu", dtype_s = "f32", impls;
-  int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0, chunk = 0, dh_split = 0, row_pass = 0, dw_sms = 0;
+  int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0, chunk = 0, dh_split = 0, dw_sms = 0;
   double filter_eps = std::ldexp(1.0, -12);
   bool profile = false;
   ArgParser p("bench lce", "Times forward + backward of linear_cross_entropy (impl 'fused'), of the unfused\n"
@@ -75,8 +75,6 @@ int run_bench_lce(const Args& args) {
   p.option("--seed", &seed, "S", "random seed of the inputs");
   p.option("--chunk", &chunk, "M", "fused: tokens per chunk (0: chosen from V and the memory budget)");
   p.option("--dh-split", &dh_split, "S", "fused, CUDA: slices of V for the d_hidden product (0 or 1: unsplit)");
-  p.option("--row-pass", &row_pass, "K",
-           "fused, CUDA: 0 the persistent two-read row pass (default), 1 the cluster row pass where it fits");
   p.option("--dw-sms", &dw_sms, "K",
            "fused, CUDA, experimental: d_weight product on a side stream on K SMs, concurrent with d_hidden\n"
            "(0: off; not in the --profile step)");
@@ -111,7 +109,6 @@ int run_bench_lce(const Args& args) {
   LinearCrossEntropyOptions base_opts;
   base_opts.chunk_tokens = chunk;
   base_opts.dh_split = dh_split;
-  base_opts.row_pass = static_cast<int>(row_pass);
   base_opts.dw_sms = dw_sms;
 
   std::fprintf(stderr, "%-12s %-6s %-6s %10s %12s %9s %12s\n", "impl", "device", "dtype", "ms", "peak MiB", "TFLOP/s",
@@ -229,7 +226,6 @@ int run_bench_lce(const Args& args) {
       pr["chunks"] = prof.chunks;
       pr["chunk_tokens"] = prof.chunk_tokens;
       pr["dh_split"] = prof.dh_split;
-      pr["row_cluster"] = prof.row_cluster;
       pr["extra_bytes"] = prof.extra_bytes;
       json::Value al = json::Value::object();
       al["logits"] = prof.logits_algo;
@@ -239,10 +235,10 @@ int run_bench_lce(const Args& args) {
       print_record(pr);
       std::fprintf(stderr,
                    "  profile: logits %.2f  rows %.2f  dh %.2f  dh_reduce %.2f  dw %.2f  bias %.2f  (step %.2f ms; "
-                   "%lld chunks of %lld, dh split %lld, row cluster %lld)\n",
+                   "%lld chunks of %lld, dh split %lld)\n",
                    prof.logits_ms, prof.rows_ms, prof.dh_ms, prof.dh_reduce_ms, prof.dw_ms, prof.bias_ms, total,
                    static_cast<long long>(prof.chunks), static_cast<long long>(prof.chunk_tokens),
-                   static_cast<long long>(prof.dh_split), static_cast<long long>(prof.row_cluster));
+                   static_cast<long long>(prof.dh_split));
     }
   }
   return 0;

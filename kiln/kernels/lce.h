@@ -20,7 +20,6 @@ namespace kiln::kernels {
 struct LceProfile {
   double logits_ms = 0, rows_ms = 0, dh_ms = 0, dh_reduce_ms = 0, dw_ms = 0, bias_ms = 0;
   int64_t chunks = 0, chunk_tokens = 0, dh_split = 0, extra_bytes = 0;  // extra: the chunk buffers
-  int64_t row_cluster = 0;  // CTAs per row of the cluster row pass; 0: the persistent row kernel
   std::string logits_algo, dh_algo, dw_algo;  // cuBLASLt algo config (id, tile, split-K, ...)
 };
 
@@ -37,9 +36,6 @@ struct LceParams {
   int64_t dh_split = 0;          // CUDA: slices of V the d_hidden product is split into (each an
                                  // f32 partial, summed in a fixed order); 0 or 1: unsplit (cuBLASLt
                                  // picks its own split-K)
-  int row_pass = 0;              // CUDA row pass: 0 the persistent kernel (two reads, the second
-                                 // mostly L2; measured faster on the H200); 1 the cluster kernel
-                                 // where it fits (one read of the logits, slices in shared memory)
   int64_t dw_sms = 0;            // CUDA, experimental: > 0 runs each chunk's d_weight product on a
                                  // side stream with cuBLASLt's SM-count target dw_sms (no workspace),
                                  // concurrent with d_hidden on the other SMs; no extra memory;

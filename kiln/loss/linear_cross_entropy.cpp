@@ -84,8 +84,6 @@ void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target
              " must be finite and >= 0");
   KILN_CHECK(o.chunk_tokens >= 0, kOp, ": chunk_tokens=", o.chunk_tokens, " must be >= 0");
   KILN_CHECK(o.dh_split >= 0, kOp, ": dh_split=", o.dh_split, " must be >= 0 (0 or 1: unsplit)");
-  KILN_CHECK(o.row_pass == 0 || o.row_pass == 1, kOp, ": row_pass=", o.row_pass,
-             " must be 0 (cluster where it fits) or 1 (persistent)");
   KILN_CHECK(o.dw_sms >= 0, kOp, ": dw_sms=", o.dw_sms, " must be >= 0 (0: off)");
 }
 
@@ -200,7 +198,6 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   p.filter_eps = o.filter_eps;
   p.chunk_tokens = o.chunk_tokens;
   p.dh_split = o.dh_split;
-  p.row_pass = o.row_pass;
   p.dw_sms = o.dw_sms;
   p.profile = o.profile;
   // The divisor of the summed loss: num_items, else Σ w[target] (mean; a device scalar, so that

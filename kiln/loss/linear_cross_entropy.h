@@ -30,7 +30,6 @@ struct LinearCrossEntropyOptions {
                                    // buffer of V × d (exact order, 2× the gradient's memory)
   int64_t dh_split = 0;            // CUDA: slices of V for the d_hidden product (f32 partials summed
                                    // in order); 0 or 1: unsplit, cuBLASLt's own split-K (docs/loss.md)
-  int row_pass = 0;                // CUDA: 0 the persistent row pass (default), 1 the cluster one
   int64_t dw_sms = 0;              // CUDA, experimental: > 0 overlaps each chunk's d_weight product
                                    // (on that many SMs) with its d_hidden product (docs/loss.md)
   kernels::LceProfile* profile = nullptr;  // CUDA measurement aid: per-phase times of the forward

@@ -5,10 +5,10 @@
 //                                         rows are padded to 16 bytes, so the row pass can use
 //                                         16-byte loads)
 //   2. row pass: online max/sum → lse; loss terms (smoothing, z-loss, softcap, class weights,
-//      ignore); then dz written in place over the row, times the row's scale. Default: the
-//      cluster kernel (a row split over the CTAs of a thread-block cluster, each slice copied
-//      once into shared memory: one read and one write of the logits); rows too long for a
-//      cluster of 8 (or row_pass = 0, the default): the persistent kernel (two reads, the second mostly L2)
+//      ignore); then dz written in place over the row, times the row's scale. One persistent
+//      kernel: a block per SM taking rows in turn, each row read twice (the second read mostly
+//      from L2). (A thread-block-cluster form reading each row once measured slower on the
+//      H200 and was removed; BENCHMARKS.md.)
 //   3. d_hidden[c] = dz · W               cuBLASLt, unsplit by default (cuBLASLt picks its own
 //      split-K, reduced in its workspace); a manual dh_split S > 1 splits V into S slices (one
 //      strided-batched call, f32 partials [S, m, d]) summed in slice order by a kernel
@@ -20,13 +20,11 @@
 // traffic. d_weight accumulation: by default in the weight's dtype (16-bit: one rounding per
 // chunk of an f32-computed GEMM; see docs/loss.md for the error); LceTensors.grad_weight in f32
 // gives exact-order f32 accumulation at V·d·4 bytes.
-// Deterministic: no atomics; fixed reduction orders (block trees, cluster partials in rank
-// order); cuBLASLt's split-K reduction schemes are restricted in make_gemm.
+// Deterministic: no atomics; fixed reduction orders (block trees); cuBLASLt's split-K reduction
+// schemes are restricted in make_gemm.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
-#include <cuda_pipeline_primitives.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -75,28 +73,23 @@ __device__ __forceinline__ void store_vec(T* p, const float (&x)[kVec<T>]) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
-// exp or exp2 (Base2: the values are logits times log2(e), the row pass's fast path).
-template <bool Base2> __device__ __forceinline__ float ex(float x) { return Base2 ? exp2f(x) : expf(x); }
-
 // Merges two (max, sum of exp(x − max)) pairs.
-template <bool Base2 = false>
 __device__ __forceinline__ void merge_ms(float& m, float& s, float m2, float s2) {
   if (m2 == -INFINITY) return;
   if (m == -INFINITY) { m = m2; s = s2; return; }
-  if (m2 > m) { s = s * ex<Base2>(m - m2) + s2; m = m2; }
-  else s += s2 * ex<Base2>(m2 - m);
+  if (m2 > m) { s = s * expf(m - m2) + s2; m = m2; }
+  else s += s2 * expf(m2 - m);
 }
 
 // Block-wide reduction of (max, sum) and a plain sum, in a fixed order (deterministic).
 // Callable repeatedly by the same block (the leading barrier protects the shared slots).
-template <bool Base2 = false>
 __device__ void block_reduce(float& m, float& s, float& w) {
   __shared__ float sm[32], ss[32], sw[32];
   __syncthreads();
   for (int off = 16; off > 0; off >>= 1) {
     float m2 = __shfl_down_sync(0xffffffffu, m, off), s2 = __shfl_down_sync(0xffffffffu, s, off);
     w += __shfl_down_sync(0xffffffffu, w, off);
-    merge_ms<Base2>(m, s, m2, s2);
+    merge_ms(m, s, m2, s2);
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   if (lane == 0) { sm[warp] = m; ss[warp] = s; sw[warp] = w; }
@@ -108,7 +101,7 @@ __device__ void block_reduce(float& m, float& s, float& w) {
     for (int off = 16; off > 0; off >>= 1) {
       float m2 = __shfl_down_sync(0xffffffffu, m, off), s2 = __shfl_down_sync(0xffffffffu, s, off);
       w += __shfl_down_sync(0xffffffffu, w, off);
-      merge_ms<Base2>(m, s, m2, s2);
+      merge_ms(m, s, m2, s2);
     }
     if (lane == 0) { sm[0] = m; ss[0] = s; sw[0] = w; }
   }
@@ -225,190 +218,6 @@ __global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restri
     for (int64_t j = nvec * NV + threadIdx.x; j < v; j += blockDim.x)
       z[j] = from_f<T>(zero ? 0.f : grad(adjust(to_f(z[j]), j), j));
   }
-}
-
-// The row pass, cluster form (the default where it fits): a row is split into C slices of whole
-// 16-byte vectors, one per CTA of a thread-block cluster (C ≤ 8). Each CTA copies its slice into
-// shared memory with asynchronous 16-byte copies (the whole slice in flight at once), computes
-// its slice's (max, Σ exp2, Σ w·z) from shared memory, the C partials are exchanged through
-// distributed shared memory and combined in rank order (every CTA gets the same lse, bits
-// included), and the gradient is computed from shared memory and written once. DRAM traffic is
-// one read and one write of the logits (the persistent kernel above reads them twice), and a
-// slice of ≤ kSliceBytes lets two CTAs share an SM so that one computes while the other copies.
-// Exponentials are exp2 of logits pre-scaled by log2(e) (one MUFU op each). Rows are taken
-// cluster by cluster: cluster g of G does rows g, g + G, ...
-constexpr int kClusterThreads = 512;
-constexpr int64_t kSliceBytes = int64_t{100} << 10;
-constexpr int kMaxCluster = 8;  // the portable cluster size
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-
-struct SlicePartial {
-  float m, s, wz, zt;
-};
-
-template <class T, class I>
-__global__ void __launch_bounds__(kClusterThreads, 2)
-    lce_rows_cluster(LceParams p, T* __restrict__ logits, int64_t ld, int64_t rows, int64_t r0, int64_t vpc,
-                     const T* __restrict__ bias, const T* __restrict__ cw, const I* __restrict__ tgt,
-                     const float* __restrict__ row_scale, const double* __restrict__ gscale, float* __restrict__ loss,
-                     float* __restrict__ zloss, float* __restrict__ lse_out, bool grads) {
-  namespace cg = cooperative_groups;
-  constexpr int NV = kVec<T>;
-  extern __shared__ __align__(16) unsigned char lce_slice_smem[];
-  T* sl = reinterpret_cast<T*>(lce_slice_smem);
-  __shared__ SlicePartial part[2];  // by row parity: a slot is rewritten two rows later
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank()), csize = static_cast<int>(cluster.num_blocks());
-  const int64_t v = p.v, nvec_row = ld / NV;
-  const int64_t q0 = rank * vpc, left = nvec_row - q0;
-  const int64_t nq = left <= 0 ? 0 : left < vpc ? left : vpc;  // my vectors
-  const float cap = static_cast<float>(p.softcap);
-  const bool smooth = p.label_smoothing != 0.0;
-  const float filter = static_cast<float>(p.filter_eps);
-  auto adjust = [&](float x, int64_t j) {
-    if (bias) x += to_f(bias[j]);
-    return lce_cap(x, cap);
-  };
-  auto cweight = [&](int64_t j) { return cw ? to_f(cw[j]) : 1.f; };
-  const int64_t nclusters = gridDim.x / csize, cid = blockIdx.x / csize;
-  int parity = 0;
-  for (int64_t i = cid; i < rows; i += nclusters, parity ^= 1) {
-    T* z = logits + i * ld + q0 * NV;  // my slice in global memory
-    const int64_t r = r0 + i;
-    const int64_t jb = q0 * NV;        // my slice's first column
-    __syncthreads();                   // the previous row's reads of `sl` are done
-    for (int64_t q = threadIdx.x; q < nq; q += blockDim.x) __pipeline_memcpy_async(sl + q * NV, z + q * NV, 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    // Pass 1 over the slice (base 2): one rescale per vector, one exp2 per element.
-    float m = -INFINITY, s = 0.f, wz = 0.f;
-    for (int64_t q = threadIdx.x; q < nq; q += blockDim.x) {
-      float x[NV];
-      load_vec<T>(sl + q * NV, x);
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < NV; ++k) {
-        const int64_t j = jb + q * NV + k;
-        if (j < v) {
-          const float a = adjust(x[k], j);
-          if (smooth) wz += cweight(j) * a;
-          x[k] = a * kLog2e;
-        } else {
-          x[k] = -INFINITY;  // the buffer's padding past V
-        }
-        mx = fmaxf(mx, x[k]);
-      }
-      if (mx > m) {
-        s = m == -INFINITY ? 0.f : s * exp2f(m - mx);
-        m = mx;
-      }
-      if (m != -INFINITY) {
-#pragma unroll
-        for (int k = 0; k < NV; ++k) s += exp2f(x[k] - m);
-      }
-    }
-    block_reduce<true>(m, s, wz);
-    const RowTarget tg = row_target(p, tgt, r);
-    const int64_t t = tg.t;
-    const bool mine = !tg.ignored && !tg.bad && t >= jb && t < jb + nq * NV;
-    if (threadIdx.x == 0) part[parity] = {m, s, wz, mine ? adjust(to_f(sl[t - jb]), t) : 0.f};
-    cluster.sync();  // every CTA's partial is written
-    float M = -INFINITY, S = 0.f, WZ = 0.f, ZT = 0.f;
-    for (int c = 0; c < csize; ++c) {  // rank order: the same bits in every CTA
-      const SlicePartial o = *cluster.map_shared_rank(&part[parity], c);
-      merge_ms<true>(M, S, o.m, o.s);
-      WZ += o.wz;
-      ZT += o.zt;  // only the owner's is nonzero
-    }
-    const float lse = (M + log2f(S)) * kLn2;
-    const float zt = tg.ignored ? 0.f : tg.bad ? NAN : ZT;
-    const float wt = tg.ignored || tg.bad ? 0.f : cweight(t);
-    const LceRowTerms<float> rt = lce_row_terms<float>(p, lse, zt, WZ, wt, tg.ignored);
-    if (rank == 0 && threadIdx.x == 0) {
-      loss[r] = rt.ce + rt.zl;
-      zloss[r] = rt.zl;
-      lse_out[r] = lse;
-    }
-    if (!grads) continue;
-    // Pass 2 from shared memory: dz written over my slice.
-    const float scale = row_grad_scale(p, gscale, row_scale, r);
-    const bool zero = tg.ignored || tg.bad || scale == 0.f;
-    const float lse2 = lse * kLog2e;
-    for (int64_t q = threadIdx.x; q < nq; q += blockDim.x) {
-      float x[NV];
-      if (zero) {
-#pragma unroll
-        for (int k = 0; k < NV; ++k) x[k] = 0.f;
-      } else {
-        load_vec<T>(sl + q * NV, x);
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-          const int64_t j = jb + q * NV + k;
-          if (j >= v) {
-            x[k] = 0.f;
-            continue;
-          }
-          const float a = adjust(x[k], j);
-          x[k] = rt.dz(exp2f(fmaf(a, kLog2e, -lse2)), cweight(j), j == t, filter) * lce_cap_deriv(a, cap) * scale;
-        }
-      }
-      store_vec<T>(z + q * NV, x);
-    }
-  }
-  cluster.sync();  // no CTA leaves while another may still read its partials
-}
-
-// The cluster row pass's launch plan for one call: C slices per row, vpc vectors per slice,
-// `clusters` co-resident clusters (0: the cluster form does not fit; use lce_rows).
-struct ClusterPlan {
-  int c = 0;
-  int64_t vpc = 0, clusters = 0;
-  size_t smem = 0;
-};
-
-template <class T, class I>
-cudaLaunchConfig_t cluster_config(const ClusterPlan& cp, int64_t clusters, cudaStream_t stream,
-                                  cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(clusters * cp.c));
-  cfg.blockDim = dim3(kClusterThreads);
-  cfg.dynamicSmemBytes = cp.smem;
-  cfg.stream = stream;
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = static_cast<unsigned>(cp.c);
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-template <class T, class I>
-ClusterPlan plan_cluster_rows(const DeviceContext& ctx, int64_t ld) {
-  ClusterPlan cp;
-  const int64_t nvec = ld / kVec<T>;
-  const int64_t c = std::max<int64_t>(1, ceil_div(nvec * 16, kSliceBytes));
-  if (c > kMaxCluster) return cp;
-  cp.c = static_cast<int>(c);
-  cp.vpc = ceil_div(nvec, c);
-  cp.smem = static_cast<size_t>(cp.vpc * 16);
-  if (cp.smem > ctx.max_shared_per_block) return ClusterPlan{};
-  auto kern = lce_rows_cluster<T, I>;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(cp.smem)) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    return ClusterPlan{};
-  }
-  cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = cluster_config<T, I>(cp, 1, ctx.stream, &attr);
-  int active = 0;
-  if (cudaOccupancyMaxActiveClusters(&active, kern, &cfg) != cudaSuccess || active < 1) {
-    (void)cudaGetLastError();
-    return ClusterPlan{};
-  }
-  cp.clusters = active;
-  return cp;
 }
 
 // gb[j] += Σ_i g[i, j] over the chunk's rows (row i at g + i·ld), in row order.
@@ -789,7 +598,6 @@ void run(const LceParams& p, const LceTensors& t) {
   PhaseTimer timer(ctx.stream, prof != nullptr);
   const int row_blocks = std::max(ctx.sm_count, 1);
   const double* gscale = t.grad_scale.defined() ? t.grad_scale.data<double>() : nullptr;
-  const ClusterPlan cp = p.row_pass == 1 ? plan_cluster_rows<T, I>(ctx, ld) : ClusterPlan{};
   SideStream side(overlap, ctx.stream);
   for (int64_t r0 = 0; r0 < n; r0 += m) {
     const int64_t mm = std::min(m, n - r0);
@@ -798,17 +606,9 @@ void run(const LceParams& p, const LceTensors& t) {
     if (overlap && r0 > 0) side.join(ctx.stream);  // the previous d_weight product has read the buffer
     run_gemm(ctx, *pl.logits, W, hc, buf, 0.f);
     timer.mark(acc(&LceProfile::logits_ms));
-    if (cp.c > 0) {
-      cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = cluster_config<T, I>(cp, std::min<int64_t>(mm, cp.clusters), ctx.stream, &attr);
-      KILN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, lce_rows_cluster<T, I>, p, buf, ld, mm, r0, cp.vpc, bias, cw,
-                                         t.target.data<I>(), rs, gscale, t.loss.data<float>(),
-                                         t.zloss.data<float>(), t.lse.data<float>(), grads));
-    } else {
-      lce_rows<T, I><<<static_cast<unsigned>(std::min<int64_t>(mm, row_blocks)), kRowThreads, 0, ctx.stream>>>(
-          p, buf, ld, mm, r0, bias, cw, t.target.data<I>(), rs, gscale, t.loss.data<float>(), t.zloss.data<float>(),
-          t.lse.data<float>(), grads);
-    }
+    lce_rows<T, I><<<static_cast<unsigned>(std::min<int64_t>(mm, row_blocks)), kRowThreads, 0, ctx.stream>>>(
+        p, buf, ld, mm, r0, bias, cw, t.target.data<I>(), rs, gscale, t.loss.data<float>(), t.zloss.data<float>(),
+        t.lse.data<float>(), grads);
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy rows");
     timer.mark(acc(&LceProfile::rows_ms));
     if (!grads) continue;
@@ -850,7 +650,6 @@ void run(const LceParams& p, const LceTensors& t) {
     prof->chunks += ceil_div(n, m);
     prof->chunk_tokens = m;
     prof->dh_split = S;
-    prof->row_cluster = cp.c;
     prof->extra_bytes = m * ld * es + (S > 1 ? S * m * d * 4 : 0);
     prof->logits_algo = describe(full.logits->heur);
     if (full.dh) prof->dh_algo = describe(full.dh->heur);
