@@ -70,7 +70,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   const int64_t G = p.Hq / p.Hkv;
   // dK/dV: blockIdx.y is the kv head, the walk covers its G query heads; dQ: the q head.
   const int head = blockIdx.y;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kBwdRows;  // first resident row
+  // First resident row. Heaviest tiles first under causal masks: the first KV tiles (dK/dV)
+  // and the last Q tiles (dQ) see the most blocks, so the dQ pass walks its grid backwards.
+  const int64_t row0 = static_cast<int64_t>(KV_SIDE ? blockIdx.x : gridDim.x - 1 - blockIdx.x) * kBwdRows;
   const int64_t h0 = KV_SIDE ? head * G : head, n_heads = KV_SIDE ? G : 1;
   const int64_t blk = KV_SIDE ? row0 / p.KB : mask_row(p, b, head) * p.nQ + row0 / p.QB;
   const int64_t limit = KV_SIDE ? p.L : p.S;                 // streamed rows end here
@@ -152,28 +154,22 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     }
   }
 
+  // Overlap the accumulating products with the next step's softmax where the registers allow.
+  constexpr bool kOverlap = !KV_SIDE || D == 64;
   float acc0[kAt][4], acc1[kAt][4];  // dK/dV: dK, dV; dQ: dQ, unused
 #pragma unroll
   for (int j = 0; j < kAt; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc0[j][r] = acc1[j][r] = 0.0f;
 
-  wg::mbar_wait(res_full, 0);
-  flex_mma::bwd::Cursor cur;
-  flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
-  for (uint32_t it = 0; cur.valid; ++it) {
-    const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
-    const uint32_t s0_base = wg::smem_u32(smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes);
+  // One step in four parts: issue X = R0·S0ᵀ and dX = R1·S1ᵀ (64 × 64 each, K-major operands);
+  // P and dS in place of X and dX; their 16-bit A fragments; the accumulating products with the
+  // streamed tiles read transposed (MN-major, 64-row tiles).
+  float x[kNt][4], dx[kNt][4];
+  uint32_t da[kBwdStep / 16][4], pa[kBwdStep / 16][4];
+  auto stage_base = [&](uint32_t stage) { return wg::smem_u32(smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes); };
+  auto issue_products = [&](uint32_t s0_base) {
     const uint32_t s1_base = s0_base + Smem::kStrBytes;
-    const int h = KV_SIDE ? static_cast<int>(h0 + cur.hi) : head;  // the query head of this step
-    const int start = static_cast<int>(cur.start);
-    wg::mbar_wait(full + stage, phase);
-
-    // X = R0·S0ᵀ and dX = R1·S1ᵀ (64 × 64 each, K-major operands).
-    float x[kNt][4], dx[kNt][4];
-    wg::fence_operands(x);
-    wg::fence_operands(dx);
-    wg::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk >> 2) * kBwdRows * 128 + (kk & 3) * 32;
@@ -183,14 +179,13 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       wg::wgmma_ss<T, kBwdStep>(dx, wg::desc_sw128(r1_base + off, 16, 1024), wg::desc_sw128(s1_base + soff, 16, 1024),
                                 kk > 0 ? 1 : 0);
     }
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(x);
-    wg::fence_operands(dx);
-
-    // P and dS in place of X and dX. Rows of the fragments are resident rows, columns streamed.
-    const bool partial = cur.pass == 0;
-    const bool bounds = res_tail || cur.start + kBwdStep > limit;
+  };
+  // Rows of the fragments are resident rows, columns streamed ones.
+  auto gradients = [&](const flex_mma::bwd::Cursor& c, uint32_t stage) {
+    const int h = KV_SIDE ? static_cast<int>(h0 + c.hi) : head;  // the query head of this step
+    const int start = static_cast<int>(c.start);
+    const bool partial = c.pass == 0;
+    const bool bounds = res_tail || c.start + kBwdStep > limit;
     const float* st_lse = stats + stage * 2 * kBwdStep;
     const float* st_delta = st_lse + kBwdStep;
     if (kIdentity && !partial && !bounds && p.scale > 0.0f) {
@@ -208,8 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           dx[j][r] = pv * (dx[j][r] - delta) * p.scale;
         }
     } else {
-      const uint32_t kept =
-          flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane);
+      const uint32_t kept = flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane);
 #pragma unroll
       for (int j = 0; j < kNt; ++j)
 #pragma unroll
@@ -221,17 +215,16 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           flex_mma::bwd::grad_elem(p, sm, (kept >> (j * 4 + r)) & 1u, b, h, i, jj, x[j][r], dx[j][r], lse, delta);
         }
     }
-
-    // Accumulate with the streamed tiles read transposed (MN-major; 64-row tiles).
-    uint32_t da[kBwdStep / 16][4], pa[kBwdStep / 16][4];
+  };
+  auto pack = [&] {
 #pragma unroll
     for (int kk = 0; kk < kBwdStep / 16; ++kk) {
       c_to_a<T>(da[kk], dx[2 * kk], dx[2 * kk + 1]);
       if constexpr (KV_SIDE) c_to_a<T>(pa[kk], x[2 * kk], x[2 * kk + 1]);
     }
-    wg::fence_operands(acc0);
-    wg::fence_operands(acc1);
-    wg::fence();
+  };
+  auto issue_accumulate = [&](uint32_t s0_base) {
+    const uint32_t s1_base = s0_base + Smem::kStrBytes;
 #pragma unroll
     for (int kk = 0; kk < kBwdStep / 16; ++kk) {
       // dK += dSᵀ·Q (S0 = Q) or dQ += dS·K (S0 = K); dV += Pᵀ·dO (S1 = dO).
@@ -239,14 +232,85 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       if constexpr (KV_SIDE)
         wg::wgmma_rs_tb<T, D>(acc1, pa[kk], wg::desc_sw128(s1_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
     }
-    wg::commit();
-    wg::wait<0>();
+  };
+  auto fence_all = [&] {
+    wg::fence_operands(x);
+    wg::fence_operands(dx);
     wg::fence_operands(acc0);
     wg::fence_operands(acc1);
     wg::fence_operands(da);
     wg::fence_operands(pa);
-    if (lane == 0) wg::mbar_arrive(empty + stage);
+  };
+
+  wg::mbar_wait(res_full, 0);
+  flex_mma::bwd::Cursor cur;
+  flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+  if constexpr (!kOverlap) {
+    // One step after another (the dK/dV pass at E = 128: its 128 accumulator registers leave
+    // no room for a second step's S and dP).
+    for (uint32_t it = 0; cur.valid; ++it) {
+      const uint32_t stage = it % kStages;
+      wg::mbar_wait(full + stage, (it / kStages) & 1);
+      fence_all();
+      wg::fence();
+      issue_products(stage_base(stage));
+      wg::commit();
+      wg::wait<0>();
+      fence_all();
+      gradients(cur, stage);
+      pack();
+      fence_all();
+      wg::fence();
+      issue_accumulate(stage_base(stage));
+      wg::commit();
+      wg::wait<0>();
+      fence_all();
+      if (lane == 0) wg::mbar_arrive(empty + stage);
+      flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+    }
+  } else if (cur.valid) {
+    // Step 0 (nothing to overlap with yet).
+    uint32_t prev = 0;
+    wg::mbar_wait(full + prev, 0);
+    fence_all();
+    wg::fence();
+    issue_products(stage_base(prev));
+    wg::commit();
+    wg::wait<0>();
+    fence_all();
+    gradients(cur, prev);
+    pack();
     flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+    // Steps 1 ..: the previous step's accumulating products run on the tensor cores while this
+    // warpgroup computes P and dS of the current step.
+    for (uint32_t it = 1; cur.valid; ++it) {
+      const uint32_t stage = it % kStages;
+      wg::mbar_wait(full + stage, (it / kStages) & 1);
+      fence_all();
+      wg::fence();
+      issue_products(stage_base(stage));
+      wg::commit();
+      issue_accumulate(stage_base(prev));
+      wg::commit();
+      wg::wait<1>();          // the products landed; the accumulation may still run
+      wg::fence_operands(x);  // only these: the accumulators may still be in flight
+      wg::fence_operands(dx);
+      gradients(cur, stage);
+      wg::wait<0>();
+      fence_all();
+      if (lane == 0) wg::mbar_arrive(empty + prev);
+      pack();
+      prev = stage;
+      flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+    }
+    // The last step's accumulation.
+    fence_all();
+    wg::fence();
+    issue_accumulate(stage_base(prev));
+    wg::commit();
+    wg::wait<0>();
+    fence_all();
+    if (lane == 0) wg::mbar_arrive(empty + prev);
   }
 
   // Write the accumulators once (rows past the resident length skipped).
