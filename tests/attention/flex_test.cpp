@@ -644,8 +644,9 @@ void check_cuda_forward(const Tensor& qg, const Tensor& kg, const Tensor& vg, MM
 
 }  // namespace
 
-// The tensor-core forward (bf16/f16, E = Ev ∈ {64, 128}; kernels/cuda/attention_fwd_mma.cuh)
-// and its fallbacks: L = S = 1000 and L ≠ S, GQA 4, block sizes 64 and 128, rows a document
+// The tensor-core forwards (bf16/f16, E = Ev ∈ {64, 128}): block size 128 runs the Hopper kernel
+// (kernels/cuda/attention_fwd_wgmma.cuh), block size 64 the mma.sync one (attention_fwd_mma.cuh);
+// and their fallbacks: L = S = 1000 and L ≠ S, GQA 4, block sizes 64 and 128, rows a document
 // mask empties, q as a transposed view, a q whose rows are not 16-byte aligned (SIMT fallback),
 // B = 2 with per-(b, h) K/V offsets.
 TEST(FlexCuda, ForwardTensorCoresMatchCpuAndReference) {
@@ -713,7 +714,8 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::parse("cuda:0");
   const DType bf = DType::bf16, hf = DType::f16;
-  // GQA ratios 1 / 2 / 4, blocks 64 / 128, E 64 / 128, L == S and L != S.
+  // GQA ratios 1 / 2 / 4, blocks 64 (the mma.sync backward) / 128 (the Hopper backward,
+  // kernels/cuda/attention_bwd_wgmma.cuh), E 64 / 128, L == S and L != S.
   check_backward_mma<Causal>(1, 2, 2, 1000, 1000, 64, 64, bf, {}, {}, false, 1);
   check_backward_mma<SlidingWindow>(1, 4, 2, 1000, 1000, 128, 128, bf, {100}, {100}, true, 2);
   check_backward_mma<SlidingWindow>(2, 2, 1, 1000, 1000, 128, 64, hf, {37}, {37}, false, 3);
