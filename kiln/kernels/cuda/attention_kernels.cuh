@@ -1,6 +1,7 @@
 // The CUDA FlexAttention bodies as templates over (score_mod, mask_mod): flex_forward /
-// flex_backward pick the tensor-core kernels (attention_fwd_mma.cuh, attention_bwd_mma.cuh) when
-// they apply and fall back to the SIMT kernels here otherwise; classify_tiles builds BlockMasks
+// flex_backward pick the first kernels that apply: the Hopper ones (attention_fwd_wgmma.cuh,
+// attention_bwd_wgmma.cuh), the mma.sync ones (attention_fwd_mma.cuh, attention_bwd_mma.cuh),
+// then the SIMT kernels here; classify_tiles builds BlockMasks
 // on the GPU. A .cu file that includes this header and writes KILN_FLEX_CUDA_INSTANTIATE(SM, MM)
 // gets the kernels for its own mods (attention.cu: the library masks; attention_score_mods.cu:
 // the library score mods); the front end learns of them through kernels::has_cuda_flex<SM, MM>.

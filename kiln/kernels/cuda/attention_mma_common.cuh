@@ -1,5 +1,6 @@
-// Pieces shared by the tensor-core FlexAttention kernels (attention_fwd_mma.cuh, forward, and
-// attention_bwd_mma.cuh, backward): the kiln → CUDA 16-bit type map, the mask row of (b, h),
+// Pieces shared by the tensor-core FlexAttention kernels (mma.sync: attention_fwd_mma.cuh and
+// attention_bwd_mma.cuh; Hopper: attention_fwd_wgmma.cuh and attention_bwd_wgmma.cuh, whose
+// accumulators have the same fragment layout): the kiln → CUDA 16-bit type map, the mask row of (b, h),
 // the applicability check of a layout (alignment, head dims, block sizes), the cp.async loader
 // of a [rows × D] tile into a swizzled shared tile, the application of score_mod + mask_mod +
 // bounds to one m16n8 f32 accumulator fragment (also in the transposed S^T = K·Q^T form), the
