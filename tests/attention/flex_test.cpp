@@ -698,6 +698,24 @@ TEST(FlexCuda, ForwardTensorCoresMatchCpuAndReference) {
       Tensor q = on_gpu({1, 2, 1000, 128}), k = on_gpu({1, 2, 1000, 128}), v = on_gpu({1, 2, 1000, 128});
       check_cuda_forward(q, k, v, host, dev, {128, 64}, "emptied rows " + dn);
     }
+    // More (query tile, b, h) tiles than the H200 has SMs (2 × 8 × 18 = 288), so CTAs of the
+    // persistent Hopper forward walk several tiles, some of them empty: the documents leave query
+    // tiles 3 and 10 with no key (ids no key has); blocks 128 and 256.
+    {
+      constexpr int64_t n = 2304;
+      std::vector<int32_t> qd(n), kd(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t tile = i / 128;
+        kd[static_cast<size_t>(i)] = static_cast<int32_t>(i / 300);
+        qd[static_cast<size_t>(i)] = (tile == 3 || tile == 10) ? -1 : static_cast<int32_t>(i / 300);
+      }
+      Tensor qd_c = from_vector(qd, {n}), kd_c = from_vector(kd, {n});
+      Tensor qd_g = qd_c.to(gpu), kd_g = kd_c.to(gpu);
+      const DocumentCausal host{Causal{}, Document{qd_c.data<int32_t>(), kd_c.data<int32_t>()}};
+      const DocumentCausal dev{Causal{}, Document{qd_g.data<int32_t>(), kd_g.data<int32_t>()}};
+      Tensor q = on_gpu({2, 8, n, 64}), k = on_gpu({2, 2, n, 64}), v = on_gpu({2, 2, n, 64});
+      check_cuda_forward(q, k, v, host, dev, {128, 256}, "multi-tile persistent " + dn);
+    }
     // Non-contiguous q, k, v: [B, L, H, E] storage viewed as [B, H, L, E]; then a q whose row
     // stride (E + 4) is not a multiple of 8 elements (not 16-byte aligned: SIMT fallback).
     {
@@ -726,6 +744,10 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   check_backward_mma<NoMask>(1, 2, 2, 1, 129, 128, 128, hf, {}, {}, false, 7);
   check_backward_mma<Causal>(1, 2, 1, 129, 64, 64, 128, bf, {}, {}, true, 8);
   check_backward_mma<NoMask>(1, 2, 1, 129, 7, 64, 64, hf, {}, {}, false, 9);
+  // Blocks of 256 (two 128-row tiles per block; at S = 300 the last block's second key tile lies
+  // wholly past S).
+  check_backward_mma<Causal>(1, 2, 1, 300, 300, 128, 256, bf, {}, {}, false, 10);
+  check_backward_mma<SlidingWindow>(1, 4, 2, 700, 700, 64, 256, hf, {200}, {200}, true, 11);
   // Causal documents with query rows that belong to no key document (their rows are empty):
   // documents of 150 tokens; queries 0..9 and 500..519 get ids no key has (and with L > S, the
   // queries of documents that start after the last key).

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // ---- consumers: warpgroup wgi owns resident rows 64·wgi .. 64·wgi + 63 ----
   wg::setmaxnreg_inc<kConsumerRegs>();
   const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, t4 = lane & 3;
-  const int L = static_cast<int>(p.L), S = static_cast<int>(p.S);
+  const int L = static_cast<int>(p.L);
   const int wrow = static_cast<int>(row0) + 64 * wgi + 16 * wq;  // this warp's first resident row
   const uint32_t r0_base = wg::smem_u32(smem) + wgi * 64 * 128, r1_base = r0_base + Smem::kResBytes;
   const bool res_tail = row0 + kBwdRows > res_len;
@@ -373,7 +373,7 @@ bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaSt
       return false;
     BwdMaps kv_side, q_side;
     auto run = [&]<int D>() {
-      if (!bwd_maps<CT, D>(p, kv_side, q_side)) return false;
+      if (!smem_fits(BwdSmem<D>::kBytes) || !bwd_maps<CT, D>(p, kv_side, q_side)) return false;
       const int64_t threads = p.B * p.Hq * p.L * (D / 8);
       bwd::delta_kernel<CT, D><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
       KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (wgmma)");

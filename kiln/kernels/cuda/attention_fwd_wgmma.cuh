@@ -44,9 +44,22 @@ inline constexpr int kBM = 128;  // query rows per tile (two warpgroups of 64)
 inline constexpr int kBN = 128;  // keys per sub-tile
 inline constexpr int kConsumerWarps = 8;
 inline constexpr int kThreads = 32 * (kConsumerWarps + 4);  // + the producer warpgroup
-// Registers per thread after setmaxnreg: the producer gives its share to the consumers
-// (128·24 + 256·240 ≤ 64 K registers of the SM).
+// Registers per thread after setmaxnreg: the producer gives its share to the consumers. The
+// pool is what the CTA holds at entry (__launch_bounds__(kThreads, 1): 65536 / 384 rounded down
+// to a multiple of 8 = 168 per thread); setmaxnreg.inc waits until the pool has the registers,
+// so a split beyond it would hang every CTA.
 inline constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * ((65536 / kThreads) & ~7),
+              "the register split must fit the CTA's registers at entry");
+
+// Host: whether the device grants a block `bytes` of dynamic shared memory (else: fall back).
+inline bool smem_fits(int bytes) {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return false;
+  return optin >= bytes;
+}
 
 // Shared-memory layout (byte offsets from a 1024-byte-aligned base).
 template <int D> struct FwdSmem {
@@ -314,6 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <class T, int D, class SM, class MM>
 bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if (!smem_fits(FwdSmem<D>::kBytes)) return false;
   CUtensorMap tq, tk, tv;
   if (!wg::encode_tensor_map_16bit(&tq, kBf16, p.q, p.B, p.Hq, p.L, D, p.q_st[0], p.q_st[1], p.q_st[2], kBM) ||
       !wg::encode_tensor_map_16bit(&tk, kBf16, p.k, p.B, p.Hkv, p.S, D, p.k_st[0], p.k_st[1], p.k_st[2], kBN) ||

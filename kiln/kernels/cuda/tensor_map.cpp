@@ -43,6 +43,7 @@ bool encode_tensor_map_16bit(CUtensorMap* map, bool is_bf16, const void* base, i
     if (ext[i] == 1) s = std::max<int64_t>(16, (prev + 15) / 16 * 16);
     if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40)) return false;
     strides[i] = static_cast<cuuint64_t>(s);
+    if (ext[i] > (int64_t{1} << 62) / s) return false;  // the tensor spans more bytes than int64 holds
     prev = s * ext[i];
   }
   cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
