@@ -393,11 +393,6 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
 
 inline bool aligned16(const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; }
 
-template <class K>
-void set_smem(K kernel, int bytes) {
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
 // The dK/dV kernel with MT m16 tiles per warp (64·MT keys per CTA), BQ queries per step.
 template <class NT, int E, int BQ, int MT, class SM, class MM>
 void launch_dkdv(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {

@@ -242,6 +242,26 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     wg::fence_operands(pa);
   };
 
+  // The products of a stage, issued and waited for; the accumulation of a stage, issued and
+  // waited for, and the stage released.
+  auto products_now = [&](uint32_t stage) {
+    fence_all();
+    wg::fence();
+    issue_products(stage_base(stage));
+    wg::commit();
+    wg::wait<0>();
+    fence_all();
+  };
+  auto accumulate_now = [&](uint32_t stage) {
+    fence_all();
+    wg::fence();
+    issue_accumulate(stage_base(stage));
+    wg::commit();
+    wg::wait<0>();
+    fence_all();
+    if (lane == 0) wg::mbar_arrive(empty + stage);
+  };
+
   wg::mbar_wait(res_full, 0);
   flex_mma::bwd::Cursor cur;
   flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
@@ -251,33 +271,17 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     for (uint32_t it = 0; cur.valid; ++it) {
       const uint32_t stage = it % kStages;
       wg::mbar_wait(full + stage, (it / kStages) & 1);
-      fence_all();
-      wg::fence();
-      issue_products(stage_base(stage));
-      wg::commit();
-      wg::wait<0>();
-      fence_all();
+      products_now(stage);
       gradients(cur, stage);
       pack();
-      fence_all();
-      wg::fence();
-      issue_accumulate(stage_base(stage));
-      wg::commit();
-      wg::wait<0>();
-      fence_all();
-      if (lane == 0) wg::mbar_arrive(empty + stage);
+      accumulate_now(stage);
       flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
     }
   } else if (cur.valid) {
     // Step 0 (nothing to overlap with yet).
     uint32_t prev = 0;
     wg::mbar_wait(full + prev, 0);
-    fence_all();
-    wg::fence();
-    issue_products(stage_base(prev));
-    wg::commit();
-    wg::wait<0>();
-    fence_all();
+    products_now(prev);
     gradients(cur, prev);
     pack();
     flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
@@ -303,14 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       prev = stage;
       flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
     }
-    // The last step's accumulation.
-    fence_all();
-    wg::fence();
-    issue_accumulate(stage_base(prev));
-    wg::commit();
-    wg::wait<0>();
-    fence_all();
-    if (lane == 0) wg::mbar_arrive(empty + prev);
+    accumulate_now(prev);  // the last step's
   }
 
   // Write the accumulators once (rows past the resident length skipped).
@@ -332,14 +329,12 @@ template <class T, int D, bool KV_SIDE, class SM, class MM>
 void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   auto kernel = flex_bwd_wgmma_kernel<T, D, KV_SIDE, SM, MM>;
   constexpr int smem = BwdSmem<D>::kBytes;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) fail("flex_attention (CUDA): cudaFuncSetAttribute: ", cudaGetErrorString(e));
+  set_smem(kernel, smem);
   const int64_t rows = KV_SIDE ? p.S : p.L;
   const dim3 grid(static_cast<unsigned>((rows + kBwdRows - 1) / kBwdRows), static_cast<unsigned>(KV_SIDE ? p.Hkv : p.Hq),
                   static_cast<unsigned>(p.B));
   kernel<<<grid, kThreads, smem, st>>>(maps, p, sm, mm);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) fail("flex_attention (CUDA): flex_bwd_wgmma_kernel launch: ", cudaGetErrorString(e));
+  KILN_CUDA_CHECK_LAUNCH("flex_bwd_wgmma_kernel");
 }
 
 // Encodes the maps of both passes; false when one cannot be described.
@@ -373,7 +368,7 @@ bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaSt
       return false;
     BwdMaps kv_side, q_side;
     auto run = [&]<int D>() {
-      if (!smem_fits(BwdSmem<D>::kBytes) || !bwd_maps<CT, D>(p, kv_side, q_side)) return false;
+      if (current_context().max_shared_per_block < static_cast<size_t>(BwdSmem<D>::kBytes) || !bwd_maps<CT, D>(p, kv_side, q_side)) return false;
       const int64_t threads = p.B * p.Hq * p.L * (D / 8);
       bwd::delta_kernel<CT, D><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
       KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (wgmma)");

@@ -75,17 +75,10 @@ __global__ void __launch_bounds__(kFwdThreads, fwd_min_blocks<D, MT>()) flex_fwd
   const T* k = static_cast<const T*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];
   const T* v = static_cast<const T*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];
 
-  const int64_t row = mask_row(p, b, h) * p.nQ + q0 / p.QB;
-  const FlexParams::BlockList part = p.kv_blocks(row, true), full = p.kv_blocks(row, false);
-  const int sub = static_cast<int>(p.KB / kFwdBN);  // sub-tiles per KV block
-  const int n_part = part.count * sub, n_steps = (part.count + full.count) * sub;
-  auto step_kv0 = [&](int s) -> int64_t {  // first key of step s
-    const int blk = s / sub;
-    const int32_t idx = blk < part.count ? part.index[blk] : full.index[blk - part.count];
-    return static_cast<int64_t>(idx) * p.KB + static_cast<int64_t>(s - blk * sub) * kFwdBN;
-  };
+  const KvSteps<kFwdBN> steps(p, b, h, q0);
+  const int n_part = steps.n_part, n_steps = steps.n;
   auto load_kv = [&](int s, int stage) {
-    const int64_t kv0 = step_kv0(s);
+    const int64_t kv0 = steps.kv0(p, s);
     load_tile_async<kFwdBN, D, kFwdThreads>(sK + stage * kFwdBN * D, k, p.k_st[2], kv0, S, tid);
     load_tile_async<kFwdBN, D, kFwdThreads>(sV + stage * kFwdBN * D, v, p.v_st[2], kv0, S, tid);
   };
@@ -119,7 +112,7 @@ __global__ void __launch_bounds__(kFwdThreads, fwd_min_blocks<D, MT>()) flex_fwd
     }
     const T* tK = sK + stage * kFwdBN * D;
     const T* tV = sV + stage * kFwdBN * D;
-    const int kv_tile = static_cast<int>(step_kv0(s));
+    const int kv_tile = static_cast<int>(steps.kv0(p, s));
     const bool use_mask = s < n_part, bounds = q_tail || kv_tile + kFwdBN > S;
 
     // The 64-key sub-tile in kCN-key chunks (one online-softmax update each).
@@ -245,15 +238,11 @@ void launch_fwd_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_
   constexpr int kBM = 16 * MT * kFwdWarps;
   auto kernel = flex_fwd_mma_kernel<T, D, MT, SM, MM>;
   constexpr int smem = fwd_smem_bytes<D, MT>();
-  if constexpr (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) fail("flex_attention (CUDA): cudaFuncSetAttribute: ", cudaGetErrorString(e));
-  }
+  set_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>((p.L + kBM - 1) / kBM), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(p.B));
   kernel<<<grid, kFwdThreads, smem, st>>>(p, sm, mm);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail("flex_attention (CUDA): flex_fwd_mma_kernel launch: ", cudaGetErrorString(e));
+  KILN_CUDA_CHECK_LAUNCH("flex_fwd_mma_kernel");
 }
 
 // The tensor-core forward when it applies (see the top of the file); false: use another kernel.

@@ -52,14 +52,6 @@ inline constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * ((65536 / kThreads) & ~7),
               "the register split must fit the CTA's registers at entry");
 
-// Host: whether the device grants a block `bytes` of dynamic shared memory (else: fall back).
-inline bool smem_fits(int bytes) {
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return false;
-  return optin >= bytes;
-}
 
 // Shared-memory layout (byte offsets from a 1024-byte-aligned base).
 template <int D> struct FwdSmem {
@@ -80,25 +72,6 @@ __device__ __forceinline__ FwdTile fwd_tile(const FlexParams& p, int64_t t, int6
   const int64_t bh = t % (p.B * p.Hq), qt = n_qtiles - 1 - t / (p.B * p.Hq);
   return {static_cast<int>(bh / p.Hq), static_cast<int>(bh % p.Hq), qt * kBM};
 }
-
-// The sub-tiles a query tile visits: partial KV blocks first (mask_mod evaluated), then full ones.
-struct FwdSteps {
-  FlexParams::BlockList part, full;
-  int sub, n_part, n;
-  __device__ __forceinline__ FwdSteps(const FlexParams& p, int b, int h, int64_t q0) {
-    const int64_t row = mask_row(p, b, h) * p.nQ + q0 / p.QB;
-    part = p.kv_blocks(row, true);
-    full = p.kv_blocks(row, false);
-    sub = static_cast<int>(p.KB / kBN);
-    n_part = part.count * sub;
-    n = (part.count + full.count) * sub;
-  }
-  __device__ __forceinline__ int64_t kv0(const FlexParams& p, int s) const {  // first key of step s
-    const int blk = s / sub;
-    const int32_t idx = blk < part.count ? part.index[blk] : full.index[blk - part.count];
-    return static_cast<int64_t>(idx) * p.KB + static_cast<int64_t>(s - blk * sub) * kBN;
-  }
-};
 
 // 2^x on the special-function unit (one MUFU.EX2; -inf → 0).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -151,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t it = 0, tc = 0;
     for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x, ++tc) {
       const FwdTile tile = fwd_tile(p, t, n_qtiles);
-      const FwdSteps steps(p, tile.b, tile.h, tile.q0);
+      const KvSteps<kBN> steps(p, tile.b, tile.h, tile.q0);
       const int hk = static_cast<int>(tile.h / group);
       wg::mbar_wait(q_empty, (tc & 1) ^ 1);
       wg::mbar_arrive_expect_tx(q_full, Smem::kQBytes);
@@ -185,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t it = 0, tc = 0;
   for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x, ++tc) {
     const FwdTile tile = fwd_tile(p, t, n_qtiles);
-    const FwdSteps steps(p, tile.b, tile.h, tile.q0);
+    const KvSteps<kBN> steps(p, tile.b, tile.h, tile.q0);
     const int row0 = static_cast<int>(tile.q0) + 64 * wgi + 16 * wq;
     const bool q_tail = tile.q0 + kBM > p.L;
     float o[kOt][4];
@@ -327,7 +300,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <class T, int D, class SM, class MM>
 bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  if (!smem_fits(FwdSmem<D>::kBytes)) return false;
+  const DeviceContext& ctx = current_context();
+  if (ctx.max_shared_per_block < static_cast<size_t>(FwdSmem<D>::kBytes)) return false;  // fall back
   CUtensorMap tq, tk, tv;
   if (!wg::encode_tensor_map_16bit(&tq, kBf16, p.q, p.B, p.Hq, p.L, D, p.q_st[0], p.q_st[1], p.q_st[2], kBM) ||
       !wg::encode_tensor_map_16bit(&tk, kBf16, p.k, p.B, p.Hkv, p.S, D, p.k_st[0], p.k_st[1], p.k_st[2], kBN) ||
@@ -335,16 +309,11 @@ bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStrea
     return false;
   auto kernel = flex_fwd_wgmma_kernel<T, D, SM, MM>;
   constexpr int smem = FwdSmem<D>::kBytes;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) fail("flex_attention (CUDA): cudaFuncSetAttribute: ", cudaGetErrorString(e));
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  set_smem(kernel, smem);
   const int64_t tiles = (p.L + kBM - 1) / kBM * p.B * p.Hq;
-  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sms)));
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, ctx.sm_count)));
   kernel<<<grid, kThreads, smem, st>>>(tq, tk, tv, p, sm, mm);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) fail("flex_attention (CUDA): flex_fwd_wgmma_kernel launch: ", cudaGetErrorString(e));
+  KILN_CUDA_CHECK_LAUNCH("flex_fwd_wgmma_kernel");
   return true;
 }
 

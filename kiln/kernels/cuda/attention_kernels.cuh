@@ -242,13 +242,7 @@ __global__ void flex_dbias_reduce_kernel(FlexParams p) {
   p.dbias[x] = sum;
 }
 
-int current_device() {
-  int d = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&d));
-  return d;
-}
-
-cudaStream_t flex_stream() { return stream(current_device()); }
+cudaStream_t flex_stream() { return flex_mma::current_context().stream; }
 
 void check_dims(const FlexParams& p) {
   KILN_CHECK(p.E <= kMaxDim && p.Ev <= kMaxDim, "flex_attention (CUDA): head dims up to ", kMaxDim, ", got E=", p.E,

@@ -1,6 +1,8 @@
 // Pieces shared by the tensor-core FlexAttention kernels (mma.sync: attention_fwd_mma.cuh and
 // attention_bwd_mma.cuh; Hopper: attention_fwd_wgmma.cuh and attention_bwd_wgmma.cuh, whose
-// accumulators have the same fragment layout): the kiln → CUDA 16-bit type map, the mask row of (b, h),
+// accumulators have the same fragment layout): the launchers' device context and shared-memory
+// opt-in, the kiln → CUDA 16-bit type map, the mask row of (b, h), a forward query tile's
+// walk over its KV sub-tiles,
 // the applicability check of a layout (alignment, head dims, block sizes), the cp.async loader
 // of a [rows × D] tile into a swizzled shared tile, the application of score_mod + mask_mod +
 // bounds to one m16n8 f32 accumulator fragment (also in the transposed S^T = K·Q^T form), the
@@ -19,6 +21,7 @@
 
 #include "kiln/core/half.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/cuda/mma.cuh"
 
 namespace kiln::kernels::cuda::flex_mma {
@@ -33,10 +36,42 @@ template <> struct CudaType<__nv_bfloat16> { using type = __nv_bfloat16; };
 template <> struct CudaType<__half> { using type = __half; };
 template <class T> using cuda_t = typename CudaType<T>::type;
 
+// Host: the context of the current device (its stream, SM count and shared-memory limit).
+inline DeviceContext& current_context() {
+  int d = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&d));
+  return context(d);
+}
+
+// Host: lets `kernel` use `bytes` of dynamic shared memory (beyond the default 48 KB).
+template <class K> void set_smem(K kernel, int bytes) {
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
 // The row of the BlockMask's (Bm, Hm) planes that (b, h) reads (1 broadcasts).
 __host__ __device__ __forceinline__ int64_t mask_row(const FlexParams& p, int64_t b, int64_t h) {
   return (p.Bm == 1 ? 0 : b) * p.Hm + (p.Hm == 1 ? 0 : h);
 }
+
+// The STEP-key sub-tiles a forward query tile (first row q0, inside one q block) visits, in
+// order: its BlockMask row's partial KV blocks first (mask_mod evaluated), then the full ones.
+template <int STEP> struct KvSteps {
+  FlexParams::BlockList part, full;
+  int sub, n_part, n;  // sub-tiles per KV block; steps on partial blocks; all steps
+  __device__ __forceinline__ KvSteps(const FlexParams& p, int b, int h, int64_t q0) {
+    const int64_t row = mask_row(p, b, h) * p.nQ + q0 / p.QB;
+    part = p.kv_blocks(row, true);
+    full = p.kv_blocks(row, false);
+    sub = static_cast<int>(p.KB / STEP);
+    n_part = part.count * sub;
+    n = (part.count + full.count) * sub;
+  }
+  __device__ __forceinline__ int64_t kv0(const FlexParams& p, int s) const {  // first key of step s
+    const int blk = s / sub;
+    const int32_t idx = blk < part.count ? part.index[blk] : full.index[blk - part.count];
+    return static_cast<int64_t>(idx) * p.KB + static_cast<int64_t>(s - blk * sub) * STEP;
+  }
+};
 
 // Host: whether the tensor-core kernels can run this layout with CTA tiles of q_tile query rows
 // and kv_tile keys: E == Ev ∈ {64, 128}; every q/k/v row 16-byte aligned (pointers and all
