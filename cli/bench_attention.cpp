@@ -41,7 +41,7 @@ void sync(const Tensor& t) {
 }  // namespace
 
 int run_bench_attention(const Args& args) {
-  std::string device_s = "cpu", mask_s = "causal", dtype_s = "f32", impls = "flex,reference";
+  std::string device_s = "cpu", mask_s = "causal", dtype_s = "f32", impls = "flex,reference", backend_s = "auto";
   int64_t B = 1, H = 8, S = 2048, D = 64, iters = 5, warmup = 1, block = kDefaultBlockSize;
   bool backward = false;
   ArgParser p("bench attention", "Time flex_attention against the dense reference path (kiln ops).");
@@ -56,11 +56,15 @@ int run_bench_attention(const Args& args) {
       .option("--iters", &iters, "N", "timed runs (median reported)")
       .option("--warmup", &warmup, "N", "untimed runs first")
       .option("--impl", &impls, "LIST", "comma-separated: flex, reference")
+      .option("--backend", &backend_s, "NAME",
+              "flex's CUDA kernels: auto (the fastest that applies), hopper, sm80 or simt (an error where they do not apply)")
       .flag("--backward", &backward, "time forward + backward");
   if (!p.parse(args)) return 0;
   KILN_CHECK(B >= 1 && H >= 1 && S >= 1 && D >= 1 && iters >= 1 && warmup >= 0, "bench attention: sizes must be positive");
   const Device dev = Device::parse(device_s);
   const DType dt = parse_dtype(dtype_s);
+  FlexOptions flex_options;
+  flex_options.backend = parse_flex_backend(backend_s, "--backend");
   MaskSpec spec = parse_mask_spec(mask_s, S, dev);
   spec.block_size = block;
   int64_t doc_len = 1;
@@ -94,7 +98,7 @@ int run_bench_attention(const Args& args) {
     auto once = [&] {
       Tensor qg = q.detach(), kg = k.detach(), vg = v.detach();
       if (backward) qg.requires_grad_(), kg.requires_grad_(), vg.requires_grad_();
-      Tensor out = impl == "flex" ? flex_attention(qg, kg, vg, bm).out : dense_attention_ops(qg, kg, vg, drop, 1.0 / std::sqrt(double(D)));
+      Tensor out = impl == "flex" ? flex_attention(qg, kg, vg, bm, flex_options).out : dense_attention_ops(qg, kg, vg, drop, 1.0 / std::sqrt(double(D)));
       if (backward) {
         out.backward(dout);
         sync(qg.grad());
@@ -116,6 +120,7 @@ int run_bench_attention(const Args& args) {
     o["shape"] = shape;
     o["dtype"] = dtype_name(dt);
     o["mask"] = mask_s;
+    if (impl == "flex") o["backend"] = flex_backend_name(attention::detail::resolve_backend(flex_options.backend, dev));
     o["backward"] = backward;
     o["ms_median"] = med;
     o["peak_bytes"] = peak;

@@ -78,7 +78,37 @@ kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& 
   return p;
 }
 
+kernels::FlexBackend resolve_backend(kernels::FlexBackend requested, Device device) {
+  if (device.is_cpu()) {
+    KILN_CHECK(requested == kernels::FlexBackend::automatic, "flex_attention: backend ", flex_backend_name(requested),
+               " is a CUDA kernel family, but q is on the CPU (use auto)");
+    return requested;
+  }
+  if (requested != kernels::FlexBackend::automatic) return requested;
+  const char* env = std::getenv("KILN_FLEX_KERNEL");
+  return env != nullptr && *env != '\0' ? parse_flex_backend(env, "KILN_FLEX_KERNEL") : requested;
+}
+
 }  // namespace detail
+
+kernels::FlexBackend parse_flex_backend(const std::string& text, const std::string& what) {
+  using kernels::FlexBackend;
+  if (text == "auto") return FlexBackend::automatic;
+  if (text == "hopper" || text == "sm90") return FlexBackend::hopper;
+  if (text == "sm80") return FlexBackend::sm80;
+  if (text == "simt") return FlexBackend::simt;
+  fail(what, ": '", text, "' is not a FlexAttention backend (expected auto, hopper, sm80 or simt)");
+}
+
+const char* flex_backend_name(kernels::FlexBackend b) {
+  switch (b) {
+    case kernels::FlexBackend::automatic: return "auto";
+    case kernels::FlexBackend::hopper: return "hopper";
+    case kernels::FlexBackend::sm80: return "sm80";
+    case kernels::FlexBackend::simt: return "simt";
+  }
+  return "?";
+}
 
 MaskSpec parse_mask_spec(const std::string& text, int64_t seq_len, Device device) {
   MaskSpec s;

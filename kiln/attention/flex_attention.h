@@ -30,7 +30,16 @@ struct FlexOptions {
   std::optional<double> scale;  // default 1/sqrt(E)
   bool return_lse = false;
   Tensor bias;                   // the learnable table of a LearnableScoreMod (f32 [Hq, L+S-1])
+  // CUDA kernels to run (kernels/attention.h; automatic: the fastest that applies). When it is
+  // automatic, the environment variable KILN_FLEX_KERNEL=auto|hopper|sm80|simt picks instead
+  // (for side-by-side measurements). CPU tensors accept only automatic.
+  kernels::FlexBackend backend = kernels::FlexBackend::automatic;
 };
+
+// "auto", "hopper" (or "sm90"), "sm80", "simt" → FlexBackend; anything else fails, naming `what`
+// (e.g. "--backend") and the accepted values.
+kernels::FlexBackend parse_flex_backend(const std::string& text, const std::string& what = "backend");
+const char* flex_backend_name(kernels::FlexBackend b);
 
 struct FlexResult {
   Tensor out;
@@ -62,6 +71,9 @@ void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const 
 Tensor last_dim_contiguous(const Tensor& t);
 kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& layout,
                                 double scale);
+// The backend a call runs: `requested` unless automatic, then KILN_FLEX_KERNEL when set (CUDA
+// only: the CPU has one kernel, so a requested one fails there and the variable is ignored).
+kernels::FlexBackend resolve_backend(kernels::FlexBackend requested, Device device);
 
 template <class SM, class MM>
 void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& sm, const MM& mm) {
@@ -116,7 +128,9 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   Tensor q = detail::last_dim_contiguous(q_in), k = detail::last_dim_contiguous(k_in),
          v = detail::last_dim_contiguous(v_in);
   const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  const kernels::FlexBackend backend = detail::resolve_backend(options.backend, q.device());
   kernels::FlexParams p = detail::make_params(q, k, v, layout, scale);
+  p.backend = backend;
   Tensor bias;
   if constexpr (is_learnable_v<SM>) {
     KILN_CHECK(options.bias.defined(), "flex_attention: this score_mod needs its learnable table in options.bias");
@@ -153,6 +167,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
            Tensor q = sq.get("flex_attention"), k = sk.get("flex_attention"), v = sv.get("flex_attention");
            Tensor out = so.get("flex_attention"), lse = slse.get("flex_attention");
            kernels::FlexParams bp = detail::make_params(q, k, v, layout, scale);
+           bp.backend = backend;
            SM sm = score_mod;
            Tensor bias_t, dbias, dbias_partial;
            if constexpr (is_learnable_v<SM>) {

@@ -13,9 +13,18 @@
 
 namespace kiln::kernels {
 
+// Which CUDA kernels run a FlexAttention call (FlexOptions::backend, like PyTorch's
+// kernel_options["BACKEND"]). automatic: the fastest that applies (hopper, then sm80, then
+// simt). The others are required: a call they do not apply to fails with the reason.
+//   hopper: TMA + wgmma, warp-specialised (kernels/cuda/attention_*_wgmma.cuh)
+//   sm80:   mma.sync tensor cores (attention_fwd_mma.cuh, attention_bwd_mma.cuh)
+//   simt:   plain CUDA cores, every dtype, head dim and mod (attention_kernels.cuh)
+enum class FlexBackend : uint8_t { automatic, hopper, sm80, simt };
+
 struct FlexParams {
   int64_t B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, E = 0, Ev = 0;
   float scale = 1.0f;
+  FlexBackend backend = FlexBackend::automatic;  // CUDA only
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   int64_t q_st[3] = {0, 0, 0}, k_st[3] = {0, 0, 0}, v_st[3] = {0, 0, 0};  // b, h, seq strides
   void* out = nullptr;        // [B, Hq, L, Ev] contiguous, input dtype

@@ -19,6 +19,7 @@
 
 using namespace kiln;
 using namespace kiln::attention;
+using kiln::kernels::FlexBackend;
 
 namespace {
 
@@ -97,13 +98,15 @@ struct Grads {
   Tensor out, lse, dq, dk, dv, dbias;
 };
 
-// Runs flex (CPU or CUDA) with autograd on q/k/v (and bias), with output and lse gradients.
+// Runs flex (CPU or CUDA) with autograd on q/k/v (and bias), with output and lse gradients;
+// `backend`: the CUDA kernels required to run it (FlexOptions::backend).
 template <class SM, class MM>
 Grads run_flex(const Tensor& q, const Tensor& k, const Tensor& v, SM sm, const BlockMask<MM>& bm, const Tensor& dout,
-               const Tensor& dlse, const Tensor& bias) {
+               const Tensor& dlse, const Tensor& bias, FlexBackend backend = FlexBackend::automatic) {
   Tensor qg = q.detach().requires_grad_(), kg = k.detach().requires_grad_(), vg = v.detach().requires_grad_();
   FlexOptions o;
   o.return_lse = true;
+  o.backend = backend;
   Tensor bg;
   if (bias.defined()) o.bias = bg = bias.detach().requires_grad_();
   FlexResult r = flex_attention(qg, kg, vg, sm, bm, o);
@@ -460,6 +463,35 @@ TEST(FlexCpu, BadInputNamesTheArgument) {
   EXPECT_THROW(flex_attention(q3, k, v, RelativePositionBias{}, bm), Error);  // no bias table
 }
 
+TEST(FlexCpu, BackendOptionIsCheckedAndNamed) {
+  EXPECT_EQ(parse_flex_backend("auto"), FlexBackend::automatic);
+  EXPECT_EQ(parse_flex_backend("hopper"), FlexBackend::hopper);
+  EXPECT_EQ(parse_flex_backend("sm90"), FlexBackend::hopper);
+  EXPECT_EQ(parse_flex_backend("sm80"), FlexBackend::sm80);
+  EXPECT_EQ(parse_flex_backend("simt"), FlexBackend::simt);
+  for (FlexBackend b : {FlexBackend::automatic, FlexBackend::hopper, FlexBackend::sm80, FlexBackend::simt})
+    EXPECT_EQ(parse_flex_backend(flex_backend_name(b)), b);
+  try {
+    parse_flex_backend("fa3", "--backend");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--backend: 'fa3'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto, hopper, sm80 or simt"), std::string::npos) << e.what();
+  }
+  // A CUDA kernel family asked for on CPU tensors: an error that says so.
+  Generator gen(3);
+  Tensor q = randn({1, 1, 8, 16}, gen), k = randn({1, 1, 8, 16}, gen), v = randn({1, 1, 8, 16}, gen);
+  auto bm = create_block_mask(Causal{}, 1, 1, 8, 8);
+  FlexOptions o;
+  o.backend = FlexBackend::sm80;
+  try {
+    flex_attention(q, k, v, NoScoreMod{}, bm, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend sm80"), std::string::npos) << e.what();
+  }
+}
+
 // ---------------- CUDA ----------------
 
 // Runs the library masks on the GPU and compares with the CPU kernels (same dtype) and the
@@ -536,6 +568,19 @@ std::pair<double, double> mean_error(const Tensor& got, const Tensor& golden, co
   return n ? std::pair{e / n, mag / n} : std::pair{0.0, 0.0};
 }
 
+// The CUDA kernels that must run a 16-bit or f32 call with head dims E = Ev and BlockMask blocks
+// of `block` (docs/attention.md): hopper for blocks that are multiples of 128, sm80 for multiples
+// of 64, simt otherwise or when a row of q, k or v is not 16-byte aligned. The tests require it
+// (FlexOptions::backend), so a kernel that silently fell back would fail them.
+FlexBackend backend_for(const Tensor& q, const Tensor& k, const Tensor& v, int64_t block) {
+  auto aligned = [](const Tensor& t) { return t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0; };
+  const int64_t E = q.size(3);
+  if ((q.dtype() != DType::bf16 && q.dtype() != DType::f16) || E != v.size(3) || (E != 64 && E != 128) ||
+      !aligned(q) || !aligned(k) || !aligned(v))
+    return FlexBackend::simt;
+  return block % 128 == 0 ? FlexBackend::hopper : block % 64 == 0 ? FlexBackend::sm80 : FlexBackend::simt;
+}
+
 // One backward case on the GPU (the tensor-core path applies: 16-bit, E = Ev ∈ {64, 128}, blocks
 // of 64 or 128, aligned rows) against the CPU kernels (same dtype) and the float64 reference:
 // mean |golden − gpu| ≤ 1.1 × mean |golden − cpu| + 2e-3 × mean |golden|; rows the mask empties
@@ -563,8 +608,8 @@ int64_t check_backward_mma(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_
 
   Grads c = run_flex(q, k, v, NoScoreMod{}, bm, dout, dlse, Tensor());
   auto on_gpu = [&] {
-    Grads g = run_flex(input(gpu, qs), input(gpu, ks), input(gpu, vs), NoScoreMod{}, gbm,
-                       dout.to(gpu), dlse.to(gpu), Tensor());
+    const Tensor qd = input(gpu, qs), kd = input(gpu, ks), vd = input(gpu, vs);
+    Grads g = run_flex(qd, kd, vd, NoScoreMod{}, gbm, dout.to(gpu), dlse.to(gpu), Tensor(), backend_for(qd, kd, vd, block));
     return Grads{g.out.to(kCPU), g.lse.to(kCPU), g.dq.to(kCPU), g.dk.to(kCPU), g.dv.to(kCPU), {}};
   };
   Grads g = on_gpu(), g2 = on_gpu();
@@ -622,7 +667,9 @@ void check_cuda_forward(const Tensor& qg, const Tensor& kg, const Tensor& vg, MM
     SCOPED_TRACE(what + " block=" + std::to_string(block));
     auto bm = create_block_mask(host_mm, 1, 1, L, S, block, block);
     const BlockMask<MM> gbm{gpu_mm, bm.layout.to(qg.device())};
-    const FlexResult g = flex_attention(qg, kg, vg, NoScoreMod{}, gbm, o);
+    FlexOptions og = o;
+    og.backend = backend_for(qg, kg, vg, block);
+    const FlexResult g = flex_attention(qg, kg, vg, NoScoreMod{}, gbm, og);
     const Tensor gout = g.out.to(kCPU), glse = g.lse.to(kCPU);
     ASSERT_EQ(gout.shape(), ref.out.shape());
     const double e_gpu = mean_error(gout, ref.out, "gpu out").first;
@@ -763,6 +810,46 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
     DocumentCausal dev{Causal{}, Document{qdg.data<int32_t>(), kdg.data<int32_t>()}};
     const auto seed = static_cast<uint64_t>(L + S + E);
     EXPECT_GT(check_backward_mma(2, Hq, Hkv, L, S, E, block, dt, host, dev, false, seed), 0);
+  }
+}
+
+// FlexOptions::backend on the GPU: a required kernel family that does not apply fails with
+// what it needs (hopper for f32; sm80 for blocks of 32); simt runs a shape the tensor-core
+// kernels would take (bf16, E = 128, block 128) and agrees with them and with the reference.
+TEST(FlexCuda, BackendOptionRequiresOrFails) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::parse("cuda:0");
+  Generator gen(41);
+  auto expect_refusal = [&](DType dt, int64_t block, FlexBackend b, const std::string& needs) {
+    Tensor q = make({1, 2, 256, 64}, gen, dt).to(gpu), k = make({1, 2, 256, 64}, gen, dt).to(gpu),
+           v = make({1, 2, 256, 64}, gen, dt).to(gpu);
+    const BlockMask<Causal> bm{Causal{}, create_block_mask(Causal{}, 1, 1, 256, 256, block, block).layout.to(gpu)};
+    FlexOptions o;
+    o.backend = b;
+    try {
+      flex_attention(q, k, v, NoScoreMod{}, bm, o);
+      FAIL() << "expected an error for backend " << flex_backend_name(b);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needs), std::string::npos) << e.what();
+    }
+  };
+  expect_refusal(DType::f32, 128, FlexBackend::hopper, "needs hopper: bf16 or f16");
+  expect_refusal(DType::bf16, 32, FlexBackend::sm80, "needs sm80: bf16 or f16");
+  expect_refusal(DType::bf16, 64, FlexBackend::hopper, "multiples of 128");
+
+  Tensor q = make({1, 2, 300, 128}, gen, DType::bf16), k = make({1, 2, 300, 128}, gen, DType::bf16),
+         v = make({1, 2, 300, 128}, gen, DType::bf16), dout = make({1, 2, 300, 128}, gen, DType::bf16),
+         dlse = make({1, 2, 300}, gen, DType::f32);
+  auto bm = create_block_mask(Causal{}, 1, 1, 300, 300);
+  const BlockMask<Causal> gbm{Causal{}, bm.layout.to(gpu)};
+  const ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, Causal{}, 1.0 / std::sqrt(128.0), dout, dlse);
+  for (FlexBackend b : {FlexBackend::simt, FlexBackend::hopper}) {
+    SCOPED_TRACE(flex_backend_name(b));
+    Grads g = run_flex(q.to(gpu), k.to(gpu), v.to(gpu), NoScoreMod{}, gbm, dout.to(gpu), dlse.to(gpu), Tensor(), b);
+    expect_close(g.out.to(kCPU), ref.out, DType::bf16, "out");
+    expect_close(g.dq.to(kCPU), ref.dq, DType::bf16, "dq");
+    expect_close(g.dk.to(kCPU), ref.dk, DType::bf16, "dk");
+    expect_close(g.dv.to(kCPU), ref.dv, DType::bf16, "dv");
   }
 }
 

@@ -361,7 +361,7 @@ bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaSt
   if constexpr (std::is_void_v<CT> || attention::is_learnable_v<SM>) {
     return false;
   } else {
-    if (!mma_layout_ok(p, kBwdRows, kBwdRows) || flex_wgmma_disabled() || p.L <= 0 || p.S <= 0) return false;
+    if (!mma_layout_ok(p, kBwdRows, kBwdRows) || p.L <= 0 || p.S <= 0) return false;
     namespace bwd = flex_mma::bwd;
     if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
         !bwd::aligned16(p.dv) || p.B * p.Hq * p.L >= (int64_t{1} << 31))

@@ -317,13 +317,6 @@ bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStrea
   return true;
 }
 
-// Whether KILN_FLEX_KERNEL=sm80 asks for the mma.sync kernels instead (for side-by-side
-// measurements; docs/attention.md).
-inline bool flex_wgmma_disabled() {
-  const char* v = std::getenv("KILN_FLEX_KERNEL");
-  return v != nullptr && std::strcmp(v, "sm80") == 0;
-}
-
 // The Hopper forward when it applies (see the top of the file); false: use another kernel.
 template <class T, class SM, class MM>
 bool flex_forward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
@@ -331,7 +324,7 @@ bool flex_forward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStr
   if constexpr (std::is_void_v<CT>) {
     return false;
   } else {
-    if (!mma_layout_ok(p, kBM, kBN) || flex_wgmma_disabled()) return false;
+    if (!mma_layout_ok(p, kBM, kBN)) return false;
     if (p.B == 0 || p.Hq == 0 || p.L == 0) return true;  // nothing to write
     return p.E == 64 ? launch_fwd_wgmma<CT, 64>(p, sm, mm, st) : launch_fwd_wgmma<CT, 128>(p, sm, mm, st);
   }

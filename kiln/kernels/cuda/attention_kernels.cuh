@@ -260,6 +260,23 @@ void dispatch_dt(DType dt, F&& f) {
   }
 }
 
+// FlexOptions::backend: whether kernels of family `b` may run this call; a required family that
+// did not apply fails with what it needs.
+bool use_backend(const FlexParams& p, FlexBackend b) {
+  return p.backend == FlexBackend::automatic || p.backend == b;
+}
+void require_automatic(const FlexParams& p, const char* needs) {
+  if (p.backend != FlexBackend::automatic)
+    fail("flex_attention (CUDA): the requested backend does not apply to this call: it needs ", needs,
+         " (backend auto picks the fastest kernels that apply)");
+}
+constexpr const char* kHopperNeeds =
+    "hopper: bf16 or f16, E = Ev in {64, 128}, BlockMask blocks that are multiples of 128, 16-byte-aligned rows, "
+    "the device's full shared memory per block (about 225 KB), and in the backward no learnable score_mod";
+constexpr const char* kSm80Needs =
+    "sm80: bf16 or f16, E = Ev in {64, 128}, BlockMask blocks that are multiples of 64, 16-byte-aligned rows, and in "
+    "the backward no learnable score_mod";
+
 }  // namespace
 
 template <class SM, class MM>
@@ -267,8 +284,14 @@ void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
-    if (flex_wgmma::flex_forward_wgmma<T>(p, sm, mm, st)) return;  // Hopper: TMA + wgmma (128-multiple blocks)
-    if (flex_mma::flex_forward_mma<T>(p, sm, mm, st)) return;  // tensor cores (bf16/f16, E = Ev ∈ {64, 128})
+    if (use_backend(p, FlexBackend::hopper)) {  // TMA + wgmma (128-multiple blocks)
+      if (flex_wgmma::flex_forward_wgmma<T>(p, sm, mm, st)) return;
+      require_automatic(p, kHopperNeeds);
+    }
+    if (use_backend(p, FlexBackend::sm80)) {  // mma.sync tensor cores (bf16/f16, E = Ev ∈ {64, 128})
+      if (flex_mma::flex_forward_mma<T>(p, sm, mm, st)) return;
+      require_automatic(p, kSm80Needs);
+    }
     dim3 grid(static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B));
     flex_fwd_kernel<T><<<grid, kThreads, 0, st>>>(p, sm, mm);
     KILN_CUDA_CHECK_LAUNCH("flex_fwd_kernel");
@@ -280,8 +303,14 @@ void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
-    if (flex_wgmma::flex_backward_wgmma<T>(p, sm, mm, st)) return;  // Hopper: TMA + wgmma (128-multiple blocks)
-    if (flex_mma::flex_backward_mma<T>(p, sm, mm, st)) return;  // tensor cores when they apply (16-bit, E 64/128)
+    if (use_backend(p, FlexBackend::hopper)) {  // TMA + wgmma (128-multiple blocks)
+      if (flex_wgmma::flex_backward_wgmma<T>(p, sm, mm, st)) return;
+      require_automatic(p, kHopperNeeds);
+    }
+    if (use_backend(p, FlexBackend::sm80)) {  // mma.sync tensor cores when they apply (16-bit, E 64/128)
+      if (flex_mma::flex_backward_mma<T>(p, sm, mm, st)) return;
+      require_automatic(p, kSm80Needs);
+    }
     const int64_t rows = p.B * p.Hq * p.L;
     flex_delta_kernel<T><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, st>>>(p);
     KILN_CUDA_CHECK_LAUNCH("flex_delta_kernel");
