@@ -1,8 +1,9 @@
 // `kiln bench attention`: times flex_attention against the
 // dense reference path built from kiln ops (matmul + mask + softmax + matmul, autograd by the
 // engine) at one shape and mask. One JSON line per implementation on stdout (bench, impl, device,
-// shape, dtype, mask, ms_median, peak_bytes, extra_peak_bytes, tflops counted on the unmasked
-// (q, kv) pairs: forward 4·pairs·D, backward 10·pairs·D), a table on stderr.
+// shape, dtype, mask, backend_requested (flex), ms_median, peak_bytes, extra_peak_bytes, tflops
+// counted on the unmasked (q, kv) pairs: forward 4·pairs·D, backward 10·pairs·D), a table on
+// stderr.
 #include <algorithm>
 #include <cstdio>
 
@@ -120,7 +121,8 @@ int run_bench_attention(const Args& args) {
     o["shape"] = shape;
     o["dtype"] = dtype_name(dt);
     o["mask"] = mask_s;
-    if (impl == "flex") o["backend"] = flex_backend_name(attention::detail::resolve_backend(flex_options.backend, dev));
+    if (impl == "flex")  // the family asked for (--backend or KILN_FLEX_KERNEL); auto: the fastest that applies
+      o["backend_requested"] = flex_backend_name(attention::detail::resolve_backend(flex_options.backend, dev));
     o["backward"] = backward;
     o["ms_median"] = med;
     o["peak_bytes"] = peak;

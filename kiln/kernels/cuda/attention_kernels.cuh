@@ -267,12 +267,13 @@ bool use_backend(const FlexParams& p, FlexBackend b) {
 }
 void require_automatic(const FlexParams& p, const char* needs) {
   if (p.backend != FlexBackend::automatic)
-    fail("flex_attention (CUDA): the requested backend does not apply to this call: it needs ", needs,
-         " (backend auto picks the fastest kernels that apply)");
+    fail("flex_attention (CUDA): the backend required by FlexOptions::backend or KILN_FLEX_KERNEL does not apply "
+         "to this call: it needs ", needs, " (backend auto picks the fastest kernels that apply)");
 }
 constexpr const char* kHopperNeeds =
     "hopper: bf16 or f16, E = Ev in {64, 128}, BlockMask blocks that are multiples of 128, 16-byte-aligned rows, "
-    "the device's full shared memory per block (about 225 KB), and in the backward no learnable score_mod";
+    "strides a TMA tensor map can describe (none zero, as an expand() gives), the device's full shared memory per "
+    "block (about 225 KB), and in the backward no learnable score_mod and B*Hq*L < 2^31";
 constexpr const char* kSm80Needs =
     "sm80: bf16 or f16, E = Ev in {64, 128}, BlockMask blocks that are multiples of 64, 16-byte-aligned rows, and in "
     "the backward no learnable score_mod";
