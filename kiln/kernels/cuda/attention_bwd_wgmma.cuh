@@ -242,23 +242,20 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     wg::fence_operands(pa);
   };
 
-  // The products of a stage, issued and waited for; the accumulation of a stage, issued and
-  // waited for, and the stage released.
-  auto products_now = [&](uint32_t stage) {
+  // `issue` (this warpgroup's wgmma) issued and waited for, fenced on every register operand;
+  // the products of a stage that way; the accumulation of a stage that way, then the stage
+  // released.
+  auto issue_and_wait = [&](auto issue) {
     fence_all();
     wg::fence();
-    issue_products(stage_base(stage));
+    issue();
     wg::commit();
     wg::wait<0>();
     fence_all();
   };
+  auto products_now = [&](uint32_t stage) { issue_and_wait([&] { issue_products(stage_base(stage)); }); };
   auto accumulate_now = [&](uint32_t stage) {
-    fence_all();
-    wg::fence();
-    issue_accumulate(stage_base(stage));
-    wg::commit();
-    wg::wait<0>();
-    fence_all();
+    issue_and_wait([&] { issue_accumulate(stage_base(stage)); });
     if (lane == 0) wg::mbar_arrive(empty + stage);
   };
 
