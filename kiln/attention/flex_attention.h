@@ -46,8 +46,8 @@ struct FlexResult {
   Tensor lse;  // defined when options.return_lse
 };
 
-// The library combinations that have CUDA bodies (kernels/cuda/attention.cu and
-// attention_score_mods.cu); see docs/attention.md for instantiating your own.
+// The library combinations that have CUDA bodies (kernels/cuda/attention_masks_*.cu and
+// attention_mods_*.cu); see docs/attention.md for instantiating your own.
 }  // namespace kiln::attention
 namespace kiln::kernels {
 template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::NoMask> = true;

@@ -57,9 +57,9 @@ struct FlexParams {
 };
 
 // CUDA bodies (kernels/cuda/attention_kernels.cuh): explicit instantiations for NoScoreMod ×
-// {NoMask, Causal, SlidingWindow, DocumentCausal, PrefixLM} (attention.cu) and {Alibi, Softcap,
-// RelativePositionBias} × {NoMask, Causal} (attention_score_mods.cu); has_cuda_flex tells the
-// front end which exist.
+// {NoMask, Causal, SlidingWindow, DocumentCausal, PrefixLM} (attention_masks_*.cu) and {Alibi,
+// Softcap, RelativePositionBias} × {NoMask, Causal} (attention_mods_*.cu); has_cuda_flex tells
+// the front end which exist.
 namespace cuda {
 template <class SM, class MM> void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm);
 template <class SM, class MM> void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm);

@@ -1,7 +1,7 @@
 // The tensor-core FlexAttention forward (FlashAttention-2 style, mma.sync m16n8k16) for bf16 /
 // f16 with E = Ev ∈ {64, 128}: flex_forward_mma, which returns false when it does not apply
 // (f32, other head dims, block sizes not multiples of the tiles, rows not 16-byte aligned) so
-// the caller falls back to the SIMT kernel of attention.cu.
+// the caller falls back to the SIMT kernel of attention_kernels.cuh.
 //
 // NOTE [flex forward mma]
 // - A CTA of 4 warps owns 64·MT query rows of one (b, h): MT = 2 (128 rows, warp w owns rows

@@ -3,8 +3,9 @@
 // attention_bwd_wgmma.cuh), the mma.sync ones (attention_fwd_mma.cuh, attention_bwd_mma.cuh),
 // then the SIMT kernels here; classify_tiles builds BlockMasks
 // on the GPU. A .cu file that includes this header and writes KILN_FLEX_CUDA_INSTANTIATE(SM, MM)
-// gets the kernels for its own mods (attention.cu: the library masks; attention_score_mods.cu:
-// the library score mods); the front end learns of them through kernels::has_cuda_flex<SM, MM>.
+// gets the kernels for its own mods (the library's: attention_masks_*.cu and attention_mods_*.cu,
+// one or two combinations a file so that a parallel build compiles them side by side); the front
+// end learns of them through kernels::has_cuda_flex<SM, MM>.
 //
 // The SIMT kernels: one thread owns one query row (forward, dQ) or one kv row (dK/dV), iterating
 // the BlockMask's tile lists (partial tiles evaluate the mask_mod, full tiles skip it, empty
@@ -343,8 +344,11 @@ void classify_tiles(const MM& mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, 
   KILN_CUDA_CHECK_LAUNCH("classify_tiles_kernel");
 }
 
-#define KILN_FLEX_CUDA_INSTANTIATE(SM, MM)                                                        \
+#define KILN_FLEX_CUDA_INSTANTIATE(SM, MM)                                            \
   template void flex_forward<SM, MM>(const FlexParams&, DType, const SM&, const MM&); \
   template void flex_backward<SM, MM>(const FlexParams&, DType, const SM&, const MM&);
+// The GPU BlockMask builder for a mask_mod (BlockMask::build on a CUDA device).
+#define KILN_FLEX_CUDA_INSTANTIATE_MASK(MM) \
+  template void classify_tiles<MM>(const MM&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 
 }  // namespace kiln::kernels::cuda
