@@ -41,8 +41,9 @@ Tensor last_dim_contiguous(const Tensor& t) {
 }
 
 kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& l,
-                                double scale) {
+                                double scale, kernels::FlexBackend backend) {
   kernels::FlexParams p;
+  p.backend = backend;
   p.B = q.size(0);
   p.Hq = q.size(1);
   p.L = q.size(2);

@@ -70,7 +70,7 @@ void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const 
 // Makes the last dim contiguous (a copy only when needed); keeps other strides.
 Tensor last_dim_contiguous(const Tensor& t);
 kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& layout,
-                                double scale);
+                                double scale, kernels::FlexBackend backend);
 // The backend a call runs: `requested` unless automatic, then KILN_FLEX_KERNEL when set (CUDA
 // only: the CPU has one kernel, so a requested one fails there and the variable is ignored).
 kernels::FlexBackend resolve_backend(kernels::FlexBackend requested, Device device);
@@ -129,8 +129,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
          v = detail::last_dim_contiguous(v_in);
   const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   const kernels::FlexBackend backend = detail::resolve_backend(options.backend, q.device());
-  kernels::FlexParams p = detail::make_params(q, k, v, layout, scale);
-  p.backend = backend;
+  kernels::FlexParams p = detail::make_params(q, k, v, layout, scale, backend);
   Tensor bias;
   if constexpr (is_learnable_v<SM>) {
     KILN_CHECK(options.bias.defined(), "flex_attention: this score_mod needs its learnable table in options.bias");
@@ -166,8 +165,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
          [=](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
            Tensor q = sq.get("flex_attention"), k = sk.get("flex_attention"), v = sv.get("flex_attention");
            Tensor out = so.get("flex_attention"), lse = slse.get("flex_attention");
-           kernels::FlexParams bp = detail::make_params(q, k, v, layout, scale);
-           bp.backend = backend;
+           kernels::FlexParams bp = detail::make_params(q, k, v, layout, scale, backend);
            SM sm = score_mod;
            Tensor bias_t, dbias, dbias_partial;
            if constexpr (is_learnable_v<SM>) {

@@ -16,6 +16,7 @@
 #include "kiln/attention/reference.h"
 #include "kiln/autograd/node.h"
 #include "kiln/core/device.h"
+#include "tests/ops/harness.h"
 
 using namespace kiln;
 using namespace kiln::attention;
@@ -471,25 +472,14 @@ TEST(FlexCpu, BackendOptionIsCheckedAndNamed) {
   EXPECT_EQ(parse_flex_backend("simt"), FlexBackend::simt);
   for (FlexBackend b : {FlexBackend::automatic, FlexBackend::hopper, FlexBackend::sm80, FlexBackend::simt})
     EXPECT_EQ(parse_flex_backend(flex_backend_name(b)), b);
-  try {
-    parse_flex_backend("fa3", "--backend");
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--backend: 'fa3'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("auto, hopper, sm80 or simt"), std::string::npos) << e.what();
-  }
+  EXPECT_KILN_ERROR(parse_flex_backend("fa3", "--backend"), "--backend: 'fa3'", "auto, hopper, sm80 or simt");
   // A CUDA kernel family asked for on CPU tensors: an error that says so.
   Generator gen(3);
   Tensor q = randn({1, 1, 8, 16}, gen), k = randn({1, 1, 8, 16}, gen), v = randn({1, 1, 8, 16}, gen);
   auto bm = create_block_mask(Causal{}, 1, 1, 8, 8);
   FlexOptions o;
   o.backend = FlexBackend::sm80;
-  try {
-    flex_attention(q, k, v, NoScoreMod{}, bm, o);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("backend sm80"), std::string::npos) << e.what();
-  }
+  EXPECT_KILN_ERROR(flex_attention(q, k, v, NoScoreMod{}, bm, o), "backend sm80");
 }
 
 // ---------------- CUDA ----------------
@@ -826,12 +816,8 @@ TEST(FlexCuda, BackendOptionRequiresOrFails) {
     const BlockMask<Causal> bm{Causal{}, create_block_mask(Causal{}, 1, 1, 256, 256, block, block).layout.to(gpu)};
     FlexOptions o;
     o.backend = b;
-    try {
-      flex_attention(q, k, v, NoScoreMod{}, bm, o);
-      FAIL() << "expected an error for backend " << flex_backend_name(b);
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needs), std::string::npos) << e.what();
-    }
+    SCOPED_TRACE(flex_backend_name(b));
+    EXPECT_KILN_ERROR(flex_attention(q, k, v, NoScoreMod{}, bm, o), needs.c_str());
   };
   expect_refusal(DType::f32, 128, FlexBackend::hopper, "needs hopper: bf16 or f16");
   expect_refusal(DType::bf16, 32, FlexBackend::sm80, "needs sm80: bf16 or f16");

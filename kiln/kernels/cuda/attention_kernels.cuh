@@ -261,16 +261,6 @@ void dispatch_dt(DType dt, F&& f) {
   }
 }
 
-// FlexOptions::backend: whether kernels of family `b` may run this call; a required family that
-// did not apply fails with what it needs.
-bool use_backend(const FlexParams& p, FlexBackend b) {
-  return p.backend == FlexBackend::automatic || p.backend == b;
-}
-void require_automatic(const FlexParams& p, const char* needs) {
-  if (p.backend != FlexBackend::automatic)
-    fail("flex_attention (CUDA): the backend required by FlexOptions::backend or KILN_FLEX_KERNEL does not apply "
-         "to this call: it needs ", needs, " (backend auto picks the fastest kernels that apply)");
-}
 constexpr const char* kHopperNeeds =
     "hopper: bf16 or f16, E = Ev in {64, 128}, BlockMask blocks that are multiples of 128, 16-byte-aligned rows, "
     "strides a TMA tensor map can describe (none zero, as an expand() gives), the device's full shared memory per "
@@ -279,6 +269,22 @@ constexpr const char* kSm80Needs =
     "sm80: bf16 or f16, E = Ev in {64, 128}, BlockMask blocks that are multiples of 64, 16-byte-aligned rows, and in "
     "the backward no learnable score_mod";
 
+// Runs the first tensor-core kernels that FlexOptions::backend allows and that apply: `hopper`
+// (TMA + wgmma), then `sm80` (mma.sync), each returning false where it does not apply. False:
+// the SIMT kernels are to run. A required family that does not apply fails with what it needs.
+template <class Hopper, class Sm80>
+bool run_tensor_core_kernels(const FlexParams& p, Hopper&& hopper, Sm80&& sm80) {
+  auto attempt = [&](FlexBackend family, auto&& run, const char* needs) {
+    if (p.backend != FlexBackend::automatic && p.backend != family) return false;
+    if (run()) return true;
+    if (p.backend != FlexBackend::automatic)
+      fail("flex_attention (CUDA): the backend required by FlexOptions::backend or KILN_FLEX_KERNEL does not apply "
+           "to this call: it needs ", needs, " (backend auto picks the fastest kernels that apply)");
+    return false;
+  };
+  return attempt(FlexBackend::hopper, hopper, kHopperNeeds) || attempt(FlexBackend::sm80, sm80, kSm80Needs);
+}
+
 }  // namespace
 
 template <class SM, class MM>
@@ -286,14 +292,9 @@ void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
-    if (use_backend(p, FlexBackend::hopper)) {  // TMA + wgmma (128-multiple blocks)
-      if (flex_wgmma::flex_forward_wgmma<T>(p, sm, mm, st)) return;
-      require_automatic(p, kHopperNeeds);
-    }
-    if (use_backend(p, FlexBackend::sm80)) {  // mma.sync tensor cores (bf16/f16, E = Ev ∈ {64, 128})
-      if (flex_mma::flex_forward_mma<T>(p, sm, mm, st)) return;
-      require_automatic(p, kSm80Needs);
-    }
+    if (run_tensor_core_kernels(p, [&] { return flex_wgmma::flex_forward_wgmma<T>(p, sm, mm, st); },
+                                [&] { return flex_mma::flex_forward_mma<T>(p, sm, mm, st); }))
+      return;
     dim3 grid(static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B));
     flex_fwd_kernel<T><<<grid, kThreads, 0, st>>>(p, sm, mm);
     KILN_CUDA_CHECK_LAUNCH("flex_fwd_kernel");
@@ -305,14 +306,9 @@ void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
   check_dims(p);
   cudaStream_t st = flex_stream();
   dispatch_dt(dt, [&]<class T>() {
-    if (use_backend(p, FlexBackend::hopper)) {  // TMA + wgmma (128-multiple blocks)
-      if (flex_wgmma::flex_backward_wgmma<T>(p, sm, mm, st)) return;
-      require_automatic(p, kHopperNeeds);
-    }
-    if (use_backend(p, FlexBackend::sm80)) {  // mma.sync tensor cores when they apply (16-bit, E 64/128)
-      if (flex_mma::flex_backward_mma<T>(p, sm, mm, st)) return;
-      require_automatic(p, kSm80Needs);
-    }
+    if (run_tensor_core_kernels(p, [&] { return flex_wgmma::flex_backward_wgmma<T>(p, sm, mm, st); },
+                                [&] { return flex_mma::flex_backward_mma<T>(p, sm, mm, st); }))
+      return;
     const int64_t rows = p.B * p.Hq * p.L;
     flex_delta_kernel<T><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, st>>>(p);
     KILN_CUDA_CHECK_LAUNCH("flex_delta_kernel");
@@ -347,8 +343,10 @@ void classify_tiles(const MM& mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, 
 #define KILN_FLEX_CUDA_INSTANTIATE(SM, MM)                                            \
   template void flex_forward<SM, MM>(const FlexParams&, DType, const SM&, const MM&); \
   template void flex_backward<SM, MM>(const FlexParams&, DType, const SM&, const MM&);
-// The GPU BlockMask builder for a mask_mod (BlockMask::build on a CUDA device).
-#define KILN_FLEX_CUDA_INSTANTIATE_MASK(MM) \
+// A library mask: its kernels without a score_mod and its GPU BlockMask builder
+// (create_block_mask from a MaskSpec on a CUDA device).
+#define KILN_FLEX_CUDA_INSTANTIATE_MASK(MM)                  \
+  KILN_FLEX_CUDA_INSTANTIATE(::kiln::attention::NoScoreMod, MM) \
   template void classify_tiles<MM>(const MM&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 
 }  // namespace kiln::kernels::cuda

@@ -5,8 +5,6 @@
 
 namespace kiln::kernels::cuda {
 
-KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::NoMask)
-KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::Causal)
 KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::NoMask)
 KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::Causal)
 

@@ -4,7 +4,6 @@
 
 namespace kiln::kernels::cuda {
 
-KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::DocumentCausal)
 KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::DocumentCausal)
 
 }  // namespace kiln::kernels::cuda

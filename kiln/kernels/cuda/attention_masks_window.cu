@@ -4,8 +4,6 @@
 
 namespace kiln::kernels::cuda {
 
-KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::SlidingWindow)
-KILN_FLEX_CUDA_INSTANTIATE(attention::NoScoreMod, attention::PrefixLM)
 KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::SlidingWindow)
 KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::PrefixLM)
 
