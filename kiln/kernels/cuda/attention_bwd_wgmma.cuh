@@ -188,7 +188,12 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     const bool bounds = res_tail || c.start + kBwdStep > limit;
     const float* st_lse = stats + stage * 2 * kBwdStep;
     const float* st_delta = st_lse + kBwdStep;
-    if (kIdentity && !partial && !bounds && p.scale > 0.0f) {
+    if (kIdentity && p.scale > 0.0f) {
+      // The identity score_mod: the scale goes into the exponent; the mask and bounds, where
+      // needed, only select (P = dS = 0 where not kept).
+      const uint32_t kept = partial || bounds
+                                ? flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane)
+                                : 0xffffffffu;
       const float mul = p.scale * kLog2e;
 #pragma unroll
       for (int j = 0; j < kNt; ++j)
@@ -198,9 +203,10 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           const float lse = KV_SIDE ? st_lse[col] : row_lse[r >> 1];
           const float delta = KV_SIDE ? st_delta[col] : row_delta[r >> 1];
           const float base = lse == -INFINITY ? INFINITY : lse * kLog2e;  // a row that kept nothing: P = 0
-          const float pv = fast_exp2(fmaf(x[j][r], mul, -base));
+          const bool keep = (kept >> (j * 4 + r)) & 1u;
+          const float pv = keep ? fast_exp2(fmaf(x[j][r], mul, -base)) : 0.0f;
           x[j][r] = pv;
-          dx[j][r] = pv * (dx[j][r] - delta) * p.scale;
+          dx[j][r] = keep ? pv * (dx[j][r] - delta) * p.scale : 0.0f;
         }
     } else {
       const uint32_t kept = flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane);

@@ -183,17 +183,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Mods and the online softmax of step s on sc (P in place of S); alpha and sum for rows
     // g (r = 0) and g + 8 (r = 1). score_mod always, mask_mod on partial blocks, bounds where
-    // the tile crosses L or S; the identity score_mod on a full in-range tile needs none: its
-    // scale goes into the exponent (scale > 0 keeps the row max where it is).
+    // the tile crosses L or S. The identity score_mod needs no mod: its scale goes into the
+    // exponent (scale > 0 keeps the row max where it is), and only the mask and bounds, if any,
+    // are applied.
     auto softmax = [&](int s) {
       const int kv_tile = static_cast<int>(steps.kv0(p, s));
       const bool use_mask = s < steps.n_part, bounds = q_tail || kv_tile + kBN > S;
-      const bool fast = kIdentity && !use_mask && !bounds && p.scale > 0.0f;
+      const bool fast = kIdentity && p.scale > 0.0f;
       if (!fast) {
 #pragma unroll
         for (int j = 0; j < kNt; ++j)
           apply_mods<false>(sc[j], sm, mm, p.scale, tile.b, tile.h, row0, kv_tile + 8 * j, lane, use_mask, bounds, L,
                             S);
+      } else if (use_mask || bounds) {
+#pragma unroll
+        for (int j = 0; j < kNt; ++j)
+          apply_mods<false, SM, MM, false>(sc[j], sm, mm, p.scale, tile.b, tile.h, row0, kv_tile + 8 * j, lane,
+                                           use_mask, bounds, L, S);
       }
       const float mul = fast ? p.scale * kLog2e : kLog2e;  // exponent = x·mul − m·kLog2e
 #pragma unroll
