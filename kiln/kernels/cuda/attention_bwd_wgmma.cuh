@@ -20,8 +20,8 @@
 //   A = its rows of the resident pair, B = the streamed pair: X = R0·S0ᵀ and dX = R1·S1ᵀ,
 //   i.e. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (dK/dV) or S = Q·Kᵀ and dP = dO·Vᵀ (dQ); then in registers
 //   P = exp(score_mod(scale·S) − lse) and dS = P ∘ (dP − delta) · dscore · scale (mask_mod on
-//   partial blocks, bounds on tiles crossing L or S; an identity score_mod on a full in-range
-//   tile skips both), and accumulates with A from registers and B = the streamed tiles read
+//   partial blocks, bounds on tiles crossing L or S; the identity score_mod with scale > 0 puts
+//   its scale into the exponent, so the mask and bounds only select), and accumulates with A from registers and B = the streamed tiles read
 //   transposed: dV += Pᵀ·dO and dK += dSᵀ·Q, or dQ += dS·K. The accumulators (f32, 64 × E per
 //   warpgroup: two for dK/dV) are written once at the end.
 #pragma once

@@ -19,7 +19,8 @@
 //   mma.
 // - Per sub-tile a consumer warpgroup computes S = Q·Kᵀ (64 × 128, D / 16 wgmma from shared
 //   memory), applies score_mod (and mask_mod on partial blocks, bounds where the tile crosses L
-//   or S) in registers, updates the online softmax (exp2, f32) and accumulates O += P·V with P
+//   or S; the identity score_mod with scale > 0 puts its scale into the exponent, so the mask
+//   and bounds only select) in registers, updates the online softmax (exp2, f32) and accumulates O += P·V with P
 //   rounded to 16 bits and fed from registers (128 / 16 wgmma, V read transposed). Rows beyond
 //   L and keys beyond S arrive as zeros from the TMA and are masked. At the end O is divided by
 //   the row sum and lse = m + log(l) is written; a row with nothing kept gets O = 0, lse = −inf.
