@@ -21,9 +21,10 @@
 //   i.e. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (dK/dV) or S = Q·Kᵀ and dP = dO·Vᵀ (dQ); then in registers
 //   P = exp(score_mod(scale·S) − lse) and dS = P ∘ (dP − delta) · dscore · scale (mask_mod on
 //   partial blocks, bounds on tiles crossing L or S; the identity score_mod with scale > 0 puts
-//   its scale into the exponent, so the mask and bounds only select), and accumulates with A from registers and B = the streamed tiles read
-//   transposed: dV += Pᵀ·dO and dK += dSᵀ·Q, or dQ += dS·K. The accumulators (f32, 64 × E per
-//   warpgroup: two for dK/dV) are written once at the end.
+//   its scale into the exponent, so the mask and bounds only select), and accumulates with A
+//   from registers and B = the streamed tiles read transposed: dV += Pᵀ·dO and dK += dSᵀ·Q, or
+//   dQ += dS·K. The accumulators (f32, 64 × E per warpgroup: two for dK/dV) are written once at
+//   the end.
 #pragma once
 #include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_wgmma.cuh"
@@ -188,12 +189,13 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     const bool bounds = res_tail || c.start + kBwdStep > limit;
     const float* st_lse = stats + stage * 2 * kBwdStep;
     const float* st_delta = st_lse + kBwdStep;
+    // Which elements count: all of a full in-range tile.
+    const uint32_t kept = partial || bounds
+                              ? flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane)
+                              : 0xffffffffu;
     if (kIdentity && p.scale > 0.0f) {
       // The identity score_mod: the scale goes into the exponent; the mask and bounds, where
       // needed, only select (P = dS = 0 where not kept).
-      const uint32_t kept = partial || bounds
-                                ? flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane)
-                                : 0xffffffffu;
       const float mul = p.scale * kLog2e;
 #pragma unroll
       for (int j = 0; j < kNt; ++j)
@@ -209,7 +211,6 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           dx[j][r] = keep ? pv * (dx[j][r] - delta) * p.scale : 0.0f;
         }
     } else {
-      const uint32_t kept = flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane);
 #pragma unroll
       for (int j = 0; j < kNt; ++j)
 #pragma unroll

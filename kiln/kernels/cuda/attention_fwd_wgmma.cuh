@@ -20,10 +20,11 @@
 // - Per sub-tile a consumer warpgroup computes S = Q·Kᵀ (64 × 128, D / 16 wgmma from shared
 //   memory), applies score_mod (and mask_mod on partial blocks, bounds where the tile crosses L
 //   or S; the identity score_mod with scale > 0 puts its scale into the exponent, so the mask
-//   and bounds only select) in registers, updates the online softmax (exp2, f32) and accumulates O += P·V with P
-//   rounded to 16 bits and fed from registers (128 / 16 wgmma, V read transposed). Rows beyond
-//   L and keys beyond S arrive as zeros from the TMA and are masked. At the end O is divided by
-//   the row sum and lse = m + log(l) is written; a row with nothing kept gets O = 0, lse = −inf.
+//   and bounds only select) in registers, updates the online softmax (exp2, f32) and
+//   accumulates O += P·V with P rounded to 16 bits and fed from registers (128 / 16 wgmma, V
+//   read transposed). Rows beyond L and keys beyond S arrive as zeros from the TMA and are
+//   masked. At the end O is divided by the row sum and lse = m + log(l) is written; a row with
+//   nothing kept gets O = 0, lse = −inf.
 // - GQA: K/V of head h / (Hq / Hkv) through the tensor maps' strides (no copies).
 #pragma once
 #include <algorithm>
@@ -191,16 +192,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int kv_tile = static_cast<int>(steps.kv0(p, s));
       const bool use_mask = s < steps.n_part, bounds = q_tail || kv_tile + kBN > S;
       const bool fast = kIdentity && p.scale > 0.0f;
-      if (!fast) {
+      if (!fast || use_mask || bounds) {
+        // fast: the identity at scale 1 only masks (kept elements stay the raw dot products).
+        const float mod_scale = fast ? 1.0f : p.scale;
 #pragma unroll
         for (int j = 0; j < kNt; ++j)
-          apply_mods<false>(sc[j], sm, mm, p.scale, tile.b, tile.h, row0, kv_tile + 8 * j, lane, use_mask, bounds, L,
-                            S);
-      } else if (use_mask || bounds) {
-#pragma unroll
-        for (int j = 0; j < kNt; ++j)
-          apply_mods<false, SM, MM, false>(sc[j], sm, mm, p.scale, tile.b, tile.h, row0, kv_tile + 8 * j, lane,
-                                           use_mask, bounds, L, S);
+          apply_mods<false>(sc[j], sm, mm, mod_scale, tile.b, tile.h, row0, kv_tile + 8 * j, lane, use_mask, bounds,
+                            L, S);
       }
       const float mul = fast ? p.scale * kLog2e : kLog2e;  // exponent = x·mul − m·kLog2e
 #pragma unroll

@@ -121,9 +121,8 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t 
 // score_mod(scale · dot) or -INFINITY where the pair is masked (mask_mod false, evaluated only
 // when `use_mask`: partial blocks) or out of range (q ≥ L or kv ≥ S, checked only when
 // `check_bounds`; the mods are never called out of range). (row0, col0) are the absolute
-// coordinates of the fragment's (0, 0). kScore = false (an identity score_mod whose scale the
-// caller folds into its exponent): kept elements stay the raw dot products.
-template <bool kTransposed, class SM, class MM, bool kScore = true>
+// coordinates of the fragment's (0, 0).
+template <bool kTransposed, class SM, class MM>
 __device__ __forceinline__ void apply_mods(float (&c)[4], const SM& sm, const MM& mm, float scale, int b, int h,
                                            int row0, int col0, int lane, bool use_mask, bool check_bounds, int L,
                                            int S) {
@@ -134,12 +133,7 @@ __device__ __forceinline__ void apply_mods(float (&c)[4], const SM& sm, const MM
     const int q = kTransposed ? col : row, kv = kTransposed ? row : col;
     const bool in = !check_bounds || (q < L && kv < S);
     float x = -INFINITY;
-    if (in && (!use_mask || mm(b, h, q, kv))) {
-      if constexpr (kScore)
-        x = sm(c[i] * scale, b, h, q, kv);
-      else
-        x = c[i];
-    }
+    if (in && (!use_mask || mm(b, h, q, kv))) x = sm(c[i] * scale, b, h, q, kv);
     c[i] = x;
   }
 }
