@@ -103,11 +103,13 @@ struct Grads {
 // `backend`: the CUDA kernels required to run it (FlexOptions::backend).
 template <class SM, class MM>
 Grads run_flex(const Tensor& q, const Tensor& k, const Tensor& v, SM sm, const BlockMask<MM>& bm, const Tensor& dout,
-               const Tensor& dlse, const Tensor& bias, FlexBackend backend = FlexBackend::automatic) {
+               const Tensor& dlse, const Tensor& bias, FlexBackend backend = FlexBackend::automatic,
+               std::optional<double> scale = std::nullopt) {
   Tensor qg = q.detach().requires_grad_(), kg = k.detach().requires_grad_(), vg = v.detach().requires_grad_();
   FlexOptions o;
   o.return_lse = true;
   o.backend = backend;
+  o.scale = scale;
   Tensor bg;
   if (bias.defined()) o.bias = bg = bias.detach().requires_grad_();
   FlexResult r = flex_attention(qg, kg, vg, sm, bm, o);
@@ -576,10 +578,12 @@ FlexBackend backend_for(const Tensor& q, const Tensor& k, const Tensor& v, int64
 // mean |golden − gpu| ≤ 1.1 × mean |golden − cpu| + 2e-3 × mean |golden|; rows the mask empties
 // give dq = 0 and lse = −inf; two GPU runs give bitwise equal dq / dk / dv. host_mm evaluates on
 // the CPU, dev_mm is the same mask with device pointers. strided: q/k/v are [B, L, H, E] storage
-// viewed as [B, H, L, E]. Returns the number of empty (b, h, row) rows.
+// viewed as [B, H, L, E]. scale: the softmax scale (default 1/√E). Returns the number of empty
+// (b, h, row) rows.
 template <class MM>
 int64_t check_backward_mma(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t E, int64_t block, DType dt,
-                        MM host_mm, MM dev_mm, bool strided, uint64_t seed) {
+                        MM host_mm, MM dev_mm, bool strided, uint64_t seed,
+                        std::optional<double> scale = std::nullopt) {
   SCOPED_TRACE(testing::Message() << "B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " L=" << L << " S=" << S
                                   << " E=" << E << " block=" << block << " " << dtype_name(dt)
                                   << (strided ? " strided" : ""));
@@ -596,15 +600,16 @@ int64_t check_backward_mma(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_
   auto bm = create_block_mask(host_mm, 1, 1, L, S, block, block);
   BlockMask<MM> gbm{dev_mm, bm.layout.to(gpu)};
 
-  Grads c = run_flex(q, k, v, NoScoreMod{}, bm, dout, dlse, Tensor());
+  Grads c = run_flex(q, k, v, NoScoreMod{}, bm, dout, dlse, Tensor(), FlexBackend::automatic, scale);
   auto on_gpu = [&] {
     const Tensor qd = input(gpu, qs), kd = input(gpu, ks), vd = input(gpu, vs);
-    Grads g = run_flex(qd, kd, vd, NoScoreMod{}, gbm, dout.to(gpu), dlse.to(gpu), Tensor(), backend_for(qd, kd, vd, block));
+    Grads g = run_flex(qd, kd, vd, NoScoreMod{}, gbm, dout.to(gpu), dlse.to(gpu), Tensor(),
+                       backend_for(qd, kd, vd, block), scale);
     return Grads{g.out.to(kCPU), g.lse.to(kCPU), g.dq.to(kCPU), g.dk.to(kCPU), g.dv.to(kCPU), {}};
   };
   Grads g = on_gpu(), g2 = on_gpu();
-  const double scale = 1.0 / std::sqrt(static_cast<double>(E));
-  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, host_mm, scale, dout, dlse);
+  ReferenceResult ref = reference_flex_attention(q, k, v, NoScoreMod{}, host_mm,
+                                                 scale.value_or(1.0 / std::sqrt(static_cast<double>(E))), dout, dlse);
 
   expect_close(g.out, ref.out, dt, "gpu out");
   expect_close(g.lse, ref.lse, DType::f32, "gpu lse");
@@ -785,6 +790,13 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   // wholly past S).
   check_backward_mma<Causal>(1, 2, 1, 300, 300, 128, 256, bf, {}, {}, false, 10);
   check_backward_mma<SlidingWindow>(1, 4, 2, 700, 700, 64, 256, hf, {200}, {200}, true, 11);
+  // Scales other than 1/√E, negative and zero included (the Hopper backward's identity path
+  // takes any scale into its exponent and applies it to dK and dQ at the end).
+  for (double sc : {0.3, -0.2, 0.0}) {
+    SCOPED_TRACE(testing::Message() << "scale=" << sc);
+    check_backward_mma<Causal>(1, 2, 1, 300, 300, 128, 128, bf, {}, {}, false, 12, sc);
+    check_backward_mma<SlidingWindow>(1, 2, 2, 257, 257, 64, 128, hf, {60}, {60}, false, 13, sc);
+  }
   // Causal documents with query rows that belong to no key document (their rows are empty):
   // documents of 150 tokens; queries 0..9 and 500..519 get ids no key has (and with L > S, the
   // queries of documents that start after the last key).

@@ -20,8 +20,9 @@
 //   A = its rows of the resident pair, B = the streamed pair: X = R0·S0ᵀ and dX = R1·S1ᵀ,
 //   i.e. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (dK/dV) or S = Q·Kᵀ and dP = dO·Vᵀ (dQ); then in registers
 //   P = exp(score_mod(scale·S) − lse) and dS = P ∘ (dP − delta) · dscore · scale (mask_mod on
-//   partial blocks, bounds on tiles crossing L or S; the identity score_mod with scale > 0 puts
-//   its scale into the exponent, so the mask and bounds only select), and accumulates with A
+//   partial blocks, bounds on tiles crossing L or S; the identity score_mod puts its scale into
+//   the exponent, with lse·log2 e precomputed per row, and leaves it out of dS: dK or dQ takes
+//   it once at the end; the mask and bounds then only select), and accumulates with A
 //   from registers and B = the streamed tiles read transposed: dV += Pᵀ·dO and dK += dSᵀ·Q, or
 //   dQ += dS·K. The accumulators (f32, 64 × E per warpgroup: two for dK/dV) are written once at
 //   the end.
@@ -34,12 +35,19 @@ namespace kiln::kernels::cuda::flex_wgmma {
 inline constexpr int kBwdRows = 128;  // resident rows per CTA (two warpgroups of 64)
 inline constexpr int kBwdStep = 64;   // streamed rows per step
 
+// What the backward keeps of a row's lse: with the identity score_mod the exponent base
+// lse·log2 e, +inf for a row that kept nothing (2^(x − inf) = 0 then); else lse itself.
+template <bool kIdentity> __device__ __forceinline__ float exp_base(float lse) {
+  if constexpr (kIdentity) return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  return lse;
+}
+
 template <int D> struct BwdSmem {
   static constexpr int kStages = 4;
   static constexpr int kResBytes = kBwdRows * D * 2;   // one resident tile
   static constexpr int kStrBytes = kBwdStep * D * 2;   // one streamed tile
   static constexpr int kStage0 = 2 * kResBytes;        // stage s: two streamed tiles at kStage0 + 2·s·kStrBytes
-  static constexpr int kStats = kStage0 + 2 * kStages * kStrBytes;  // [kStages][2][kBwdStep] f32: lse, delta
+  static constexpr int kStats = kStage0 + 2 * kStages * kStrBytes;  // [kStages][2][kBwdStep] f32: exp_base(lse), delta
   static constexpr int kBar = kStats + kStages * 2 * kBwdStep * 4;  // res_full, full[S], empty[S]
   static constexpr int kBytes = kBar + (1 + 2 * kStages) * 8 + 1024;
 };
@@ -58,8 +66,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
   extern __shared__ unsigned char bwd_wgmma_smem[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(bwd_wgmma_smem) + 1023) & ~static_cast<uintptr_t>(1023));
+  // Aligned by an offset from the shared array itself (not through an integer), so the compiler
+  // keeps the shared state space and reads the per-step stats with LDS.
+  unsigned char* smem = bwd_wgmma_smem + ((1024 - (wg::smem_u32(bwd_wgmma_smem) & 1023)) & 1023);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
   uint64_t* res_full = bars;
   uint64_t* full = bars + 1;
@@ -124,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
         for (int x = lane; x < kBwdStep; x += 32) {
           const int64_t i = start + x;
-          stat[x] = i < p.L ? p.lse[o + i] : -INFINITY;
+          stat[x] = exp_base<kIdentity>(i < p.L ? p.lse[o + i] : -INFINITY);
           stat[kBwdStep + x] = i < p.L ? p.delta[o + i] : 0.0f;
         }
         wg::mbar_arrive(full + stage);  // release: the stores above are visible to the waiters
@@ -150,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     for (int r = 0; r < 2; ++r) {
       const int i = wrow + g + 8 * r;
       const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L + i;
-      row_lse[r] = i < L ? p.lse[o] : -INFINITY;
+      row_lse[r] = exp_base<kIdentity>(i < L ? p.lse[o] : -INFINITY);
       row_delta[r] = i < L ? p.delta[o] : 0.0f;
     }
   }
@@ -190,26 +199,34 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     const float* st_lse = stats + stage * 2 * kBwdStep;
     const float* st_delta = st_lse + kBwdStep;
     // Which elements count: all of a full in-range tile.
-    const uint32_t kept = partial || bounds
+    const bool full_tile = !(partial || bounds);  // the same for the whole CTA
+    const uint32_t kept = !full_tile
                               ? flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane)
                               : 0xffffffffu;
-    if (kIdentity && p.scale > 0.0f) {
-      // The identity score_mod: the scale goes into the exponent; the mask and bounds, where
-      // needed, only select (P = dS = 0 where not kept).
+    if constexpr (kIdentity) {
+      // The identity score_mod: P = 2^(S·scale·log2 e − base) with base = lse·log2 e from the
+      // stats (+inf for a row that kept nothing: P = 0); dS without its factor scale, which
+      // multiplies the accumulator once at the end. The mask and bounds, where a tile needs
+      // them, only select.
       const float mul = p.scale * kLog2e;
+      auto elements = [&]<bool kMasked>() {
 #pragma unroll
-      for (int j = 0; j < kNt; ++j)
+        for (int j = 0; j < kNt; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int col = 8 * j + 2 * t4 + (r & 1);
-          const float lse = KV_SIDE ? st_lse[col] : row_lse[r >> 1];
-          const float delta = KV_SIDE ? st_delta[col] : row_delta[r >> 1];
-          const float base = lse == -INFINITY ? INFINITY : lse * kLog2e;  // a row that kept nothing: P = 0
-          const bool keep = (kept >> (j * 4 + r)) & 1u;
-          const float pv = keep ? fast_exp2(fmaf(x[j][r], mul, -base)) : 0.0f;
-          x[j][r] = pv;
-          dx[j][r] = keep ? pv * (dx[j][r] - delta) * p.scale : 0.0f;
-        }
+          for (int r = 0; r < 4; ++r) {
+            const int col = 8 * j + 2 * t4 + (r & 1);
+            const float base = KV_SIDE ? st_lse[col] : row_lse[r >> 1];
+            const float delta = KV_SIDE ? st_delta[col] : row_delta[r >> 1];
+            float pv = fast_exp2(fmaf(x[j][r], mul, -base));
+            if constexpr (kMasked) pv = (kept >> (j * 4 + r)) & 1u ? pv : 0.0f;
+            x[j][r] = pv;
+            dx[j][r] = pv * (dx[j][r] - delta);
+          }
+      };
+      if (full_tile)
+        elements.template operator()<false>();
+      else
+        elements.template operator()<true>();
     } else {
 #pragma unroll
       for (int j = 0; j < kNt; ++j)
@@ -314,6 +331,13 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     accumulate_now(prev);  // the last step's
   }
 
+  // The identity path left the factor scale out of dS: dK (or dQ) takes it once here.
+  if constexpr (kIdentity) {
+#pragma unroll
+    for (int j = 0; j < kAt; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc0[j][r] *= p.scale;
+  }
   // Write the accumulators once (rows past the resident length skipped).
   if constexpr (KV_SIDE) {
     const int64_t o = (static_cast<int64_t>(b) * p.Hkv + head) * p.S * D;
