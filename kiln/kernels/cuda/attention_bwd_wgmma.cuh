@@ -38,7 +38,7 @@ inline constexpr int kBwdStep = 64;   // streamed rows per step
 // What the backward keeps of a row's lse: with the identity score_mod the exponent base
 // lse·log2 e, +inf for a row that kept nothing (2^(x − inf) = 0 then); else lse itself.
 template <bool kIdentity> __device__ __forceinline__ float exp_base(float lse) {
-  if constexpr (kIdentity) return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  if constexpr (kIdentity) return lse == -INFINITY ? INFINITY : lse * kLog2e;
   return lse;
 }
 
@@ -63,12 +63,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   using Smem = BwdSmem<D>;
   constexpr int kStages = Smem::kStages;
   constexpr int kGroups = D / 64;
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
   extern __shared__ unsigned char bwd_wgmma_smem[];
-  // Aligned by an offset from the shared array itself (not through an integer), so the compiler
-  // keeps the shared state space and reads the per-step stats with LDS.
-  unsigned char* smem = bwd_wgmma_smem + ((1024 - (wg::smem_u32(bwd_wgmma_smem) & 1023)) & 1023);
+  unsigned char* smem = wg::align_1024(bwd_wgmma_smem);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
   uint64_t* res_full = bars;
   uint64_t* full = bars + 1;
@@ -152,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   const bool res_tail = row0 + kBwdRows > res_len;
   constexpr int kNt = kBwdStep / 8, kAt = D / 8;
 
-  // dQ: lse and delta of this thread's two rows (g, g + 8) are fixed for the whole walk.
+  // dQ: exp_base(lse) and delta of this thread's two rows (g, g + 8), fixed for the whole walk.
   float row_lse[2] = {0.0f, 0.0f}, row_delta[2] = {0.0f, 0.0f};
   if constexpr (!KV_SIDE) {
 #pragma unroll

@@ -97,7 +97,6 @@ __global__ void __launch_bounds__(kFwdThreads, fwd_min_blocks<D, MT>()) flex_fwd
   float m[MT][2], l[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
-  constexpr float kLog2e = 1.4426950408889634f;
   const int wrow = 16 * MT * warp;  // the warp's first row within the CTA tile
   const int row0 = static_cast<int>(q0) + wrow;
   const bool q_tail = q0 + kBM > p.L;

@@ -99,8 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStages = Smem::kStages;
   constexpr int kGroups = D / 64;  // 64-column groups of a row (one TMA box each)
   extern __shared__ unsigned char fwd_wgmma_smem[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(fwd_wgmma_smem) + 1023) & ~static_cast<uintptr_t>(1023));
+  unsigned char* smem = wg::align_1024(fwd_wgmma_smem);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
   uint64_t* q_full = bars;
   uint64_t* q_empty = bars + 1;
@@ -154,7 +153,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, t4 = lane & 3;
   const int L = static_cast<int>(p.L), S = static_cast<int>(p.S);
   const uint32_t q_base = wg::smem_u32(smem) + wgi * 64 * 128;
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr int kNt = kBN / 8, kOt = D / 8;
   constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
   uint32_t it = 0, tc = 0;

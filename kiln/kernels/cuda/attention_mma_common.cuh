@@ -28,6 +28,9 @@ namespace kiln::kernels::cuda::flex_mma {
 
 using namespace ::kiln::kernels::cuda::mma;
 
+// log2 e: the tensor-core kernels take exp(x) as 2^(x·kLog2e) (exp2 on the special-function unit).
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 // kiln's storage types → the CUDA types of the mma (same bits); void for unsupported ones.
 template <class T> struct CudaType { using type = void; };
 template <> struct CudaType<BFloat16> { using type = __nv_bfloat16; };

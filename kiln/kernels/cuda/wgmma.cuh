@@ -151,6 +151,12 @@ template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
 
 // ---- mbarriers (shared-memory 64-bit barriers with a phase bit and a transaction count) ----
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// The first 1024-byte-aligned byte of a dynamic shared buffer (swizzled tiles need it; the
+// caller allocates 1023 bytes more). An offset from the array itself, not an integer round
+// trip, so the compiler keeps the shared state space and reads through it with LDS.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* smem) {
+  return smem + ((1024 - (smem_u32(smem) & 1023)) & 1023);
+}
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
