@@ -61,11 +61,15 @@ struct Causal {  // q_idx >= kv_idx
 };
 struct SlidingWindow {  // causal, and at most `window` tokens back (the query included)
   int window = 256;
-  KILN_HD bool operator()(int, int, int q, int kv) const { return q >= kv && q - kv < window; }
+  // 0 <= q − kv < window as one unsigned compare (q − kv cannot overflow: indices are
+  // non-negative ints); a window <= 0 keeps nothing.
+  KILN_HD bool operator()(int, int, int q, int kv) const {
+    return static_cast<unsigned>(q - kv) < static_cast<unsigned>(window > 0 ? window : 0);
+  }
 };
 struct PrefixLM {  // the first `prefix` tokens are seen by everyone; causal after
   int prefix = 0;
-  KILN_HD bool operator()(int, int, int q, int kv) const { return kv < prefix || q >= kv; }
+  KILN_HD bool operator()(int, int, int q, int kv) const { return (kv < prefix) | (q >= kv); }
 };
 // Packed documents: keeps pairs in the same document (ids per position, int32, q and kv side;
 // the same pointer when L == S). Combine with Causal via and_masks for causal packing.

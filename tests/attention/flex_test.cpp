@@ -190,6 +190,22 @@ void check_builder(MM mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t 
   EXPECT_LE(l.nbytes(), 4 * 8 * Bm * Hm * (nq + 1) * (nk + 1));
 }
 
+// The mask functors against their definitions (they are written branch-free for the kernels).
+TEST(BlockMask, MaskModsMatchTheirDefinitions) {
+  for (int w : {-3, 0, 1, 2, 256}) {
+    const SlidingWindow m{w};
+    for (int q = 0; q < 300; q += 7)
+      for (int kv = 0; kv < 300; kv += 5) ASSERT_EQ(m(0, 0, q, kv), q >= kv && q - kv < w) << w << " " << q << " " << kv;
+    EXPECT_EQ(m(0, 0, 2147483647, 0), w > 0 && 2147483647 < w);
+    EXPECT_EQ(m(0, 0, 0, 2147483647), false);
+  }
+  for (int n : {0, 10}) {
+    const PrefixLM m{n};
+    for (int q = 0; q < 40; ++q)
+      for (int kv = 0; kv < 40; ++kv) ASSERT_EQ(m(0, 0, q, kv), kv < n || q >= kv);
+  }
+}
+
 TEST(BlockMask, BuilderMatchesElementMask) {
   std::vector<int32_t> docs(300);
   for (size_t i = 0; i < docs.size(); ++i) docs[i] = static_cast<int32_t>(i < 40 ? 0 : (i < 41 ? 1 : (i < 170 ? 2 : 3)));

@@ -59,7 +59,7 @@ struct BwdMaps {
 
 template <class T, int D, bool KV_SIDE, class SM, class MM>
 __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __grid_constant__ BwdMaps maps, FlexParams p,
-                                                                     SM sm, MM mm) {
+                                                                     SM sm, MM mm, bool heads_fastest) {
   using Smem = BwdSmem<D>;
   constexpr int kStages = Smem::kStages;
   constexpr int kGroups = D / 64;
@@ -73,13 +73,19 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   const float* stats = reinterpret_cast<const float*>(smem + Smem::kStats);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int b = blockIdx.z;
+  // The grid is one line of (row tile, b, head). Causal masks make the first KV tiles (dK/dV)
+  // and the last Q tiles (dQ) the heaviest, so the dQ pass walks its tiles backwards and each
+  // (b, head) starts with its heaviest. heads_fastest (when one head's tiles do not fill the
+  // GPU): the line runs over the heads first, so every head's heaviest tiles start in the first
+  // wave and the last wave holds the lightest (head-major order left the last head's heaviest
+  // tiles for the end). Else head-major: the CTAs running together share one head's streamed
+  // rows in L2. dK/dV: `head` is the kv head, the walk covers its G query heads; dQ: the q head.
   const int64_t G = p.Hq / p.Hkv;
-  // dK/dV: blockIdx.y is the kv head, the walk covers its G query heads; dQ: the q head.
-  const int head = blockIdx.y;
-  // First resident row. Heaviest tiles first under causal masks: the first KV tiles (dK/dV)
-  // and the last Q tiles (dQ) see the most blocks, so the dQ pass walks its grid backwards.
-  const int64_t row0 = static_cast<int64_t>(KV_SIDE ? blockIdx.x : gridDim.x - 1 - blockIdx.x) * kBwdRows;
+  const int64_t n_res_heads = KV_SIDE ? p.Hkv : p.Hq, n_bh = n_res_heads * p.B, n_row_tiles = gridDim.x / n_bh;
+  const int64_t bh = heads_fastest ? blockIdx.x % n_bh : blockIdx.x / n_row_tiles;
+  const int64_t order = heads_fastest ? blockIdx.x / n_bh : blockIdx.x % n_row_tiles;
+  const int head = static_cast<int>(bh % n_res_heads), b = static_cast<int>(bh / n_res_heads);
+  const int64_t row0 = (KV_SIDE ? order : n_row_tiles - 1 - order) * kBwdRows;  // first resident row
   const int64_t h0 = KV_SIDE ? head * G : head, n_heads = KV_SIDE ? G : 1;
   const int64_t blk = KV_SIDE ? row0 / p.KB : mask_row(p, b, head) * p.nQ + row0 / p.QB;
   const int64_t limit = KV_SIDE ? p.L : p.S;                 // streamed rows end here
@@ -198,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     // Which elements count: all of a full in-range tile.
     const bool full_tile = !(partial || bounds);  // the same for the whole CTA
     const uint32_t kept = !full_tile
-                              ? flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, b, h, wrow, start, lane)
+                              ? flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, bounds, b, h, wrow, start, lane)
                               : 0xffffffffu;
     if constexpr (kIdentity) {
       // The identity score_mod: P = 2^(S·scale·log2 e − base) with base = lse·log2 e from the
@@ -356,9 +362,10 @@ void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, co
   constexpr int smem = BwdSmem<D>::kBytes;
   set_smem(kernel, smem);
   const int64_t rows = KV_SIDE ? p.S : p.L;
-  const dim3 grid(static_cast<unsigned>((rows + kBwdRows - 1) / kBwdRows), static_cast<unsigned>(KV_SIDE ? p.Hkv : p.Hq),
-                  static_cast<unsigned>(p.B));
-  kernel<<<grid, kThreads, smem, st>>>(maps, p, sm, mm);
+  const int64_t row_tiles = (rows + kBwdRows - 1) / kBwdRows;
+  const int64_t ctas = row_tiles * (KV_SIDE ? p.Hkv : p.Hq) * p.B;  // < 2^31 (checked by the caller)
+  const bool heads_fastest = row_tiles < current_context().sm_count;
+  kernel<<<dim3(static_cast<unsigned>(ctas)), kThreads, smem, st>>>(maps, p, sm, mm, heads_fastest);
   KILN_CUDA_CHECK_LAUNCH("flex_bwd_wgmma_kernel");
 }
 
@@ -389,7 +396,8 @@ bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaSt
     if (!mma_layout_ok(p, kBwdRows, kBwdRows) || p.L <= 0 || p.S <= 0) return false;
     namespace bwd = flex_mma::bwd;
     if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
-        !bwd::aligned16(p.dv) || p.B * p.Hq * p.L >= (int64_t{1} << 31))
+        !bwd::aligned16(p.dv) || p.B * p.Hq * p.L >= (int64_t{1} << 31) ||
+        (p.S + kBwdRows - 1) / kBwdRows * p.Hkv * p.B >= (int64_t{1} << 31))  // the dK/dV grid
       return false;
     BwdMaps kv_side, q_side;
     auto run = [&]<int D>() {

@@ -142,12 +142,13 @@ __global__ void __launch_bounds__(kFwdThreads, fwd_min_blocks<D, MT>()) flex_fwd
       }
 
       // Mods (mask only on partial blocks, bounds only on tiles crossing L or S).
+      with_mask_flags(use_mask, bounds, [&]<bool kMask, bool kBounds>() {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < kNt; ++j)
-          apply_mods<false>(sc[mt][j], sm, mm, p.scale, b, h, row0 + 16 * mt, kv0 + 8 * j, lane, use_mask, bounds,
-                            L, S);
+          for (int j = 0; j < kNt; ++j)
+            apply_mods<kMask, kBounds, true>(sc[mt][j], sm, mm, p.scale, b, h, row0 + 16 * mt, kv0 + 8 * j, lane, L, S);
+      });
 
       // A chunk that masks every pair of this warp's rows changes nothing (m, l and O stay):
       // skip its softmax and P·V (warp-uniform).

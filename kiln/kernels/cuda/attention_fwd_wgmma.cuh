@@ -186,18 +186,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the tile crosses L or S. The identity score_mod needs no mod: its scale goes into the
     // exponent (scale > 0 keeps the row max where it is), and only the mask and bounds, if any,
     // are applied.
-    auto softmax = [&](int s) {
-      const int kv_tile = static_cast<int>(steps.kv0(p, s));
+    // kv_tile: the first key of step s (steps.kv0, a load from the block list), read before the
+    // step's S is issued so that the load runs under the mma.
+    auto softmax = [&](int s, int kv_tile) {
       const bool use_mask = s < steps.n_part, bounds = q_tail || kv_tile + kBN > S;
       const bool fast = kIdentity && p.scale > 0.0f;
-      if (!fast || use_mask || bounds) {
-        // fast: the identity at scale 1 only masks (kept elements stay the raw dot products).
-        const float mod_scale = fast ? 1.0f : p.scale;
+      // kScore: score_mod(scale · x); without it (fast) the elements kept stay raw dot products.
+      auto mods = [&](auto score) {
+        with_mask_flags(use_mask, bounds, [&]<bool kMask, bool kBounds>() {
 #pragma unroll
-        for (int j = 0; j < kNt; ++j)
-          apply_mods<false>(sc[j], sm, mm, mod_scale, tile.b, tile.h, row0, kv_tile + 8 * j, lane, use_mask, bounds,
-                            L, S);
-      }
+          for (int j = 0; j < kNt; ++j)
+            apply_mods<kMask, kBounds, decltype(score)::value>(sc[j], sm, mm, p.scale, tile.b, tile.h, row0,
+                                                               kv_tile + 8 * j, lane, L, S);
+        });
+      };
+      if (!fast)
+        mods(std::true_type{});
+      else if (use_mask || bounds)
+        mods(std::false_type{});
       const float mul = fast ? p.scale * kLog2e : kLog2e;  // exponent = x·mul − m·kLog2e
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -234,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (steps.n > 0) {
       // Step 0: S, softmax, nothing to overlap with yet.
       uint32_t stage_prev = it % kStages;
+      const int kv_tile0 = static_cast<int>(steps.kv0(p, 0));
       wg::mbar_wait(kv_full + stage_prev, (it / kStages) & 1);
       wg::fence_operands(sc);
       wg::fence();
@@ -242,13 +249,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::wait<0>();
       wg::fence_operands(sc);
       if (steps.n == 1 && lane == 0) wg::mbar_arrive(q_empty);
-      softmax(0);
+      softmax(0, kv_tile0);
       rescale_and_pack();
       ++it;
       // Steps 1 ..: issue S of step s and the previous step's O += P·V, so that the tensor cores
       // run P·V while this warpgroup does the softmax of S.
       for (int s = 1; s < steps.n; ++s, ++it) {
         const uint32_t stage = it % kStages;
+        const int kv_tile = static_cast<int>(steps.kv0(p, s));
         wg::mbar_wait(kv_full + stage, (it / kStages) & 1);
         wg::fence_operands(sc);
         wg::fence_operands(o);
@@ -261,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::wait<1>();  // S landed; P·V may still run
         wg::fence_operands(sc);
         if (s == steps.n - 1 && lane == 0) wg::mbar_arrive(q_empty);  // Q is free for the next tile
-        softmax(s);
+        softmax(s, kv_tile);
         wg::wait<0>();  // the previous P·V is done: release its stage
         wg::fence_operands(o);
         wg::fence_operands(pa);

@@ -118,26 +118,56 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t 
   }
 }
 
-// score_mod + mask_mod + bounds on one m16n8 f32 accumulator fragment of raw dot products.
-// Non-transposed (S = Q·Kᵀ): rows are queries q0 + ..., columns keys kv0 + ...; kTransposed
-// (Sᵀ = K·Qᵀ, the dK/dV kernel): rows are keys, columns queries. On return c[i] is
-// score_mod(scale · dot) or -INFINITY where the pair is masked (mask_mod false, evaluated only
-// when `use_mask`: partial blocks) or out of range (q ≥ L or kv ≥ S, checked only when
-// `check_bounds`; the mods are never called out of range). (row0, col0) are the absolute
-// coordinates of the fragment's (0, 0).
-template <bool kTransposed, class SM, class MM>
+// Whether the pair (q, kv) is kept. kMask: mask_mod is evaluated (partial blocks); kBounds:
+// q < L and kv < S are checked (tiles crossing L or S), and q and kv are then clamped into range,
+// so the mods never see an index out of range (their answer there is discarded). Branch-free:
+// the parts combine with & (no short-circuit). On return q and kv are the indices the mods may
+// be called with.
+template <bool kMask, bool kBounds, class MM>
+__device__ __forceinline__ bool kept_pair(const MM& mm, int b, int h, int& q, int& kv, int L, int S) {
+  bool keep = true;
+  if constexpr (kBounds) {
+    keep = (q < L) & (kv < S);
+    q = min(q, L - 1);
+    kv = min(kv, S - 1);
+  }
+  if constexpr (kMask) keep = keep & mm(b, h, q, kv);
+  return keep;
+}
+
+// Calls f.template operator()<kMask, kBounds>() for the warp-uniform runtime flags, so that the
+// element code is compiled once per case with no per-element test.
+template <class F>
+__device__ __forceinline__ void with_mask_flags(bool use_mask, bool check_bounds, F&& f) {
+  if (use_mask) {
+    if (check_bounds)
+      f.template operator()<true, true>();
+    else
+      f.template operator()<true, false>();
+  } else if (check_bounds) {
+    f.template operator()<false, true>();
+  } else {
+    f.template operator()<false, false>();
+  }
+}
+
+// score_mod + mask_mod + bounds on one m16n8 f32 accumulator fragment of raw dot products
+// S = Q·Kᵀ (rows are queries, columns keys; (row0, col0) the absolute coordinates of the
+// fragment's (0, 0)). On return c[i] is score_mod(scale · dot), or -INFINITY where the pair is
+// masked (mask_mod false, evaluated when kMask: partial blocks) or out of range (q ≥ L or
+// kv ≥ S, checked when kBounds; see kept_pair). kScore = false (an identity score_mod whose
+// scale the caller folds into its exponent): kept elements stay the raw dot products.
+template <bool kMask, bool kBounds, bool kScore, class SM, class MM>
 __device__ __forceinline__ void apply_mods(float (&c)[4], const SM& sm, const MM& mm, float scale, int b, int h,
-                                           int row0, int col0, int lane, bool use_mask, bool check_bounds, int L,
-                                           int S) {
+                                           int row0, int col0, int lane, int L, int S) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int row = row0 + g + 8 * (i >> 1), col = col0 + 2 * t + (i & 1);
-    const int q = kTransposed ? col : row, kv = kTransposed ? row : col;
-    const bool in = !check_bounds || (q < L && kv < S);
-    float x = -INFINITY;
-    if (in && (!use_mask || mm(b, h, q, kv))) x = sm(c[i] * scale, b, h, q, kv);
-    c[i] = x;
+    int q = row0 + g + 8 * (i >> 1), kv = col0 + 2 * t + (i & 1);
+    const bool keep = kept_pair<kMask, kBounds>(mm, b, h, q, kv, L, S);
+    float x = c[i];
+    if constexpr (kScore) x = sm(x * scale, b, h, q, kv);
+    c[i] = keep ? x : -INFINITY;
   }
 }
 
