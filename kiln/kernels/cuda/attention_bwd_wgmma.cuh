@@ -15,7 +15,9 @@
 //   once, then per step the streamed pair: dK/dV: Q and dO of 64 queries, with their lse and
 //   delta stored by the producer warp's lanes; dQ: K and V of 64 keys) into kStages
 //   shared-memory stages handed over by mbarriers
-//   (wgmma.cuh; the forward's scheme, NOTE [flex forward wgmma]).
+//   (wgmma.cuh; the forward's scheme, NOTE [flex forward wgmma]). Only the producer walks the
+//   block lists: each stage carries its step (first row, head, pass) in a shared-memory slot,
+//   and a last stage without copies ends the walk, so the consumers never wait on a global load.
 // - Per step a consumer warpgroup computes two 64 × 64 products from shared memory,
 //   A = its rows of the resident pair, B = the streamed pair: X = R0·S0ᵀ and dX = R1·S1ᵀ,
 //   i.e. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (dK/dV) or S = Q·Kᵀ and dP = dO·Vᵀ (dQ); then in registers
@@ -34,6 +36,7 @@ namespace kiln::kernels::cuda::flex_wgmma {
 
 inline constexpr int kBwdRows = 128;  // resident rows per CTA (two warpgroups of 64)
 inline constexpr int kBwdStep = 64;   // streamed rows per step
+inline constexpr int32_t kWalkEnd = -1;  // a stage slot's meta after the walk's last step
 
 // What the backward keeps of a row's lse: with the identity score_mod the exponent base
 // lse·log2 e, +inf for a row that kept nothing (2^(x − inf) = 0 then); else lse itself.
@@ -49,7 +52,10 @@ template <int D> struct BwdSmem {
   static constexpr int kStage0 = 2 * kResBytes;        // stage s: two streamed tiles at kStage0 + 2·s·kStrBytes
   static constexpr int kStats = kStage0 + 2 * kStages * kStrBytes;  // [kStages][2][kBwdStep] f32: exp_base(lse), delta
   static constexpr int kBar = kStats + kStages * 2 * kBwdStep * 4;  // res_full, full[S], empty[S]
-  static constexpr int kBytes = kBar + (1 + 2 * kStages) * 8 + 1024;
+  // [kStages][2] int32 from the producer: the step's first streamed row and (head offset · 2 +
+  // partial-pass bit), or kWalkEnd after the walk's last step (published by full[s]).
+  static constexpr int kInfo = kBar + (1 + 2 * kStages) * 8;
+  static constexpr int kBytes = kInfo + kStages * 2 * 4 + 1024;
 };
 
 // The tensor maps of one pass: the resident pair and the streamed pair.
@@ -71,6 +77,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   uint64_t* full = bars + 1;
   uint64_t* empty = bars + 1 + kStages;
   const float* stats = reinterpret_cast<const float*>(smem + Smem::kStats);
+  int32_t* info = reinterpret_cast<int32_t*>(smem + Smem::kInfo);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // The grid is one line of (row tile, b, head). Causal masks make the first KV tiles (dK/dV)
@@ -115,13 +122,22 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
                         static_cast<int>(row0), head, b);
       }
     }
+    // The producer alone walks the block lists: each stage's slot tells the consumers its step,
+    // and one more stage with no copy (meta kWalkEnd) tells them the walk is over.
     flex_mma::bwd::Cursor cur;
     flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
-    for (uint32_t it = 0; cur.valid; ++it) {
+    for (uint32_t it = 0;; ++it) {
       const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
       wg::mbar_wait(empty + stage, phase ^ 1);
+      int32_t* slot = info + 2 * stage;
+      if (!cur.valid) {
+        if (lane == 0) slot[1] = kWalkEnd, wg::mbar_arrive(full + stage);
+        if constexpr (KV_SIDE) wg::mbar_arrive(full + stage);  // the 32 lanes' arrivals, as for a step
+        break;
+      }
       const int hs = str_head(cur.hi), start = static_cast<int>(cur.start);
       if (lane == 0) {
+        slot[0] = start, slot[1] = cur.hi * 2 + cur.pass;  // released by the arrive below
         wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
         unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
 #pragma unroll
@@ -286,52 +302,58 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     if (lane == 0) wg::mbar_arrive(empty + stage);
   };
 
+  // The step of a stage from the producer's slot (read after full[stage]); false: the walk is over.
+  auto read_step = [&](uint32_t stage, flex_mma::bwd::Cursor& c) {
+    const int32_t meta = info[2 * stage + 1];
+    c.start = info[2 * stage], c.hi = meta >> 1, c.pass = meta & 1;
+    return meta != kWalkEnd;
+  };
   wg::mbar_wait(res_full, 0);
   flex_mma::bwd::Cursor cur;
-  flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
   if constexpr (!kOverlap) {
     // One step after another (the dK/dV pass at E = 128: its 128 accumulator registers leave
     // no room for a second step's S and dP).
-    for (uint32_t it = 0; cur.valid; ++it) {
+    for (uint32_t it = 0;; ++it) {
       const uint32_t stage = it % kStages;
       wg::mbar_wait(full + stage, (it / kStages) & 1);
+      if (!read_step(stage, cur)) break;
       products_now(stage);
       gradients(cur, stage);
       pack();
       accumulate_now(stage);
-      flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
     }
-  } else if (cur.valid) {
-    // Step 0 (nothing to overlap with yet).
-    uint32_t prev = 0;
-    wg::mbar_wait(full + prev, 0);
-    products_now(prev);
-    gradients(cur, prev);
-    pack();
-    flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
-    // Steps 1 ..: the previous step's accumulating products run on the tensor cores while this
-    // warpgroup computes P and dS of the current step.
-    for (uint32_t it = 1; cur.valid; ++it) {
-      const uint32_t stage = it % kStages;
-      wg::mbar_wait(full + stage, (it / kStages) & 1);
-      fence_all();
-      wg::fence();
-      issue_products(stage_base(stage));
-      wg::commit();
-      issue_accumulate(stage_base(prev));
-      wg::commit();
-      wg::wait<1>();          // the products landed; the accumulation may still run
-      wg::fence_operands(x);  // only these: the accumulators may still be in flight
-      wg::fence_operands(dx);
-      gradients(cur, stage);
-      wg::wait<0>();
-      fence_all();
-      if (lane == 0) wg::mbar_arrive(empty + prev);
+  } else {
+    wg::mbar_wait(full + 0, 0);
+    if (read_step(0, cur)) {
+      // Step 0 (nothing to overlap with yet).
+      uint32_t prev = 0;
+      products_now(prev);
+      gradients(cur, prev);
       pack();
-      prev = stage;
-      flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+      // Steps 1 ..: the previous step's accumulating products run on the tensor cores while
+      // this warpgroup computes P and dS of the current step.
+      for (uint32_t it = 1;; ++it) {
+        const uint32_t stage = it % kStages;
+        wg::mbar_wait(full + stage, (it / kStages) & 1);
+        if (!read_step(stage, cur)) break;
+        fence_all();
+        wg::fence();
+        issue_products(stage_base(stage));
+        wg::commit();
+        issue_accumulate(stage_base(prev));
+        wg::commit();
+        wg::wait<1>();          // the products landed; the accumulation may still run
+        wg::fence_operands(x);  // only these: the accumulators may still be in flight
+        wg::fence_operands(dx);
+        gradients(cur, stage);
+        wg::wait<0>();
+        fence_all();
+        if (lane == 0) wg::mbar_arrive(empty + prev);
+        pack();
+        prev = stage;
+      }
+      accumulate_now(prev);  // the last step's
     }
-    accumulate_now(prev);  // the last step's
   }
 
   // The identity path left the factor scale out of dS: dK (or dQ) takes it once here.

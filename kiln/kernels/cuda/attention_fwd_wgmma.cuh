@@ -16,7 +16,9 @@
 //   them. The producer runs ahead by kStages sub-tiles and loads the next tile's Q as soon as
 //   the last S of the current tile is computed, so copies overlap the math across tiles too.
 //   The two consumer warpgroups only meet at the buffers, so one's softmax overlaps the other's
-//   mma.
+//   mma. The producer alone reads the block lists: it leaves each tile's step counts and each
+//   stage's first key in shared memory, published by the same barriers (q_full, kv_full[s]),
+//   so the consumers never wait on a global load before their stores.
 // - Per sub-tile a consumer warpgroup computes S = Q·Kᵀ (64 × 128, D / 16 wgmma from shared
 //   memory), applies score_mod (and mask_mod on partial blocks, bounds where the tile crosses L
 //   or S; the identity score_mod with scale > 0 puts its scale into the exponent, so the mask
@@ -62,7 +64,10 @@ template <int D> struct FwdSmem {
   static constexpr int kKVBytes = kBN * D * 2;  // one of K, V
   static constexpr int kK = kQBytes;            // stage s: K at kK + 2·s·kKVBytes, V right after
   static constexpr int kBar = kK + 2 * kStages * kKVBytes;
-  static constexpr int kBytes = kBar + (2 + 2 * kStages) * 8 + 1024;  // + slack to align the base
+  // int32 written by the producer for the consumers: the tile's n_part and n (published by
+  // q_full), then each stage's first key (published by kv_full[s]).
+  static constexpr int kInfo = kBar + (2 + 2 * kStages) * 8;
+  static constexpr int kBytes = kInfo + (2 + kStages) * 4 + 1024;  // + slack to align the base
 };
 
 // The tile of linear index t: (b, h, first query row), heaviest query tiles first.
@@ -105,6 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* q_empty = bars + 1;
   uint64_t* kv_full = bars + 2;
   uint64_t* kv_empty = bars + 2 + kStages;
+  int32_t* info = reinterpret_cast<int32_t*>(smem + Smem::kInfo);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
@@ -128,6 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const KvSteps<kBN> steps(p, tile.b, tile.h, tile.q0);
       const int hk = static_cast<int>(tile.h / group);
       wg::mbar_wait(q_empty, (tc & 1) ^ 1);
+      info[0] = steps.n_part, info[1] = steps.n;  // released to the consumers by the arrive
       wg::mbar_arrive_expect_tx(q_full, Smem::kQBytes);
 #pragma unroll
       for (int g = 0; g < kGroups; ++g)
@@ -135,8 +142,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int s = 0; s < steps.n; ++s, ++it) {
         const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
         wg::mbar_wait(kv_empty + stage, phase ^ 1);
-        wg::mbar_arrive_expect_tx(kv_full + stage, 2 * Smem::kKVBytes);
         const int kv0 = static_cast<int>(steps.kv0(p, s));
+        info[2 + stage] = kv0;  // released to the consumers by the arrive
+        wg::mbar_arrive_expect_tx(kv_full + stage, 2 * Smem::kKVBytes);
         unsigned char* sk = smem + Smem::kK + stage * 2 * Smem::kKVBytes;
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
@@ -158,7 +166,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t it = 0, tc = 0;
   for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x, ++tc) {
     const FwdTile tile = fwd_tile(p, t, n_qtiles);
-    const KvSteps<kBN> steps(p, tile.b, tile.h, tile.q0);
     const int row0 = static_cast<int>(tile.q0) + 64 * wgi + 16 * wq;
     const bool q_tail = tile.q0 + kBM > p.L;
     float o[kOt][4];
@@ -167,7 +174,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     wg::mbar_wait(q_full, tc & 1);
-    if (steps.n == 0 && lane == 0) wg::mbar_arrive(q_empty);
+    // The walk's length from the producer (it reads the block lists; the consumers never touch
+    // global memory before the store).
+    const int n_part = info[0], n_steps = info[1];
+    if (n_steps == 0 && lane == 0) wg::mbar_arrive(q_empty);
     float sc[kNt][4];              // S of this step, then its P in f32
     uint32_t pa[kBN / 16][4];      // P of the previous step, 16-bit, as A fragments
     float alpha[2], sum[2];
@@ -186,10 +196,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the tile crosses L or S. The identity score_mod needs no mod: its scale goes into the
     // exponent (scale > 0 keeps the row max where it is), and only the mask and bounds, if any,
     // are applied.
-    // kv_tile: the first key of step s (steps.kv0, a load from the block list), read before the
-    // step's S is issued so that the load runs under the mma.
+    // kv_tile: the first key of step s, from the producer's slot of its stage.
     auto softmax = [&](int s, int kv_tile) {
-      const bool use_mask = s < steps.n_part, bounds = q_tail || kv_tile + kBN > S;
+      const bool use_mask = s < n_part, bounds = q_tail || kv_tile + kBN > S;
       const bool fast = kIdentity && p.scale > 0.0f;
       // kScore: score_mod(scale · x); without it (fast) the elements kept stay raw dot products.
       auto mods = [&](auto score) {
@@ -237,27 +246,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto k_of = [&](uint32_t stage) { return wg::smem_u32(smem + Smem::kK + stage * 2 * Smem::kKVBytes); };
 
-    if (steps.n > 0) {
+    if (n_steps > 0) {
       // Step 0: S, softmax, nothing to overlap with yet.
       uint32_t stage_prev = it % kStages;
-      const int kv_tile0 = static_cast<int>(steps.kv0(p, 0));
       wg::mbar_wait(kv_full + stage_prev, (it / kStages) & 1);
+      const int kv_tile0 = info[2 + stage_prev];
       wg::fence_operands(sc);
       wg::fence();
       issue_s(k_of(stage_prev));
       wg::commit();
       wg::wait<0>();
       wg::fence_operands(sc);
-      if (steps.n == 1 && lane == 0) wg::mbar_arrive(q_empty);
+      if (n_steps == 1 && lane == 0) wg::mbar_arrive(q_empty);
       softmax(0, kv_tile0);
       rescale_and_pack();
       ++it;
       // Steps 1 ..: issue S of step s and the previous step's O += P·V, so that the tensor cores
       // run P·V while this warpgroup does the softmax of S.
-      for (int s = 1; s < steps.n; ++s, ++it) {
+      for (int s = 1; s < n_steps; ++s, ++it) {
         const uint32_t stage = it % kStages;
-        const int kv_tile = static_cast<int>(steps.kv0(p, s));
         wg::mbar_wait(kv_full + stage, (it / kStages) & 1);
+        const int kv_tile = info[2 + stage];
         wg::fence_operands(sc);
         wg::fence_operands(o);
         wg::fence_operands(pa);
@@ -268,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::commit();
         wg::wait<1>();  // S landed; P·V may still run
         wg::fence_operands(sc);
-        if (s == steps.n - 1 && lane == 0) wg::mbar_arrive(q_empty);  // Q is free for the next tile
+        if (s == n_steps - 1 && lane == 0) wg::mbar_arrive(q_empty);  // Q is free for the next tile
         softmax(s, kv_tile);
         wg::wait<0>();  // the previous P·V is done: release its stage
         wg::fence_operands(o);
