@@ -195,7 +195,8 @@ TEST(BlockMask, MaskModsMatchTheirDefinitions) {
   for (int w : {-3, 0, 1, 2, 256}) {
     const SlidingWindow m{w};
     for (int q = 0; q < 300; q += 7)
-      for (int kv = 0; kv < 300; kv += 5) ASSERT_EQ(m(0, 0, q, kv), q >= kv && q - kv < w) << w << " " << q << " " << kv;
+      for (int kv = 0; kv < 300; kv += 5)
+        ASSERT_EQ(m(0, 0, q, kv), q >= kv && q - kv < w) << w << " " << q << " " << kv;
     EXPECT_EQ(m(0, 0, 2147483647, 0), w > 0 && 2147483647 < w);
     EXPECT_EQ(m(0, 0, 0, 2147483647), false);
   }

@@ -79,25 +79,35 @@ __device__ __forceinline__ void advance(const FlexParams& p, int64_t b, int64_t 
   }
 }
 
-// Which elements of a warp's 16 × N fragment block are kept (mask_mod true where `partial`, in
-// bounds where `bounds`; kept_pair): bit 4·nf + r for c[nf][r]. ROWS_ARE_Q: rows are queries (S),
-// else keys (Sᵀ). N ≤ 64, so one 32-bit word holds the warp-lane's N / 2 elements.
-template <int N, bool ROWS_ARE_Q, class MM>
+// Which elements of a warp's 16 × N fragment block are kept (in bounds and, where `partial`,
+// mask_mod true; kept_pair): bit 4·nf + r for c[nf][r]. ROWS_ARE_Q: rows are queries (S), else
+// keys (Sᵀ). N ≤ 64, so one 32-bit word holds the warp-lane's N / 2 elements. kPerCase: the
+// element code compiled once per (mask, bounds) case (bounds checked only where `bounds`):
+// faster where masked tiles are many (the identity score_mod's lean step: window and document
+// masks 2–4 % faster on the H200), but beside the generic step's mods the copies spilled
+// (38–50 bytes with softcap); else one code path with the bounds always checked.
+template <int N, bool ROWS_ARE_Q, bool kPerCase = false, class MM>
 __device__ __forceinline__ uint32_t kept_bits(const FlexParams& p, const MM& mm, bool partial, bool bounds, int b,
                                               int h, int row0, int col0, int lane) {
   static_assert(N / 2 <= 32, "one bit per fragment element");
   const int g = lane >> 2, t = lane & 3, L = static_cast<int>(p.L), S = static_cast<int>(p.S);
   uint32_t bits = 0;
-  with_mask_flags(partial, bounds, [&]<bool kMask, bool kBounds>() {
+  auto each = [&]<bool kMask, bool kBounds>() {
 #pragma unroll
     for (int nf = 0; nf < N / 8; ++nf)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row = row0 + g + (r >> 1) * 8, col = col0 + nf * 8 + 2 * t + (r & 1);
         int i = ROWS_ARE_Q ? row : col, j = ROWS_ARE_Q ? col : row;
-        bits |= static_cast<uint32_t>(kept_pair<kMask, kBounds>(mm, b, h, i, j, L, S)) << (nf * 4 + r);
+        bool keep = kept_pair<kMask, kBounds>(mm, b, h, i, j, L, S);
+        if (!kPerCase && partial) keep = keep & mm(b, h, i, j);
+        bits |= static_cast<uint32_t>(keep) << (nf * 4 + r);
       }
-  });
+  };
+  if constexpr (kPerCase)
+    with_mask_flags(partial, bounds, each);
+  else
+    each.template operator()<false, true>();
   return bits;
 }
 
@@ -268,7 +278,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
     bool any = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      kept[mt] = kept_bits<BQ, false>(p, mm, cur.pass == 0, true, int(b), h, int(j0) + wrow + 16 * mt, int(cur.start), lane);
+      kept[mt] =
+          kept_bits<BQ, false>(p, mm, cur.pass == 0, true, int(b), h, int(j0) + wrow + 16 * mt, int(cur.start), lane);
       any = any || kept[mt] != 0;
     }
     // A warp whose 16·MT × BQ block is entirely masked skips the step: its terms are exactly 0.

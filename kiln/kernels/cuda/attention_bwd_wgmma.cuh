@@ -219,9 +219,10 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     const float* st_delta = st_lse + kBwdStep;
     // Which elements count: all of a full in-range tile.
     const bool full_tile = !(partial || bounds);  // the same for the whole CTA
-    const uint32_t kept = !full_tile
-                              ? flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE>(p, mm, partial, bounds, b, h, wrow, start, lane)
-                              : 0xffffffffu;
+    const uint32_t kept =
+        full_tile ? 0xffffffffu
+                  : flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE, kIdentity>(p, mm, partial, bounds, b, h, wrow,
+                                                                            start, lane);
     if constexpr (kIdentity) {
       // The identity score_mod: P = 2^(S·scale·log2 e − base) with base = lse·log2 e from the
       // stats (+inf for a row that kept nothing: P = 0); dS without its factor scale, which
