@@ -2,11 +2,12 @@
 // attention_bwd_mma.cuh; Hopper: attention_fwd_wgmma.cuh and attention_bwd_wgmma.cuh, whose
 // accumulators have the same fragment layout): the launchers' device context and shared-memory
 // opt-in, the kiln → CUDA 16-bit type map, the mask row of (b, h), a forward query tile's
-// walk over its KV sub-tiles,
-// the applicability check of a layout (alignment, head dims, block sizes), the cp.async loader
-// of a [rows × D] tile into a swizzled shared tile, the application of score_mod + mask_mod +
-// bounds to one m16n8 f32 accumulator fragment (also in the transposed S^T = K·Q^T form), the
-// quad (4-lane) row reductions of m16n8 fragments and the C → A fragment repacking of P.
+// walk over its KV sub-tiles, the applicability check of a layout (alignment, head dims, block
+// sizes), the cp.async loader of a [rows × D] tile into a swizzled shared tile, the branch-free
+// kept test of one (q, kv) pair with the per-case dispatch of the mask and bounds flags, the
+// application of score_mod + mask_mod + bounds to one m16n8 f32 accumulator fragment of
+// S = Q·Kᵀ, the quad (4-lane) row reductions of m16n8 fragments and the C → A fragment
+// repacking of P.
 //
 // NOTE [fragment coordinates] (see NOTE [m16n8k16 fragments] in mma.cuh): lane = 4·g + t; the
 // C fragment of an m16n8 tile at (row0, col0) holds c[i] at row row0 + g + 8·(i / 2) and column
