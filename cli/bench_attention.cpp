@@ -3,9 +3,13 @@
 // engine) at one shape and mask. One JSON line per implementation on stdout (bench, impl, device,
 // shape, dtype, mask, backend_requested (flex), ms_median, peak_bytes, extra_peak_bytes, tflops
 // counted on the unmasked (q, kv) pairs: forward 4·pairs·D, backward 10·pairs·D), a table on
-// stderr.
+// stderr. --score-mod times flex with a library score_mod (softcap:C or alibi; masks none or
+// causal, the pairs instantiated for them).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 
 #include "cli/args.h"
 #include "cli/bench.h"
@@ -43,6 +47,7 @@ void sync(const Tensor& t) {
 
 int run_bench_attention(const Args& args) {
   std::string device_s = "cpu", mask_s = "causal", dtype_s = "f32", impls = "flex,reference", backend_s = "auto";
+  std::string score_s = "none";
   int64_t B = 1, H = 8, S = 2048, D = 64, iters = 5, warmup = 1, block = kDefaultBlockSize;
   bool backward = false;
   ArgParser p("bench attention", "Time flex_attention against the dense reference path (kiln ops).");
@@ -52,6 +57,9 @@ int run_bench_attention(const Args& args) {
       .option("--seq", &S, "S", "sequence length (L = S)")
       .option("--head-dim", &D, "D", "head dimension")
       .option("--mask", &mask_s, "MASK", "none, causal, window:W (causal, W tokens back) or document:N (causal in N-token documents)")
+      .option("--score-mod", &score_s, "MOD",
+              "none, softcap:C (C·tanh(s/C), as Gemma 2) or alibi (the paper's per-head slopes); with --mask none "
+              "or causal and --impl flex (the reference path has no score_mod)")
       .option("--dtype", &dtype_s, "DT", "f32, bf16 or f16")
       .option("--block", &block, "N", "BlockMask block size")
       .option("--iters", &iters, "N", "timed runs (median reported)")
@@ -75,10 +83,53 @@ int run_bench_attention(const Args& args) {
   const std::string shape = "B=" + std::to_string(B) + ",H=" + std::to_string(H) + ",S=" + std::to_string(S) +
                             ",D=" + std::to_string(D);
 
+  const bool score = score_s != "none";
+  if (score) {
+    KILN_CHECK(spec.kind == MaskSpec::Kind::none || spec.kind == MaskSpec::Kind::causal,
+               "bench attention: --score-mod runs with --mask none or causal, got '", mask_s, "'");
+    KILN_CHECK(impls == "flex", "bench attention: --score-mod times flex only (the reference path has no score_mod); ",
+               "pass --impl flex");
+  }
+
   Generator gen(0);
   Tensor q = randn({B, H, S, D}, gen, DType::f32, dev).to(dt), k = randn({B, H, S, D}, gen, DType::f32, dev).to(dt),
          v = randn({B, H, S, D}, gen, DType::f32, dev).to(dt), dout = randn({B, H, S, D}, gen, DType::f32, dev).to(dt);
   AnyBlockMask bm = create_block_mask(spec, S, S, dev);
+  // flex's output for (q, k, v): the MaskSpec path, or a typed score_mod with its mask.
+  std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> flex = [&](const Tensor& q_, const Tensor& k_,
+                                                                             const Tensor& v_) {
+    return flex_attention(q_, k_, v_, bm, flex_options).out;
+  };
+  Tensor slopes;  // alibi's per-head slopes on the device, alive while flex runs
+  if (score) {
+    auto with_mask = [&]<class SM>(SM sm) -> decltype(flex) {
+      if (spec.kind == MaskSpec::Kind::causal) {
+        BlockMask<Causal> m{Causal{}, create_block_mask(Causal{}, 1, 1, S, S, block, block).layout.to(dev)};
+        return [=](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+          return flex_attention(q_, k_, v_, sm, m, flex_options).out;
+        };
+      }
+      BlockMask<NoMask> m{NoMask{}, create_block_mask(NoMask{}, 1, 1, S, S, block, block).layout.to(dev)};
+      return [=](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+        return flex_attention(q_, k_, v_, sm, m, flex_options).out;
+      };
+    };
+    if (score_s.rfind("softcap:", 0) == 0) {
+      char* end = nullptr;
+      const std::string tail = score_s.substr(8);
+      const float cap = std::strtof(tail.c_str(), &end);
+      KILN_CHECK(!tail.empty() && end && *end == '\0' && cap > 0 && std::isfinite(cap),
+                 "bench attention: --score-mod softcap:C needs a positive number C, got '", score_s, "'");
+      flex = with_mask(Softcap{cap});
+    } else if (score_s == "alibi") {
+      std::vector<float> sl(static_cast<size_t>(H));
+      alibi_slopes(static_cast<int>(H), sl.data());
+      slopes = from_vector(sl, {H}, dev);
+      flex = with_mask(Alibi{slopes.data<float>()});
+    } else {
+      KILN_CHECK(false, "bench attention: --score-mod must be none, softcap:C or alibi, got '", score_s, "'");
+    }
+  }
   Tensor drop;  // the reference's element mask (true = masked out), built only when it runs
 
   std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10s %14s %9s\n", "impl", "device", "shape", "dtype", "mask",
@@ -99,7 +150,7 @@ int run_bench_attention(const Args& args) {
     auto once = [&] {
       Tensor qg = q.detach(), kg = k.detach(), vg = v.detach();
       if (backward) qg.requires_grad_(), kg.requires_grad_(), vg.requires_grad_();
-      Tensor out = impl == "flex" ? flex_attention(qg, kg, vg, bm, flex_options).out : dense_attention_ops(qg, kg, vg, drop, 1.0 / std::sqrt(double(D)));
+      Tensor out = impl == "flex" ? flex(qg, kg, vg) : dense_attention_ops(qg, kg, vg, drop, 1.0 / std::sqrt(double(D)));
       if (backward) {
         out.backward(dout);
         sync(qg.grad());
@@ -121,6 +172,7 @@ int run_bench_attention(const Args& args) {
     o["shape"] = shape;
     o["dtype"] = dtype_name(dt);
     o["mask"] = mask_s;
+    if (score) o["score_mod"] = score_s;
     if (impl == "flex")  // the family asked for (--backend or KILN_FLEX_KERNEL); auto: the fastest that applies
       o["backend_requested"] = flex_backend_name(attention::detail::resolve_backend(flex_options.backend, dev));
     o["backward"] = backward;

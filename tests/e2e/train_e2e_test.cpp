@@ -161,6 +161,25 @@ TEST(TrainCli, BadValuesGiveClearMessages) {
     EXPECT_NE(r.output.find(f), std::string::npos) << f;
 }
 
+TEST(BenchCli, AttentionScoreModRunsAndRejectsBadValues) {
+  CliRun r = run_cli("bench attention --seq 64 --heads 2 --head-dim 16 --mask causal --score-mod softcap:30 "
+                     "--impl flex --backward --iters 1 --warmup 0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"score_mod\":\"softcap:30\""), std::string::npos) << r.output;
+  r = run_cli("bench attention --seq 64 --heads 2 --head-dim 16 --mask none --score-mod alibi --impl flex --iters 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"score_mod\":\"alibi\""), std::string::npos) << r.output;
+  for (auto [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--score-mod softcap:x --impl flex", "softcap:C needs a positive number C, got 'softcap:x'"},
+           {"--score-mod tanh --impl flex", "must be none, softcap:C or alibi, got 'tanh'"},
+           {"--score-mod alibi", "times flex only"},
+           {"--score-mod alibi --impl flex --mask window:8", "--mask none or causal, got 'window:8'"}}) {
+    r = run_cli("bench attention --seq 64 --heads 2 --head-dim 16 " + args);
+    EXPECT_EQ(r.status, 1) << args;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
+}
+
 TEST(TrainCli, CtrlCCheckpointsAndExits) {
   fs::path out = temp_dir("sigint");
   std::string cmd = std::string(KILN_CLI_PATH) + " train --preset tiny --steps 100000 --sample-tokens 0 --out " +
