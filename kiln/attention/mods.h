@@ -9,6 +9,10 @@
 //   kernels, double in the reference). score is already scaled (scale * q·k), as in PyTorch.
 //   Every score_mod also gives dscore(score, ...) = d score' / d score, which the backward
 //   multiplies in (the C++ counterpart of PyTorch's traced derivative).
+// - Both must be pure, and safe at any in-range index (0 <= q_idx < L, 0 <= kv_idx < S): the
+//   kernels evaluate them branch-free on whole tiles, masked pairs included (their results are
+//   then discarded), as PyTorch applies score_mod before the mask. A mod must not rely on the
+//   mask to guard a table read (e.g. bias[q - kv] under a causal mask reads bias[-1]).
 // - A score_mod with a learnable tensor (RelativePositionBias) declares kLearnable and
 //   bias_index(): the backward accumulates d loss / d score' into grad[bias_index] in a fixed
 //   order (deterministic). The front end binds the tensor (options.bias) to the functor.

@@ -47,6 +47,7 @@ template <bool kIdentity> __device__ __forceinline__ float exp_base(float lse) {
 
 template <int D> struct BwdSmem {
   static constexpr int kStages = 4;
+  static_assert(kStages >= 2, "the consumers hold one stage while waiting for the next");
   static constexpr int kResBytes = kBwdRows * D * 2;   // one resident tile
   static constexpr int kStrBytes = kBwdStep * D * 2;   // one streamed tile
   static constexpr int kStage0 = 2 * kResBytes;        // stage s: two streamed tiles at kStage0 + 2·s·kStrBytes
