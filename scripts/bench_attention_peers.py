@@ -3,7 +3,9 @@
 same shapes and masks, printing one JSON line per implementation in kiln's format (bench, impl,
 device, shape, dtype, mask, backward, ms_median, peak_bytes, tflops on unmasked pairs).
 SDPA runs dense causal for causal/window/document masks (is_causal=True), as in the issue's
-anchors. Usage: bench_attention_peers.py --seq 32768 --heads 16 --head-dim 128 --mask window:256 --backward
+anchors. --score-mod softcap:C|alibi (as `kiln bench attention --score-mod`) gives torch's
+flex_attention that score_mod and skips SDPA, which has none.
+Usage: bench_attention_peers.py --seq 32768 --heads 16 --head-dim 128 --mask window:256 --backward
 """
 import argparse
 import json
@@ -42,6 +44,22 @@ def mask_mod_for(mask):
     return lambda b, h, q, kv: (q >= kv) & (q // n == kv // n)
 
 
+def score_mod_for(spec, heads):
+    """torch's score_mod for kiln's --score-mod spec (None for 'none')."""
+    if spec == "none":
+        return None
+    if spec.startswith("softcap:"):
+        cap = float(spec.split(":", 1)[1])
+        if not cap > 0:
+            raise SystemExit(f"--score-mod softcap:C needs a positive C, got {spec!r}")
+        return lambda s, b, h, q, kv: cap * torch.tanh(s / cap)
+    if spec == "alibi":  # the paper's geometric slopes, as kiln's alibi_slopes
+        start = 2.0 ** (-8.0 / heads)
+        slopes = torch.tensor([start ** (i + 1) for i in range(heads)], device="cuda", dtype=torch.float32)
+        return lambda s, b, h, q, kv: s + slopes[h] * (kv - q)
+    raise SystemExit(f"--score-mod must be none, softcap:C or alibi, got {spec!r}")
+
+
 def time_ms(fn, iters, warmup):
     for _ in range(warmup):
         fn()
@@ -66,6 +84,7 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--mask", default="causal")
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--score-mod", default="none")
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -79,10 +98,10 @@ def main():
     bm = create_block_mask(mm, None, None, S, S, device="cuda") if mm else None
     flex = torch.compile(flex_attention)
     causal = a.mask != "none"
-    impls = {
-        "torch_flex": lambda q, k, v: flex(q, k, v, block_mask=bm),
-        "torch_sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-    }
+    sm = score_mod_for(a.score_mod, H)
+    impls = {"torch_flex": lambda q, k, v: flex(q, k, v, score_mod=sm, block_mask=bm)}
+    if sm is None:
+        impls["torch_sdpa"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     shape = f"B={B},H={H},S={S},D={D}"
     for name, f in impls.items():
         def once():
@@ -98,6 +117,8 @@ def main():
                "tflops": (flops if name == "torch_flex" else
                           count_pairs("causal" if causal else "none", S) * B * H * D * (14.0 if a.backward else 4.0))
                / (ms * 1e-3) / 1e12}
+        if sm is not None:
+            rec["score_mod"] = a.score_mod
         print(json.dumps(rec), flush=True)
         print(f"{name:12s} {shape:28s} {a.mask:14s} {ms:10.3f} ms {rec['tflops']:8.1f} TFLOP/s", file=sys.stderr)
 
