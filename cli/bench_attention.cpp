@@ -102,17 +102,15 @@ int run_bench_attention(const Args& args) {
   };
   Tensor slopes;  // alibi's per-head slopes on the device, alive while flex runs
   if (score) {
+    // The typed call on bm's layout (none or causal, built above).
     auto with_mask = [&]<class SM>(SM sm) -> decltype(flex) {
-      if (spec.kind == MaskSpec::Kind::causal) {
-        BlockMask<Causal> m{Causal{}, create_block_mask(Causal{}, 1, 1, S, S, block, block).layout.to(dev)};
+      auto typed = [&]<class MM>(MM mm) -> decltype(flex) {
+        const BlockMask<MM> m{mm, bm.layout};
         return [=](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
           return flex_attention(q_, k_, v_, sm, m, flex_options).out;
         };
-      }
-      BlockMask<NoMask> m{NoMask{}, create_block_mask(NoMask{}, 1, 1, S, S, block, block).layout.to(dev)};
-      return [=](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
-        return flex_attention(q_, k_, v_, sm, m, flex_options).out;
       };
+      return spec.kind == MaskSpec::Kind::causal ? typed(Causal{}) : typed(NoMask{});
     };
     if (score_s.rfind("softcap:", 0) == 0) {
       char* end = nullptr;
