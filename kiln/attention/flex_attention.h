@@ -182,6 +182,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
            Tensor dlse;
            if (want_lse) dlse = grads[1].to(DType::f32).contiguous();
            Tensor delta = Tensor::empty({bp.B, bp.Hq, bp.L}, DType::f32, q.device());
+           Tensor tile_counters = Tensor::empty({2}, DType::i32, q.device());
            Tensor dq = Tensor::empty({bp.B, bp.Hq, bp.L, bp.E}, q.dtype(), q.device());
            Tensor dk = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.E}, q.dtype(), q.device());
            Tensor dv = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.Ev}, q.dtype(), q.device());
@@ -190,6 +191,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
            bp.dout = dout.data_ptr();
            bp.dlse = want_lse ? dlse.data<float>() : nullptr;
            bp.delta = delta.data<float>();
+           bp.tile_counters = tile_counters.data<int32_t>();
            bp.dq = dq.data_ptr();
            bp.dk = dk.data_ptr();
            bp.dv = dv.data_ptr();

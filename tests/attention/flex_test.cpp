@@ -830,6 +830,29 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
     const auto seed = static_cast<uint64_t>(L + S + E);
     EXPECT_GT(check_backward_mma(2, Hq, Hkv, L, S, E, block, dt, host, dev, false, seed), 0);
   }
+  // More tiles than an H100 / H200 has SMs (2 × 8 × 18 = 288 per pass), so the CTAs of the
+  // persistent Hopper backward walk several tiles each, alternating their two resident buffers.
+  // Documents of 300 tokens, and ids that leave query tiles 3 and 9 and key tiles 8 and 12 with
+  // nothing to attend: walks with no steps between walks with steps (their results are zeros,
+  // stored like any other). n = 2300 ends in a partial tile, which the dQ pass takes first and
+  // the dK/dV pass last.
+  {
+    constexpr int64_t n = 2300;
+    std::vector<int32_t> qd(n), kd(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t tile = i / 128;
+      qd[static_cast<size_t>(i)] = (tile == 3 || tile == 9) ? -1 : static_cast<int32_t>(i / 300);
+      kd[static_cast<size_t>(i)] = (tile == 8 || tile == 12) ? -2 : static_cast<int32_t>(i / 300);
+    }
+    Tensor qdg = from_vector(qd, {n}, gpu), kdg = from_vector(kd, {n}, gpu);
+    DocumentCausal host{Causal{}, Document{qd.data(), kd.data()}};
+    DocumentCausal dev{Causal{}, Document{qdg.data<int32_t>(), kdg.data<int32_t>()}};
+    EXPECT_GT(check_backward_mma(2, 8, 8, n, n, 64, 128, bf, host, dev, false, 14), 0);
+  }
+  // The same at E = 128 (the dK/dV pass's one-step-at-a-time loop) with GQA (2 query heads a kv
+  // head) and a partial last tile: 9 × 8 × 2 = 144 dK/dV tiles, 288 dQ tiles; and a window (136 each).
+  check_backward_mma<Causal>(2, 16, 8, 1100, 1100, 128, 128, hf, {}, {}, false, 15);
+  check_backward_mma<SlidingWindow>(1, 8, 8, 2100, 2100, 128, 128, bf, {256}, {256}, false, 16);
 }
 
 // FlexOptions::backend on the GPU: a required kernel family that does not apply fails with

@@ -4,15 +4,20 @@
 // the mma.sync backward of attention_bwd_mma.cuh). Bitwise deterministic, like that one: the
 // same three launches, each output element with one owner that reduces in a fixed order.
 //   1. delta = rowsum(dO ∘ O) − dlse (bwd::delta_kernel, shared with the mma.sync backward);
-//   2. dK/dV: a CTA owns 128 keys of one (b, kv head); it walks the q_blocks lists of its KV
-//      block for each query head of the GQA group (partial blocks first), 64 queries a step;
-//   3. dQ: a CTA owns 128 queries of one (b, q head) and walks the kv_blocks list of its Q
-//      block, 64 keys a step.
+//   2. dK/dV: a tile is 128 keys of one (b, kv head); its walk covers the q_blocks lists of its
+//      KV block for each query head of the GQA group (partial blocks first), 64 queries a step;
+//   3. dQ: a tile is 128 queries of one (b, q head), walking the kv_blocks list of its Q block,
+//      64 keys a step.
 //
 // NOTE [flex backward wgmma] Both passes are one kernel template (KV_SIDE = true: dK/dV):
-// - Three warpgroups: two consumers own 64 rows each of the CTA's resident tile pair (dK/dV:
-//   K and V; dQ: Q and dO), a producer whose first lane issues the TMA copies (resident pair
-//   once, then per step the streamed pair: dK/dV: Q and dO of 64 queries, with their lse and
+// - A persistent grid (at most one CTA per SM) whose CTAs claim tiles from a counter, heaviest
+//   first (BwdTile). Two resident buffers: the next tile's pair loads while the current one is
+//   walked, and the results leave by TMA stores while the next tile runs, so neither a tile's
+//   loads nor its stores stall the tensor cores (the sliding-window case, ~6 steps a tile,
+//   spent most of its time there with one CTA per tile).
+// - Three warpgroups: two consumers own 64 rows each of the tile's resident pair (dK/dV: K and
+//   V; dQ: Q and dO), a producer whose first lane issues the TMA copies (the resident pair per
+//   tile, then per step the streamed pair: dK/dV: Q and dO of 64 queries, with their lse and
 //   delta stored by the producer warp's lanes; dQ: K and V of 64 keys) into kStages
 //   shared-memory stages handed over by mbarriers
 //   (wgmma.cuh; the forward's scheme, NOTE [flex forward wgmma]). Only the producer walks the
@@ -26,8 +31,10 @@
 //   the exponent, with lse·log2 e precomputed per row, and leaves it out of dS: dK or dQ takes
 //   it once at the end; the mask and bounds then only select), and accumulates with A
 //   from registers and B = the streamed tiles read transposed: dV += Pᵀ·dO and dK += dSᵀ·Q, or
-//   dQ += dS·K. The accumulators (f32, 64 × E per warpgroup: two for dK/dV) are written once at
-//   the end.
+//   dQ += dS·K. The accumulators (f32, 64 × E per warpgroup: two for dK/dV) leave once per
+//   tile: rounded to 16 bits into the warpgroup's own rows of the resident pair (its products no
+//   longer read them), then one TMA store per 64-column group; the buffer goes back to the
+//   producer (res_empty) once the stores have read it, checked a step into the next tile.
 #pragma once
 #include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_wgmma.cuh"
@@ -46,27 +53,54 @@ template <bool kIdentity> __device__ __forceinline__ float exp_base(float lse) {
 }
 
 template <int D> struct BwdSmem {
-  static constexpr int kStages = 4;
+  // Two resident buffers (the next tile's pair loads while the current one is used) and the
+  // stages fit the 227 KB a CTA may have: 3 stages at D = 128.
+  static constexpr int kStages = D == 128 ? 3 : 4;
   static_assert(kStages >= 2, "the consumers hold one stage while waiting for the next");
   static constexpr int kResBytes = kBwdRows * D * 2;   // one resident tile
+  static constexpr int kPairBytes = 2 * kResBytes;     // resident buffer r at r·kPairBytes
   static constexpr int kStrBytes = kBwdStep * D * 2;   // one streamed tile
-  static constexpr int kStage0 = 2 * kResBytes;        // stage s: two streamed tiles at kStage0 + 2·s·kStrBytes
+  static constexpr int kStage0 = 2 * kPairBytes;       // stage s: two streamed tiles at kStage0 + 2·s·kStrBytes
   static constexpr int kStats = kStage0 + 2 * kStages * kStrBytes;  // [kStages][2][kBwdStep] f32: exp_base(lse), delta
-  static constexpr int kBar = kStats + kStages * 2 * kBwdStep * 4;  // res_full, full[S], empty[S]
-  // [kStages][2] int32 from the producer: the step's first streamed row and (head offset · 2 +
-  // partial-pass bit), or kWalkEnd after the walk's last step (published by full[s]).
-  static constexpr int kInfo = kBar + (1 + 2 * kStages) * 8;
-  static constexpr int kBytes = kInfo + kStages * 2 * 4 + 1024;
+  static constexpr int kBar = kStats + kStages * 2 * kBwdStep * 4;  // res_full[2], res_empty[2], full[S], empty[S]
+  // int32 from the producer: [kStages][2] the step of a stage (its first streamed row and (head
+  // offset · 2 + partial-pass bit), or kWalkEnd after the tile's last step; published by
+  // full[s]), then [2] the tile of a resident buffer (or −1: no more tiles; published by
+  // res_full[r]).
+  static constexpr int kInfo = kBar + (4 + 2 * kStages) * 8;
+  static constexpr int kTileSlot = kInfo + kStages * 2 * 4;
+  static constexpr int kBytes = kTileSlot + 2 * 4 + 1024;
 };
 
-// The tensor maps of one pass: the resident pair and the streamed pair.
+// The tensor maps of one pass: the resident pair, the streamed pair, and the outputs (dK and dV,
+// or dQ and unused), whose boxes are one warpgroup's 64 rows.
 struct BwdMaps {
-  CUtensorMap r0, r1, s0, s1;
+  CUtensorMap r0, r1, s0, s1, o0, o1;
+};
+
+// A tile of a pass: (row tile, b, head) from its linear index. The causal masks make the first
+// KV tiles (dK/dV) and the last Q tiles (dQ) the heaviest, so the dQ pass numbers its tiles
+// backwards and each (b, head) starts with its heaviest. heads_fastest (when one head's tiles
+// do not fill the GPU): the index runs over the heads first, so every head's heaviest tiles
+// come first and the last ones are the lightest. Else head-major: the CTAs running together
+// share one head's streamed rows in L2. dK/dV: `head` is the kv head, whose walk covers its G
+// query heads; dQ: the q head.
+template <bool KV_SIDE> struct BwdTile {
+  int b, head;
+  int64_t row0;  // first resident row
+  __device__ __forceinline__ BwdTile(const FlexParams& p, int64_t t, int64_t n_row_tiles, bool heads_fastest) {
+    const int64_t n_res_heads = KV_SIDE ? p.Hkv : p.Hq, n_bh = n_res_heads * p.B;
+    const int64_t bh = heads_fastest ? t % n_bh : t / n_row_tiles;
+    const int64_t order = heads_fastest ? t / n_bh : t % n_row_tiles;
+    head = static_cast<int>(bh % n_res_heads), b = static_cast<int>(bh / n_res_heads);
+    row0 = (KV_SIDE ? order : n_row_tiles - 1 - order) * kBwdRows;
+  }
 };
 
 template <class T, int D, bool KV_SIDE, class SM, class MM>
 __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __grid_constant__ BwdMaps maps, FlexParams p,
-                                                                     SM sm, MM mm, bool heads_fastest) {
+                                                                     SM sm, MM mm, bool heads_fastest,
+                                                                     int32_t* tile_counter) {
   using Smem = BwdSmem<D>;
   constexpr int kStages = Smem::kStages;
   constexpr int kGroups = D / 64;
@@ -75,90 +109,104 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   unsigned char* smem = wg::align_1024(bwd_wgmma_smem);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
   uint64_t* res_full = bars;
-  uint64_t* full = bars + 1;
-  uint64_t* empty = bars + 1 + kStages;
+  uint64_t* res_empty = bars + 2;
+  uint64_t* full = bars + 4;
+  uint64_t* empty = bars + 4 + kStages;
   const float* stats = reinterpret_cast<const float*>(smem + Smem::kStats);
   int32_t* info = reinterpret_cast<int32_t*>(smem + Smem::kInfo);
+  int32_t* tile_slot = reinterpret_cast<int32_t*>(smem + Smem::kTileSlot);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // The grid is one line of (row tile, b, head). Causal masks make the first KV tiles (dK/dV)
-  // and the last Q tiles (dQ) the heaviest, so the dQ pass walks its tiles backwards and each
-  // (b, head) starts with its heaviest. heads_fastest (when one head's tiles do not fill the
-  // GPU): the line runs over the heads first, so every head's heaviest tiles start in the first
-  // wave and the last wave holds the lightest (head-major order left the last head's heaviest
-  // tiles for the end). Else head-major: the CTAs running together share one head's streamed
-  // rows in L2. dK/dV: `head` is the kv head, the walk covers its G query heads; dQ: the q head.
+  // The grid is persistent (at most one CTA per SM): a CTA takes tile blockIdx.x, then claims
+  // the next from tile_counter (each tile has one owner, so the results do not depend on who
+  // takes it). The tile order is heaviest first (BwdTile).
   const int64_t G = p.Hq / p.Hkv;
-  const int64_t n_res_heads = KV_SIDE ? p.Hkv : p.Hq, n_bh = n_res_heads * p.B, n_row_tiles = gridDim.x / n_bh;
-  const int64_t bh = heads_fastest ? blockIdx.x % n_bh : blockIdx.x / n_row_tiles;
-  const int64_t order = heads_fastest ? blockIdx.x / n_bh : blockIdx.x % n_row_tiles;
-  const int head = static_cast<int>(bh % n_res_heads), b = static_cast<int>(bh / n_res_heads);
-  const int64_t row0 = (KV_SIDE ? order : n_row_tiles - 1 - order) * kBwdRows;  // first resident row
-  const int64_t h0 = KV_SIDE ? head * G : head, n_heads = KV_SIDE ? G : 1;
-  const int64_t blk = KV_SIDE ? row0 / p.KB : mask_row(p, b, head) * p.nQ + row0 / p.QB;
+  const int64_t n_row_tiles = ((KV_SIDE ? p.S : p.L) + kBwdRows - 1) / kBwdRows;
+  const int64_t n_tiles = n_row_tiles * (KV_SIDE ? p.Hkv : p.Hq) * p.B;
   const int64_t limit = KV_SIDE ? p.L : p.S;                 // streamed rows end here
   const int64_t res_len = KV_SIDE ? p.S : p.L;               // resident rows end here
-  auto str_head = [&](int hi) { return KV_SIDE ? static_cast<int>(h0 + hi) : static_cast<int>(head / G); };
 
   // dK/dV: the producer warp's 32 lanes also store each step's lse and delta (plain loads: the
   // rows of a (b, h) need not be 16-byte aligned for a copy), so `full` waits for them too.
   constexpr uint32_t kFullArrivals = KV_SIDE ? 1 + 32 : 1;
   if (tid == 0) {
-    wg::mbar_init(res_full, 1);
+    for (int r = 0; r < 2; ++r) wg::mbar_init(res_full + r, 1), wg::mbar_init(res_empty + r, 2);
     for (int s = 0; s < kStages; ++s) wg::mbar_init(full + s, kFullArrivals), wg::mbar_init(empty + s, kConsumerWarps);
     wg::mbar_init_fence();
   }
   __syncthreads();
 
   if (warp >= kConsumerWarps) {
-    // ---- producer: lane 0 of its first warp issues the copies ----
+    // ---- producer: lane 0 of its first warp claims the tiles and issues the copies ----
     wg::setmaxnreg_dec<kProducerRegs>();
     if (warp != kConsumerWarps) return;
-    if (lane == 0) {
-      wg::mbar_arrive_expect_tx(res_full, 2 * Smem::kResBytes);
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        wg::tma_load_4d(smem + g * kBwdRows * 128, &maps.r0, res_full, 64 * g, static_cast<int>(row0), head, b);
-        wg::tma_load_4d(smem + Smem::kResBytes + g * kBwdRows * 128, &maps.r1, res_full, 64 * g,
-                        static_cast<int>(row0), head, b);
-      }
-    }
-    // The producer alone walks the block lists: each stage's slot tells the consumers its step,
-    // and one more stage with no copy (meta kWalkEnd) tells them the walk is over.
-    flex_mma::bwd::Cursor cur;
-    flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
-    for (uint32_t it = 0;; ++it) {
-      const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
-      wg::mbar_wait(empty + stage, phase ^ 1);
-      int32_t* slot = info + 2 * stage;
-      if (!cur.valid) {
-        if (lane == 0) slot[1] = kWalkEnd, wg::mbar_arrive(full + stage);
-        if constexpr (KV_SIDE) wg::mbar_arrive(full + stage);  // the 32 lanes' arrivals, as for a step
+    uint32_t it = 0;  // stage uses, over all tiles
+    for (uint32_t tc = 0;; ++tc) {
+      const uint32_t buf = tc & 1;
+      int64_t t = 0;
+      if (lane == 0) t = tc == 0 ? blockIdx.x : gridDim.x + static_cast<int64_t>(atomicAdd(tile_counter, 1));
+      t = __shfl_sync(0xffffffffu, t, 0);
+      // Resident buffer `buf` is free once the tile two before has stored its results from it.
+      wg::mbar_wait(res_empty + buf, ((tc >> 1) & 1) ^ 1);
+      if (t >= n_tiles) {
+        if (lane == 0) tile_slot[buf] = -1, wg::mbar_arrive(res_full + buf);
         break;
       }
-      const int hs = str_head(cur.hi), start = static_cast<int>(cur.start);
+      const BwdTile<KV_SIDE> tile(p, t, n_row_tiles, heads_fastest);
+      const int b = tile.b, head = tile.head;
+      const int64_t h0 = KV_SIDE ? head * G : head, n_heads = KV_SIDE ? G : 1;
+      const int64_t blk = KV_SIDE ? tile.row0 / p.KB : mask_row(p, b, head) * p.nQ + tile.row0 / p.QB;
       if (lane == 0) {
-        slot[0] = start, slot[1] = cur.hi * 2 + cur.pass;  // released by the arrive below
-        wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
-        unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
+        tile_slot[buf] = static_cast<int32_t>(t);  // released by the arrive below
+        wg::mbar_arrive_expect_tx(res_full + buf, 2 * Smem::kResBytes);
+        unsigned char* res = smem + buf * Smem::kPairBytes;
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
-          wg::tma_load_4d(st + g * kBwdStep * 128, &maps.s0, full + stage, 64 * g, start, hs, b);
-          wg::tma_load_4d(st + Smem::kStrBytes + g * kBwdStep * 128, &maps.s1, full + stage, 64 * g, start, hs, b);
+          wg::tma_load_4d(res + g * kBwdRows * 128, &maps.r0, res_full + buf, 64 * g, static_cast<int>(tile.row0),
+                          head, b);
+          wg::tma_load_4d(res + Smem::kResBytes + g * kBwdRows * 128, &maps.r1, res_full + buf, 64 * g,
+                          static_cast<int>(tile.row0), head, b);
         }
       }
-      if constexpr (KV_SIDE) {
-        const int64_t o = (static_cast<int64_t>(b) * p.Hq + hs) * p.L;
-        float* stat = reinterpret_cast<float*>(smem + Smem::kStats) + stage * 2 * kBwdStep;
-#pragma unroll
-        for (int x = lane; x < kBwdStep; x += 32) {
-          const int64_t i = start + x;
-          stat[x] = exp_base<kIdentity>(i < p.L ? p.lse[o + i] : -INFINITY);
-          stat[kBwdStep + x] = i < p.L ? p.delta[o + i] : 0.0f;
-        }
-        wg::mbar_arrive(full + stage);  // release: the stores above are visible to the waiters
-      }
+      // The producer alone walks the block lists: each stage's slot tells the consumers its
+      // step, and one more stage with no copy (meta kWalkEnd) tells them the tile's walk is over.
+      flex_mma::bwd::Cursor cur;
       flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+      for (;; ++it) {
+        const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+        wg::mbar_wait(empty + stage, phase ^ 1);
+        int32_t* slot = info + 2 * stage;
+        if (!cur.valid) {
+          if (lane == 0) slot[1] = kWalkEnd, wg::mbar_arrive(full + stage);
+          if constexpr (KV_SIDE) wg::mbar_arrive(full + stage);  // the 32 lanes' arrivals, as for a step
+          ++it;
+          break;
+        }
+        const int hs = KV_SIDE ? static_cast<int>(h0 + cur.hi) : static_cast<int>(head / G);
+        const int start = static_cast<int>(cur.start);
+        if (lane == 0) {
+          slot[0] = start, slot[1] = cur.hi * 2 + cur.pass;  // released by the arrive below
+          wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
+          unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
+#pragma unroll
+          for (int g = 0; g < kGroups; ++g) {
+            wg::tma_load_4d(st + g * kBwdStep * 128, &maps.s0, full + stage, 64 * g, start, hs, b);
+            wg::tma_load_4d(st + Smem::kStrBytes + g * kBwdStep * 128, &maps.s1, full + stage, 64 * g, start, hs, b);
+          }
+        }
+        if constexpr (KV_SIDE) {
+          const int64_t o = (static_cast<int64_t>(b) * p.Hq + hs) * p.L;
+          float* stat = reinterpret_cast<float*>(smem + Smem::kStats) + stage * 2 * kBwdStep;
+#pragma unroll
+          for (int x = lane; x < kBwdStep; x += 32) {
+            const int64_t i = start + x;
+            stat[x] = exp_base<kIdentity>(i < p.L ? p.lse[o + i] : -INFINITY);
+            stat[kBwdStep + x] = i < p.L ? p.delta[o + i] : 0.0f;
+          }
+          wg::mbar_arrive(full + stage);  // release: the stores above are visible to the waiters
+        }
+        flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
+      }
     }
     return;
   }
@@ -167,30 +215,20 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   wg::setmaxnreg_inc<kConsumerRegs>();
   const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, t4 = lane & 3;
   const int L = static_cast<int>(p.L);
-  const int wrow = static_cast<int>(row0) + 64 * wgi + 16 * wq;  // this warp's first resident row
-  const uint32_t r0_base = wg::smem_u32(smem) + wgi * 64 * 128, r1_base = r0_base + Smem::kResBytes;
-  const bool res_tail = row0 + kBwdRows > res_len;
+  const bool issuer = wq == 0 && lane == 0;  // stores this warpgroup's results
   constexpr int kNt = kBwdStep / 8, kAt = D / 8;
 
-  // dQ: exp_base(lse) and delta of this thread's two rows (g, g + 8), fixed for the whole walk.
+  // The tile being walked (set per tile; the lambdas below read it).
+  int b = 0, head = 0, wrow = 0;  // wrow: this warp's first resident row
+  int64_t row0 = 0, h0 = 0;
+  bool res_tail = false;
+  uint32_t r0_base = 0, r1_base = 0;  // this warpgroup's rows of the resident pair
+  // dQ: exp_base(lse) and delta of this thread's two rows (g, g + 8), fixed for a tile's walk.
   float row_lse[2] = {0.0f, 0.0f}, row_delta[2] = {0.0f, 0.0f};
-  if constexpr (!KV_SIDE) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = wrow + g + 8 * r;
-      const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L + i;
-      row_lse[r] = exp_base<kIdentity>(i < L ? p.lse[o] : -INFINITY);
-      row_delta[r] = i < L ? p.delta[o] : 0.0f;
-    }
-  }
 
   // Overlap the accumulating products with the next step's softmax where the registers allow.
   constexpr bool kOverlap = !KV_SIDE || D == 64;
   float acc0[kAt][4], acc1[kAt][4];  // dK/dV: dK, dV; dQ: dQ, unused
-#pragma unroll
-  for (int j = 0; j < kAt; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc0[j][r] = acc1[j][r] = 0.0f;
 
   // One step in four parts: issue X = R0·S0ᵀ and dX = R1·S1ᵀ (64 × 64 each, K-major operands);
   // P and dS in place of X and dX; their 16-bit A fragments; the accumulating products with the
@@ -304,96 +342,169 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     if (lane == 0) wg::mbar_arrive(empty + stage);
   };
 
-  // The step of a stage from the producer's slot (read after full[stage]); false: the walk is over.
+  // The step of a stage from the producer's slot (read after full[stage]); false: the tile's
+  // walk is over (the stage is then released at once: it holds no copy).
   auto read_step = [&](uint32_t stage, flex_mma::bwd::Cursor& c) {
     const int32_t meta = info[2 * stage + 1];
+    if (meta == kWalkEnd) {
+      if (lane == 0) wg::mbar_arrive(empty + stage);
+      return false;
+    }
     c.start = info[2 * stage], c.hi = meta >> 1, c.pass = meta & 1;
-    return meta != kWalkEnd;
+    return true;
   };
-  wg::mbar_wait(res_full, 0);
-  flex_mma::bwd::Cursor cur;
-  if constexpr (!kOverlap) {
-    // One step after another (the dK/dV pass at E = 128: its 128 accumulator registers leave
-    // no room for a second step's S and dP).
-    for (uint32_t it = 0;; ++it) {
-      const uint32_t stage = it % kStages;
-      wg::mbar_wait(full + stage, (it / kStages) & 1);
-      if (!read_step(stage, cur)) break;
-      products_now(stage);
-      gradients(cur, stage);
-      pack();
-      accumulate_now(stage);
-    }
-  } else {
-    wg::mbar_wait(full + 0, 0);
-    if (read_step(0, cur)) {
-      // Step 0 (nothing to overlap with yet).
-      uint32_t prev = 0;
-      products_now(prev);
-      gradients(cur, prev);
-      pack();
-      // Steps 1 ..: the previous step's accumulating products run on the tensor cores while
-      // this warpgroup computes P and dS of the current step.
-      for (uint32_t it = 1;; ++it) {
-        const uint32_t stage = it % kStages;
-        wg::mbar_wait(full + stage, (it / kStages) & 1);
-        if (!read_step(stage, cur)) break;
-        fence_all();
-        wg::fence();
-        issue_products(stage_base(stage));
-        wg::commit();
-        issue_accumulate(stage_base(prev));
-        wg::commit();
-        wg::wait<1>();          // the products landed; the accumulation may still run
-        wg::fence_operands(x);  // only these: the accumulators may still be in flight
-        wg::fence_operands(dx);
-        gradients(cur, stage);
-        wg::wait<0>();
-        fence_all();
-        if (lane == 0) wg::mbar_arrive(empty + prev);
-        pack();
-        prev = stage;
-      }
-      accumulate_now(prev);  // the last step's
-    }
-  }
-
-  // The identity path left the factor scale out of dS: dK (or dQ) takes it once here.
-  if constexpr (kIdentity) {
+  // The previous tile's results have been read out of its resident buffer (the store was issued
+  // a step ago): the producer may load a later tile's pair there.
+  bool prev_pending = false;
+  auto release_previous = [&](uint32_t buf) {
+    if (!prev_pending) return;
+    prev_pending = false;
+    if (issuer) wg::bulk_wait_read<0>(), wg::mbar_arrive(res_empty + (buf ^ 1));
+  };
+  // This warpgroup's results (64 rows, 16-bit) into its rows of a resident tile at `base`, in the
+  // layout the TMA load wrote there (NOTE [swizzled tiles for wgmma and TMA]; a quad's four
+  // 4-byte stores per row hit distinct banks).
+  auto stage_results = [&](const float (&acc)[kAt][4], uint32_t base) {
 #pragma unroll
     for (int j = 0; j < kAt; ++j)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc0[j][r] *= p.scale;
-  }
-  // Write the accumulators once (rows past the resident length skipped).
-  if constexpr (KV_SIDE) {
-    const int64_t o = (static_cast<int64_t>(b) * p.Hkv + head) * p.S * D;
-#pragma unroll
-    for (int j = 0; j < kAt; ++j) {
-      store_c<T>(static_cast<T*>(p.dk) + o, D, acc0[j], wrow, 8 * j, p.S, lane);
-      store_c<T>(static_cast<T*>(p.dv) + o, D, acc1[j], wrow, 8 * j, p.S, lane);
+      for (int hr = 0; hr < 2; ++hr) {
+        const int lr = 16 * wq + g + 8 * hr;  // row within the warpgroup's 64 (lr % 8 == g)
+        const uint32_t addr = base + (j >> 3) * kBwdRows * 128 + lr * 128 + (((j & 7) ^ g) << 4) + t4 * 4;
+        const uint32_t v = pack2<T>(acc[j][2 * hr], acc[j][2 * hr + 1]);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+      }
+  };
+
+  uint32_t it = 0;  // stage uses, over all tiles (as the producer counts them)
+  for (uint32_t tc = 0;; ++tc) {
+    const uint32_t buf = tc & 1;
+    wg::mbar_wait(res_full + buf, (tc >> 1) & 1);
+    const int32_t t = tile_slot[buf];
+    if (t < 0) break;
+    {
+      const BwdTile<KV_SIDE> tile(p, t, n_row_tiles, heads_fastest);
+      b = tile.b, head = tile.head, row0 = tile.row0;
     }
-  } else {
-    const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L * D;
+    h0 = KV_SIDE ? head * G : head;
+    wrow = static_cast<int>(row0) + 64 * wgi + 16 * wq;
+    res_tail = row0 + kBwdRows > res_len;
+    r0_base = wg::smem_u32(smem + buf * Smem::kPairBytes) + wgi * 64 * 128;
+    r1_base = r0_base + Smem::kResBytes;
+    if constexpr (!KV_SIDE) {
 #pragma unroll
-    for (int j = 0; j < kAt; ++j) store_c<T>(static_cast<T*>(p.dq) + o, D, acc0[j], wrow, 8 * j, p.L, lane);
+      for (int r = 0; r < 2; ++r) {
+        const int i = wrow + g + 8 * r;
+        const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L + i;
+        row_lse[r] = exp_base<kIdentity>(i < L ? p.lse[o] : -INFINITY);
+        row_delta[r] = i < L ? p.delta[o] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kAt; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc0[j][r] = acc1[j][r] = 0.0f;
+
+    flex_mma::bwd::Cursor cur;
+    if constexpr (!kOverlap) {
+      // One step after another (the dK/dV pass at E = 128: its 128 accumulator registers leave
+      // no room for a second step's S and dP).
+      for (;; ++it) {
+        const uint32_t stage = it % kStages;
+        wg::mbar_wait(full + stage, (it / kStages) & 1);
+        if (!read_step(stage, cur)) break;
+        products_now(stage);
+        release_previous(buf);
+        gradients(cur, stage);
+        pack();
+        accumulate_now(stage);
+      }
+      ++it;  // the end stage
+    } else {
+      uint32_t stage = it % kStages;
+      wg::mbar_wait(full + stage, (it / kStages) & 1);
+      if (read_step(stage, cur)) {
+        // Step 0 (nothing to overlap with yet).
+        uint32_t prev = stage;
+        products_now(prev);
+        release_previous(buf);
+        gradients(cur, prev);
+        pack();
+        // Steps 1 ..: the previous step's accumulating products run on the tensor cores while
+        // this warpgroup computes P and dS of the current step.
+        for (++it;; ++it) {
+          stage = it % kStages;
+          wg::mbar_wait(full + stage, (it / kStages) & 1);
+          if (!read_step(stage, cur)) break;
+          fence_all();
+          wg::fence();
+          issue_products(stage_base(stage));
+          wg::commit();
+          issue_accumulate(stage_base(prev));
+          wg::commit();
+          wg::wait<1>();          // the products landed; the accumulation may still run
+          wg::fence_operands(x);  // only these: the accumulators may still be in flight
+          wg::fence_operands(dx);
+          gradients(cur, stage);
+          wg::wait<0>();
+          fence_all();
+          if (lane == 0) wg::mbar_arrive(empty + prev);
+          pack();
+          prev = stage;
+        }
+        accumulate_now(prev);  // the last step's
+      }
+      ++it;  // the end stage
+    }
+    release_previous(buf);  // a tile with no steps
+
+    // The identity path left the factor scale out of dS: dK (or dQ) takes it once here.
+    if constexpr (kIdentity) {
+#pragma unroll
+      for (int j = 0; j < kAt; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc0[j][r] *= p.scale;
+    }
+    // The warpgroup's products no longer read its resident rows: they take its results, and one
+    // thread stores them with TMA (rows past the resident length are not written). The buffer
+    // is released once the copy has read them (release_previous, during the next tile).
+    stage_results(acc0, r0_base);
+    if constexpr (KV_SIDE) stage_results(acc1, r1_base);
+    wg::fence_proxy_async();
+    wg::named_barrier(1 + wgi, 128);
+    if (issuer) {
+      const unsigned char* res = smem + buf * Smem::kPairBytes + wgi * 64 * 128;
+      const int orow = static_cast<int>(row0) + 64 * wgi;
+#pragma unroll
+      for (int gi = 0; gi < kGroups; ++gi) {
+        wg::tma_store_4d(&maps.o0, res + gi * kBwdRows * 128, 64 * gi, orow, head, b);
+        if constexpr (KV_SIDE) wg::tma_store_4d(&maps.o1, res + Smem::kResBytes + gi * kBwdRows * 128, 64 * gi, orow, head, b);
+      }
+      wg::bulk_commit();
+    }
+    prev_pending = true;
   }
+  if (issuer) wg::bulk_wait_read<0>();  // the last stores read shared memory before the CTA ends
 }
 
 template <class T, int D, bool KV_SIDE, class SM, class MM>
-void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
+void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, const MM& mm, int32_t* tile_counter,
+                      cudaStream_t st) {
   auto kernel = flex_bwd_wgmma_kernel<T, D, KV_SIDE, SM, MM>;
   constexpr int smem = BwdSmem<D>::kBytes;
   set_smem(kernel, smem);
   const int64_t rows = KV_SIDE ? p.S : p.L;
   const int64_t row_tiles = (rows + kBwdRows - 1) / kBwdRows;
-  const int64_t ctas = row_tiles * (KV_SIDE ? p.Hkv : p.Hq) * p.B;  // < 2^31 (checked by the caller)
-  const bool heads_fastest = row_tiles < current_context().sm_count;
-  kernel<<<dim3(static_cast<unsigned>(ctas)), kThreads, smem, st>>>(maps, p, sm, mm, heads_fastest);
+  const int64_t tiles = row_tiles * (KV_SIDE ? p.Hkv : p.Hq) * p.B;  // < 2^31 (checked by the caller)
+  const int sms = current_context().sm_count;
+  const bool heads_fastest = row_tiles < sms;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
+  kernel<<<grid, kThreads, smem, st>>>(maps, p, sm, mm, heads_fastest, tile_counter);
   KILN_CUDA_CHECK_LAUNCH("flex_bwd_wgmma_kernel");
 }
 
-// Encodes the maps of both passes; false when one cannot be described.
+// Encodes the maps of both passes (the outputs dq, dk, dv are contiguous [B, H, rows, D]); false
+// when one cannot be described.
 template <class T, int D>
 bool bwd_maps(const FlexParams& p, BwdMaps& kv_side, BwdMaps& q_side) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -407,7 +518,11 @@ bool bwd_maps(const FlexParams& p, BwdMaps& kv_side, BwdMaps& q_side) {
          map16(q_side.r0, p.q, p.Hq, p.L, p.q_st[0], p.q_st[1], p.q_st[2], kBwdRows) &&
          map16(q_side.r1, p.dout, p.Hq, p.L, go_b, go_h, D, kBwdRows) &&
          map16(q_side.s0, p.k, p.Hkv, p.S, p.k_st[0], p.k_st[1], p.k_st[2], kBwdStep) &&
-         map16(q_side.s1, p.v, p.Hkv, p.S, p.v_st[0], p.v_st[1], p.v_st[2], kBwdStep);
+         map16(q_side.s1, p.v, p.Hkv, p.S, p.v_st[0], p.v_st[1], p.v_st[2], kBwdStep) &&
+         map16(kv_side.o0, p.dk, p.Hkv, p.S, p.Hkv * p.S * D, p.S * D, D, 64) &&
+         map16(kv_side.o1, p.dv, p.Hkv, p.S, p.Hkv * p.S * D, p.S * D, D, 64) &&
+         map16(q_side.o0, p.dq, p.Hq, p.L, p.Hq * p.L * D, p.L * D, D, 64) &&
+         map16(q_side.o1, p.dq, p.Hq, p.L, p.Hq * p.L * D, p.L * D, D, 64);  // unused
 }
 
 // The Hopper backward when it applies (see the top of the file); false: nothing was launched.
@@ -417,7 +532,7 @@ bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaSt
   if constexpr (std::is_void_v<CT> || attention::is_learnable_v<SM>) {
     return false;
   } else {
-    if (!mma_layout_ok(p, kBwdRows, kBwdRows) || p.L <= 0 || p.S <= 0) return false;
+    if (!mma_layout_ok(p, kBwdRows, kBwdRows) || p.L <= 0 || p.S <= 0 || p.tile_counters == nullptr) return false;
     namespace bwd = flex_mma::bwd;
     if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
         !bwd::aligned16(p.dv) || p.B * p.Hq * p.L >= (int64_t{1} << 31) ||
@@ -429,8 +544,9 @@ bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaSt
       const int64_t threads = p.B * p.Hq * p.L * (D / 8);
       bwd::delta_kernel<CT, D><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
       KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (wgmma)");
-      launch_bwd_wgmma<CT, D, true>(kv_side, p, sm, mm, st);
-      launch_bwd_wgmma<CT, D, false>(q_side, p, sm, mm, st);
+      KILN_CUDA_CHECK(cudaMemsetAsync(p.tile_counters, 0, 2 * sizeof(int32_t), st));
+      launch_bwd_wgmma<CT, D, true>(kv_side, p, sm, mm, p.tile_counters, st);
+      launch_bwd_wgmma<CT, D, false>(q_side, p, sm, mm, p.tile_counters + 1, st);
       return true;
     };
     return p.E == 64 ? run.template operator()<64>() : run.template operator()<128>();

@@ -1,7 +1,7 @@
 // Hopper (sm_90a) building blocks for warp-specialised tensor-core kernels: shared-memory matrix
 // descriptors for 128-byte-swizzled tiles, the warpgroup mma (wgmma.mma_async, 16-bit inputs,
-// f32 accumulators) with its fences, mbarriers, and the bulk tensor copy (TMA) global → shared
-// (tensor maps are encoded on the host: tensor_map.h).
+// f32 accumulators) with its fences, mbarriers, and the bulk tensor copies (TMA) global → shared
+// and shared → global (tensor maps are encoded on the host: tensor_map.h), named barriers.
 //
 // NOTE [swizzled tiles for wgmma and TMA]
 // A tile of ROWS × COLS 16-bit elements (COLS a multiple of 64) is stored as COLS / 64 column
@@ -191,6 +191,29 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
       "[%6];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
       : "memory");
+}
+
+// ---- TMA: one box of shared memory (the layout a load of the same map writes) → a 4-D tensor ----
+// Elements outside the tensor are not written. The copy reads shared memory after the issuing
+// thread's bulk_commit, until bulk_wait_read says it is done; shared-memory writes of other
+// threads must be made visible to it first (fence_proxy_async by the writers, then a barrier).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed bulk groups still read shared memory.
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Orders this thread's shared-memory writes before later async-proxy (TMA, wgmma) accesses.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// A barrier among `threads` threads of the CTA (a multiple of 32) on hardware barrier `id` (1..15;
+// 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace kiln::kernels::cuda::wgmma
