@@ -361,21 +361,6 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     prev_pending = false;
     if (issuer) wg::bulk_wait_read<0>(), wg::mbar_arrive(res_empty + (buf ^ 1));
   };
-  // This warpgroup's results (64 rows, 16-bit) into its rows of a resident tile at `base`, in the
-  // layout the TMA load wrote there (NOTE [swizzled tiles for wgmma and TMA]; a quad's four
-  // 4-byte stores per row hit distinct banks).
-  auto stage_results = [&](const float (&acc)[kAt][4], uint32_t base) {
-#pragma unroll
-    for (int j = 0; j < kAt; ++j)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int lr = 16 * wq + g + 8 * hr;  // row within the warpgroup's 64 (lr % 8 == g)
-        const uint32_t addr = base + (j >> 3) * kBwdRows * 128 + lr * 128 + (((j & 7) ^ g) << 4) + t4 * 4;
-        const uint32_t v = pack2<T>(acc[j][2 * hr], acc[j][2 * hr + 1]);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-      }
-  };
-
   uint32_t it = 0;  // stage uses, over all tiles (as the producer counts them)
   for (uint32_t tc = 0;; ++tc) {
     const uint32_t buf = tc & 1;
@@ -465,23 +450,14 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc0[j][r] *= p.scale;
     }
-    // The warpgroup's products no longer read its resident rows: they take its results, and one
-    // thread stores them with TMA (rows past the resident length are not written). The buffer
-    // is released once the copy has read them (release_previous, during the next tile).
-    stage_results(acc0, r0_base);
-    if constexpr (KV_SIDE) stage_results(acc1, r1_base);
-    wg::fence_proxy_async();
-    wg::named_barrier(1 + wgi, 128);
-    if (issuer) {
-      const unsigned char* res = smem + buf * Smem::kPairBytes + wgi * 64 * 128;
-      const int orow = static_cast<int>(row0) + 64 * wgi;
-#pragma unroll
-      for (int gi = 0; gi < kGroups; ++gi) {
-        wg::tma_store_4d(&maps.o0, res + gi * kBwdRows * 128, 64 * gi, orow, head, b);
-        if constexpr (KV_SIDE) wg::tma_store_4d(&maps.o1, res + Smem::kResBytes + gi * kBwdRows * 128, 64 * gi, orow, head, b);
-      }
-      wg::bulk_commit();
-    }
+    // The warpgroup's products no longer read its resident rows: they take its results on the
+    // way to a TMA store (rows past the resident length are not written). The buffer is released
+    // once the stores have read them (release_previous, during the next tile).
+    unsigned char* res = smem + buf * Smem::kPairBytes;
+    store_rows_tma<T, kAt, kBwdRows>(acc0, res, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head, b);
+    if constexpr (KV_SIDE)
+      store_rows_tma<T, kAt, kBwdRows>(acc1, res + Smem::kResBytes, wgi, lane, issuer, &maps.o1, static_cast<int>(row0),
+                                       head, b);
     prev_pending = true;
   }
   if (issuer) wg::bulk_wait_read<0>();  // the last stores read shared memory before the CTA ends

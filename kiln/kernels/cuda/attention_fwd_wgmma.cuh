@@ -96,10 +96,40 @@ __device__ __forceinline__ void pv_issue(float (&o)[D / 8][4], const uint32_t (&
     wg::wgmma_rs_tb<T, D>(o, pa[kk], wg::desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024), 1);
 }
 
+// A warpgroup's 64 result rows leave by TMA: `acc` (its 64 × 8·NJ accumulator fragments, NOTE
+// [wgmma fragments]) rounded to 16 bits into a dead swizzled tile of ROWS rows per 64-column
+// group (`tile`: its first byte; the warpgroup's rows start at row 64·wgi), in the layout a TMA
+// load writes (NOTE [swizzled tiles for wgmma and TMA]; a quad's four 4-byte stores of a row hit
+// distinct banks); then the warpgroup meets at named barrier 1 + wgi and its first thread
+// (`issuer`) stores the rows to tensor coordinates (column, row0, head, b) of `map` (box 64 × 64)
+// and commits the group; it must bulk_wait_read before the tile is written again.
+template <class T, int NJ, int ROWS>
+__device__ __forceinline__ void store_rows_tma(const float (&acc)[NJ][4], unsigned char* tile, int wgi, int lane,
+                                               bool issuer, const CUtensorMap* map, int row0, int head, int b) {
+  const int wq = (threadIdx.x >> 5) & 3, g = lane >> 2, t4 = lane & 3;
+  unsigned char* rows = tile + wgi * 64 * 128;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int lr = 16 * wq + g + 8 * hr;  // row within the warpgroup's 64 (lr % 8 == g)
+      *reinterpret_cast<uint32_t*>(rows + (j >> 3) * ROWS * 128 + lr * 128 + (((j & 7) ^ g) << 4) + t4 * 4) =
+          pack2<T>(acc[j][2 * hr], acc[j][2 * hr + 1]);
+    }
+  wg::fence_proxy_async();
+  wg::named_barrier(1 + wgi, 128);
+  if (issuer) {
+#pragma unroll
+    for (int gi = 0; gi < NJ / 8; ++gi) wg::tma_store_4d(map, rows + gi * ROWS * 128, 64 * gi, row0 + 64 * wgi, head, b);
+    wg::bulk_commit();
+  }
+}
+
 template <class T, int D, class SM, class MM>
 __global__ void __launch_bounds__(kThreads, 1)
     flex_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                          const __grid_constant__ CUtensorMap tv, FlexParams p, SM sm, MM mm) {
+                          const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to,
+                          FlexParams p, SM sm, MM mm) {
   using Smem = FwdSmem<D>;
   constexpr int kStages = Smem::kStages;
   constexpr int kGroups = D / 64;  // 64-column groups of a row (one TMA box each)
@@ -163,6 +193,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_base = wg::smem_u32(smem) + wgi * 64 * 128;
   constexpr int kNt = kBN / 8, kOt = D / 8;
   constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
+  const bool issuer = wq == 0 && lane == 0;  // stores this warpgroup's O rows
+  // The stage whose K buffer took the previous tile's O: its release waits until the store has
+  // read it (release_held, a step into the next tile).
+  int held_stage = -1;
+  auto release_held = [&] {
+    if (held_stage < 0) return;
+    if (issuer) wg::bulk_wait_read<0>(), wg::mbar_arrive(kv_empty + held_stage);
+    held_stage = -1;
+  };
   uint32_t it = 0, tc = 0;
   for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x, ++tc) {
     const FwdTile tile = fwd_tile(p, t, n_qtiles);
@@ -257,6 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::commit();
       wg::wait<0>();
       wg::fence_operands(sc);
+      release_held();
       if (n_steps == 1 && lane == 0) wg::mbar_arrive(q_empty);
       softmax(0, kv_tile0);
       rescale_and_pack();
@@ -295,11 +335,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::wait<0>();
       wg::fence_operands(o);
       wg::fence_operands(pa);
-      if (lane == 0) wg::mbar_arrive(kv_empty + stage_prev);
     }
+    release_held();  // a tile with no steps
 
-    // Normalise, store O and lse (rows ≥ L skipped).
-    T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(tile.b) * p.Hq + tile.h) * p.L * D;
+    // Normalise, store O and lse (rows ≥ L not written).
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -310,11 +349,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         p.lse[(static_cast<int64_t>(tile.b) * p.Hq + tile.h) * p.L + i] = lt > 0.0f ? m[r] + logf(lt) : -INFINITY;
     }
 #pragma unroll
-    for (int j = 0; j < kOt; ++j) {
-      const float c[4] = {o[j][0] * inv[0], o[j][1] * inv[0], o[j][2] * inv[1], o[j][3] * inv[1]};
-      store_c<T>(out, D, c, row0, 8 * j, p.L, lane);
+    for (int j = 0; j < kOt; ++j) o[j][0] *= inv[0], o[j][1] *= inv[0], o[j][2] *= inv[1], o[j][3] *= inv[1];
+    if (n_steps > 0) {
+      // O leaves through the K buffer of the tile's last stage: nothing reads it once both
+      // warpgroups have computed their last S (q_empty's completion for this tile), and the
+      // producer refills it only after kv_empty, which this warpgroup's first warp signals once
+      // the store has read it (release_held); the other warps signal now.
+      const uint32_t last = (it - 1) % kStages;
+      wg::mbar_wait(q_empty, tc & 1);
+      store_rows_tma<T, kOt, kBN>(o, smem + Smem::kK + last * 2 * Smem::kKVBytes, wgi, lane, issuer, &to,
+                                  static_cast<int>(tile.q0), tile.h, tile.b);
+      if (lane == 0 && wq != 0) wg::mbar_arrive(kv_empty + last);
+      held_stage = static_cast<int>(last);
+    } else {  // nothing was kept: zeros, stored directly
+      T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(tile.b) * p.Hq + tile.h) * p.L * D;
+#pragma unroll
+      for (int j = 0; j < kOt; ++j) store_c<T>(out, D, o[j], row0, 8 * j, p.L, lane);
     }
   }
+  if (issuer) wg::bulk_wait_read<0>();  // the last store has read shared memory before the CTA ends
 }
 
 template <class T, int D, class SM, class MM>
@@ -322,17 +375,18 @@ bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStrea
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const DeviceContext& ctx = current_context();
   if (ctx.max_shared_per_block < static_cast<size_t>(FwdSmem<D>::kBytes)) return false;  // fall back
-  CUtensorMap tq, tk, tv;
+  CUtensorMap tq, tk, tv, to;  // to: the output, contiguous [B, Hq, L, D], one warpgroup's 64 rows a box
   if (!wg::encode_tensor_map_16bit(&tq, kBf16, p.q, p.B, p.Hq, p.L, D, p.q_st[0], p.q_st[1], p.q_st[2], kBM) ||
       !wg::encode_tensor_map_16bit(&tk, kBf16, p.k, p.B, p.Hkv, p.S, D, p.k_st[0], p.k_st[1], p.k_st[2], kBN) ||
-      !wg::encode_tensor_map_16bit(&tv, kBf16, p.v, p.B, p.Hkv, p.S, D, p.v_st[0], p.v_st[1], p.v_st[2], kBN))
+      !wg::encode_tensor_map_16bit(&tv, kBf16, p.v, p.B, p.Hkv, p.S, D, p.v_st[0], p.v_st[1], p.v_st[2], kBN) ||
+      !wg::encode_tensor_map_16bit(&to, kBf16, p.out, p.B, p.Hq, p.L, D, p.Hq * p.L * D, p.L * D, D, 64))
     return false;
   auto kernel = flex_fwd_wgmma_kernel<T, D, SM, MM>;
   constexpr int smem = FwdSmem<D>::kBytes;
   set_smem(kernel, smem);
   const int64_t tiles = (p.L + kBM - 1) / kBM * p.B * p.Hq;
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, ctx.sm_count)));
-  kernel<<<grid, kThreads, smem, st>>>(tq, tk, tv, p, sm, mm);
+  kernel<<<grid, kThreads, smem, st>>>(tq, tk, tv, to, p, sm, mm);
   KILN_CUDA_CHECK_LAUNCH("flex_fwd_wgmma_kernel");
   return true;
 }
