@@ -1,13 +1,13 @@
 // The Hopper FlexAttention backward (TMA, wgmma, warp specialisation) for bf16 / f16 with
 // E = Ev ∈ {64, 128}, BlockMask blocks multiples of 128 and score mods without a learnable
 // table: flex_backward_wgmma, which returns false when it does not apply (the caller then runs
-// the mma.sync backward of attention_bwd_mma.cuh). Bitwise deterministic, like that one: the
-// same three launches, each output element with one owner that reduces in a fixed order.
-//   1. delta = rowsum(dO ∘ O) − dlse (bwd::delta_kernel, shared with the mma.sync backward);
+// the mma.sync backward of attention_bwd_mma.cuh). Bitwise deterministic, like that one: each
+// output element has one owner that reduces in a fixed order. Two launches:
+//   1. dQ: a tile is 128 queries of one (b, q head), walking the kv_blocks list of its Q block,
+//      64 keys a step; it first computes its rows' delta = rowsum(dO ∘ O) − dlse (O arrives in
+//      the tile's first stage, dO is resident) and writes it for pass 2;
 //   2. dK/dV: a tile is 128 keys of one (b, kv head); its walk covers the q_blocks lists of its
-//      KV block for each query head of the GQA group (partial blocks first), 64 queries a step;
-//   3. dQ: a tile is 128 queries of one (b, q head), walking the kv_blocks list of its Q block,
-//      64 keys a step.
+//      KV block for each query head of the GQA group (partial blocks first), 64 queries a step.
 //
 // NOTE [flex backward wgmma] Both passes are one kernel template (KV_SIDE = true: dK/dV):
 // - A persistent grid (at most one CTA per SM) whose CTAs claim tiles from a counter, heaviest
@@ -72,10 +72,10 @@ template <int D> struct BwdSmem {
   static constexpr int kBytes = kTileSlot + 2 * 4 + 1024;
 };
 
-// The tensor maps of one pass: the resident pair, the streamed pair, and the outputs (dK and dV,
-// or dQ and unused), whose boxes are one warpgroup's 64 rows.
+// The tensor maps of one pass: the resident pair, the streamed pair, and two of 64-row boxes.
 struct BwdMaps {
-  CUtensorMap r0, r1, s0, s1, o0, o1;
+  CUtensorMap r0, r1, s0, s1;
+  CUtensorMap o0, o1;  // dK/dV: dK and dV (written); dQ: dQ (written) and O (read for delta)
 };
 
 // A tile of a pass: (row tile, b, head) from its linear index. The causal masks make the first
@@ -166,6 +166,22 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
                           head, b);
           wg::tma_load_4d(res + Smem::kResBytes + g * kBwdRows * 128, &maps.r1, res_full + buf, 64 * g,
                           static_cast<int>(tile.row0), head, b);
+        }
+      }
+      if constexpr (!KV_SIDE) {
+        // The dQ pass's first stage of a tile holds the tile's 128 rows of O, for delta.
+        const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+        ++it;
+        wg::mbar_wait(empty + stage, phase ^ 1);
+        if (lane == 0) {
+          wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
+          unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
+#pragma unroll
+          for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+              wg::tma_load_4d(st + half * Smem::kStrBytes + g * kBwdStep * 128, &maps.o1, full + stage, 64 * g,
+                              static_cast<int>(tile.row0) + 64 * half, head, b);
         }
       }
       // The producer alone walks the block lists: each stage's slot tells the consumers its
@@ -377,13 +393,43 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     r0_base = wg::smem_u32(smem + buf * Smem::kPairBytes) + wgi * 64 * 128;
     r1_base = r0_base + Smem::kResBytes;
     if constexpr (!KV_SIDE) {
+      const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = wrow + g + 8 * r;
-        const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L + i;
-        row_lse[r] = exp_base<kIdentity>(i < L ? p.lse[o] : -INFINITY);
-        row_delta[r] = i < L ? p.delta[o] : 0.0f;
+        row_lse[r] = exp_base<kIdentity>(i < L ? p.lse[o + i] : -INFINITY);
       }
+      // delta = rowsum(dO ∘ O) − dlse of the warp's 16 rows, from dO (resident) and O (the
+      // tile's first stage): two lanes a row, D / 2 columns each, in 16-byte chunks; written
+      // for the dK/dV pass, which runs after this one.
+      const uint32_t stage = it % kStages;
+      wg::mbar_wait(full + stage, (it / kStages) & 1);
+      const int rr = lane >> 1, half = lane & 1, lr = 16 * wq + rr;  // lr: row within the warpgroup's 64
+      const unsigned char* o_rows = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes + wgi * Smem::kStrBytes;
+      const unsigned char* do_rows = smem + buf * Smem::kPairBytes + Smem::kResBytes + wgi * 64 * 128;
+      float d = 0.0f;
+#pragma unroll
+      for (int c = half * D / 16; c < (half + 1) * D / 16; ++c) {
+        const int sw = (((c & 7) ^ (lr & 7)) << 4) + lr * 128;
+        const uint4 ov = *reinterpret_cast<const uint4*>(o_rows + (c >> 3) * kBwdStep * 128 + sw);
+        const uint4 gv = *reinterpret_cast<const uint4*>(do_rows + (c >> 3) * kBwdRows * 128 + sw);
+        const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 a = unpack2<T>(ow[k]), e = unpack2<T>(gw[k]);
+          d += a.x * e.x + a.y * e.y;
+        }
+      }
+      d += __shfl_xor_sync(0xffffffffu, d, 1);
+      const int i = wrow + rr;
+      if (i < L) {
+        if (p.dlse) d -= p.dlse[o + i];
+        if (half == 0) p.delta[o + i] = d;
+      }
+      if (lane == 0) wg::mbar_arrive(empty + stage);
+      ++it;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_delta[r] = __shfl_sync(0xffffffffu, d, 2 * (g + 8 * r));
     }
 #pragma unroll
     for (int j = 0; j < kAt; ++j)
@@ -479,8 +525,8 @@ void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, co
   KILN_CUDA_CHECK_LAUNCH("flex_bwd_wgmma_kernel");
 }
 
-// Encodes the maps of both passes (the outputs dq, dk, dv are contiguous [B, H, rows, D]); false
-// when one cannot be described.
+// Encodes the maps of both passes (out, dq, dk, dv are contiguous [B, H, rows, D]); false when
+// one cannot be described.
 template <class T, int D>
 bool bwd_maps(const FlexParams& p, BwdMaps& kv_side, BwdMaps& q_side) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -498,7 +544,7 @@ bool bwd_maps(const FlexParams& p, BwdMaps& kv_side, BwdMaps& q_side) {
          map16(kv_side.o0, p.dk, p.Hkv, p.S, p.Hkv * p.S * D, p.S * D, D, 64) &&
          map16(kv_side.o1, p.dv, p.Hkv, p.S, p.Hkv * p.S * D, p.S * D, D, 64) &&
          map16(q_side.o0, p.dq, p.Hq, p.L, p.Hq * p.L * D, p.L * D, D, 64) &&
-         map16(q_side.o1, p.dq, p.Hq, p.L, p.Hq * p.L * D, p.L * D, D, 64);  // unused
+         map16(q_side.o1, p.out, p.Hq, p.L, p.Hq * p.L * D, p.L * D, D, 64);
 }
 
 // The Hopper backward when it applies (see the top of the file); false: nothing was launched.
@@ -517,12 +563,10 @@ bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaSt
     BwdMaps kv_side, q_side;
     auto run = [&]<int D>() {
       if (current_context().max_shared_per_block < static_cast<size_t>(BwdSmem<D>::kBytes) || !bwd_maps<CT, D>(p, kv_side, q_side)) return false;
-      const int64_t threads = p.B * p.Hq * p.L * (D / 8);
-      bwd::delta_kernel<CT, D><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
-      KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (wgmma)");
+      // dQ first: it writes the delta that the dK/dV pass reads.
       KILN_CUDA_CHECK(cudaMemsetAsync(p.tile_counters, 0, 2 * sizeof(int32_t), st));
-      launch_bwd_wgmma<CT, D, true>(kv_side, p, sm, mm, p.tile_counters, st);
       launch_bwd_wgmma<CT, D, false>(q_side, p, sm, mm, p.tile_counters + 1, st);
+      launch_bwd_wgmma<CT, D, true>(kv_side, p, sm, mm, p.tile_counters, st);
       return true;
     };
     return p.E == 64 ? run.template operator()<64>() : run.template operator()<128>();
