@@ -853,6 +853,46 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   // head) and a partial last tile: 9 × 8 × 2 = 144 dK/dV tiles, 288 dQ tiles; and a window (136 each).
   check_backward_mma<Causal>(2, 16, 8, 1100, 1100, 128, 128, hf, {}, {}, false, 15);
   check_backward_mma<SlidingWindow>(1, 8, 8, 2100, 2100, 128, 128, bf, {256}, {256}, false, 16);
+  // 640 tiles a pass (B = 2, 64 heads, 5 row tiles a head): ~5 tiles per CTA on 132 SMs, so
+  // each resident buffer is taken three times (its res_empty completes twice, parity 0 then 1);
+  // documents of 200 tokens with query tile 2 and key tile 1 left empty (walks with no steps
+  // between walks with steps), at E = 64 and at E = 128 (the dK/dV pass's one-step loop).
+  {
+    constexpr int64_t n = 640;
+    std::vector<int32_t> qd(n), kd(n);
+    for (int64_t i = 0; i < n; ++i) {
+      qd[static_cast<size_t>(i)] = i / 128 == 2 ? -1 : static_cast<int32_t>(i / 200);
+      kd[static_cast<size_t>(i)] = i / 128 == 1 ? -2 : static_cast<int32_t>(i / 200);
+    }
+    Tensor qdg = from_vector(qd, {n}, gpu), kdg = from_vector(kd, {n}, gpu);
+    DocumentCausal host{Causal{}, Document{qd.data(), kd.data()}};
+    DocumentCausal dev{Causal{}, Document{qdg.data<int32_t>(), kdg.data<int32_t>()}};
+    EXPECT_GT(check_backward_mma(2, 64, 64, n, n, 64, 128, bf, host, dev, false, 17), 0);
+    EXPECT_GT(check_backward_mma(2, 64, 32, n, n, 128, 128, hf, host, dev, false, 18), 0);
+  }
+  // No lse gradient (return_lse = false: the backward gets dlse = null, as a model's attention
+  // does): GPU (the Hopper backward) against the CPU kernel on the same inputs.
+  {
+    Generator gen(19);
+    const int64_t L = 300, H = 4, E = 128;
+    Tensor q = make({1, H, L, E}, gen, bf), k = make({1, H, L, E}, gen, bf), v = make({1, H, L, E}, gen, bf),
+           dout = make({1, H, L, E}, gen, bf);
+    auto run = [&](Device d) {
+      Tensor qg = q.to(d).detach().requires_grad_(), kg = k.to(d).detach().requires_grad_(),
+             vg = v.to(d).detach().requires_grad_();
+      FlexOptions o;
+      o.backend = d.is_cuda() ? FlexBackend::hopper : FlexBackend::automatic;
+      const auto bm = create_block_mask(Causal{}, 1, 1, L, L, 128, 128);
+      FlexResult r = flex_attention(qg, kg, vg, NoScoreMod{}, BlockMask<Causal>{Causal{}, bm.layout.to(d)}, o);
+      r.out.backward(dout.to(d));
+      return std::vector<Tensor>{qg.grad().to(kCPU), kg.grad().to(kCPU), vg.grad().to(kCPU)};
+    };
+    const std::vector<Tensor> c = run(kCPU), g = run(gpu);
+    for (size_t t = 0; t < 3; ++t) {
+      const auto [e, mag] = mean_error(g[t], c[t].to(DType::f64), "gpu vs cpu, no dlse");
+      EXPECT_LE(e, 5e-3 * mag + 1e-6) << "gradient " << t << ": mean |gpu - cpu| " << e << ", mean |cpu| " << mag;
+    }
+  }
 }
 
 // FlexOptions::backend on the GPU: a required kernel family that does not apply fails with

@@ -363,6 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   auto read_step = [&](uint32_t stage, flex_mma::bwd::Cursor& c) {
     const int32_t meta = info[2 * stage + 1];
     if (meta == kWalkEnd) {
+      __syncwarp();  // every lane has read the slot before the producer may reuse the stage
       if (lane == 0) wg::mbar_arrive(empty + stage);
       return false;
     }
@@ -520,6 +521,7 @@ void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, co
   const int64_t tiles = row_tiles * (KV_SIDE ? p.Hkv : p.Hq) * p.B;  // < 2^31 (checked by the caller)
   const int sms = current_context().sm_count;
   const bool heads_fastest = row_tiles < sms;
+  if (tiles == 0) return;  // B = 0 or Hq = 0: nothing to write (dK/dV with Hq = 0 get zeros from their empty walks)
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
   kernel<<<grid, kThreads, smem, st>>>(maps, p, sm, mm, heads_fastest, tile_counter);
   KILN_CUDA_CHECK_LAUNCH("flex_bwd_wgmma_kernel");

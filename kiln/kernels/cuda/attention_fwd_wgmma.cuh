@@ -26,7 +26,9 @@
 //   accumulates O += P·V with P rounded to 16 bits and fed from registers (128 / 16 wgmma, V
 //   read transposed). Rows beyond L and keys beyond S arrive as zeros from the TMA and are
 //   masked. At the end O is divided by the row sum and lse = m + log(l) is written; a row with
-//   nothing kept gets O = 0, lse = −inf.
+//   nothing kept gets O = 0, lse = −inf. O leaves by a TMA store through the K buffer of the
+//   tile's last stage (store_rows_tma), which both warpgroups' last S have finished reading;
+//   that stage's kv_empty then also waits for the store to have read it (release_held).
 // - GQA: K/V of head h / (Hq / Hkv) through the tensor maps' strides (no copies).
 #pragma once
 #include <algorithm>
@@ -216,6 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The walk's length from the producer (it reads the block lists; the consumers never touch
     // global memory before the store).
     const int n_part = info[0], n_steps = info[1];
+    __syncwarp();  // every lane has read the counts before q_empty may let the producer rewrite them
     if (n_steps == 0 && lane == 0) wg::mbar_arrive(q_empty);
     float sc[kNt][4];              // S of this step, then its P in f32
     uint32_t pa[kBN / 16][4];      // P of the previous step, 16-bit, as A fragments
