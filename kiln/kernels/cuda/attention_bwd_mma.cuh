@@ -190,6 +190,17 @@ __device__ __forceinline__ void store_rows(const float (&acc)[MT][N / 8][4], NT*
     for (int nf = 0; nf < N / 8; ++nf) store_c<NT>(out, N, acc[mt][nf], row0 + 16 * mt, nf * 8, nrows, lane);
 }
 
+// d += the dot product of 8 16-bit values with 8 others (16 bytes each), in f32, in element
+// order: one step of delta = rowsum(dO ∘ O) (this kernel and the Hopper dQ pass).
+template <class NT> __device__ __forceinline__ void accumulate_dot8(float& d, uint4 x, uint4 y) {
+  const uint32_t xv[4] = {x.x, x.y, x.z, x.w}, yv[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 a = unpack2<NT>(xv[k]), c = unpack2<NT>(yv[k]);
+    d += a.x * c.x + a.y * c.y;
+  }
+}
+
 template <class NT, int EV>
 __global__ void __launch_bounds__(256) delta_kernel(FlexParams p) {
   constexpr int kPerRow = EV / 8;  // threads per row, 8 elements (16 bytes) each
@@ -198,14 +209,8 @@ __global__ void __launch_bounds__(256) delta_kernel(FlexParams p) {
   const int part = static_cast<int>(tid % kPerRow);
   float d = 0.0f;
   if (r < rows) {
-    const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const NT*>(p.out) + r * EV + part * 8);
-    const uint4 g = *reinterpret_cast<const uint4*>(static_cast<const NT*>(p.dout) + r * EV + part * 8);
-    const uint32_t ov[4] = {o.x, o.y, o.z, o.w}, gv[4] = {g.x, g.y, g.z, g.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 a = unpack2<NT>(ov[k]), c = unpack2<NT>(gv[k]);
-      d += a.x * c.x + a.y * c.y;
-    }
+    accumulate_dot8<NT>(d, *reinterpret_cast<const uint4*>(static_cast<const NT*>(p.out) + r * EV + part * 8),
+                        *reinterpret_cast<const uint4*>(static_cast<const NT*>(p.dout) + r * EV + part * 8));
   }
 #pragma unroll
   for (int off = kPerRow / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);

@@ -160,13 +160,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
         tile_slot[buf] = static_cast<int32_t>(t);  // released by the arrive below
         wg::mbar_arrive_expect_tx(res_full + buf, 2 * Smem::kResBytes);
         unsigned char* res = smem + buf * Smem::kPairBytes;
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          wg::tma_load_4d(res + g * kBwdRows * 128, &maps.r0, res_full + buf, 64 * g, static_cast<int>(tile.row0),
-                          head, b);
-          wg::tma_load_4d(res + Smem::kResBytes + g * kBwdRows * 128, &maps.r1, res_full + buf, 64 * g,
-                          static_cast<int>(tile.row0), head, b);
-        }
+        load_rows_tma<kGroups, kBwdRows>(res, &maps.r0, res_full + buf, static_cast<int>(tile.row0), head, b);
+        load_rows_tma<kGroups, kBwdRows>(res + Smem::kResBytes, &maps.r1, res_full + buf, static_cast<int>(tile.row0),
+                                         head, b);
       }
       if constexpr (!KV_SIDE) {
         // The dQ pass's first stage of a tile holds the tile's 128 rows of O, for delta.
@@ -177,11 +173,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
           unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
 #pragma unroll
-          for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-              wg::tma_load_4d(st + half * Smem::kStrBytes + g * kBwdStep * 128, &maps.o1, full + stage, 64 * g,
-                              static_cast<int>(tile.row0) + 64 * half, head, b);
+          for (int half = 0; half < 2; ++half)  // two 64-row boxes, in the places of the streamed pair
+            load_rows_tma<kGroups, kBwdStep>(st + half * Smem::kStrBytes, &maps.o1, full + stage,
+                                             static_cast<int>(tile.row0) + 64 * half, head, b);
         }
       }
       // The producer alone walks the block lists: each stage's slot tells the consumers its
@@ -204,11 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           slot[0] = start, slot[1] = cur.hi * 2 + cur.pass;  // released by the arrive below
           wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
           unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
-#pragma unroll
-          for (int g = 0; g < kGroups; ++g) {
-            wg::tma_load_4d(st + g * kBwdStep * 128, &maps.s0, full + stage, 64 * g, start, hs, b);
-            wg::tma_load_4d(st + Smem::kStrBytes + g * kBwdStep * 128, &maps.s1, full + stage, 64 * g, start, hs, b);
-          }
+          load_rows_tma<kGroups, kBwdStep>(st, &maps.s0, full + stage, start, hs, b);
+          load_rows_tma<kGroups, kBwdStep>(st + Smem::kStrBytes, &maps.s1, full + stage, start, hs, b);
         }
         if constexpr (KV_SIDE) {
           const int64_t o = (static_cast<int64_t>(b) * p.Hq + hs) * p.L;
@@ -412,14 +403,8 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
       for (int c = half * D / 16; c < (half + 1) * D / 16; ++c) {
         const int sw = (((c & 7) ^ (lr & 7)) << 4) + lr * 128;
-        const uint4 ov = *reinterpret_cast<const uint4*>(o_rows + (c >> 3) * kBwdStep * 128 + sw);
-        const uint4 gv = *reinterpret_cast<const uint4*>(do_rows + (c >> 3) * kBwdRows * 128 + sw);
-        const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 a = unpack2<T>(ow[k]), e = unpack2<T>(gw[k]);
-          d += a.x * e.x + a.y * e.y;
-        }
+        flex_mma::bwd::accumulate_dot8<T>(d, *reinterpret_cast<const uint4*>(o_rows + (c >> 3) * kBwdStep * 128 + sw),
+                                          *reinterpret_cast<const uint4*>(do_rows + (c >> 3) * kBwdRows * 128 + sw));
       }
       d += __shfl_xor_sync(0xffffffffu, d, 1);
       const int i = wrow + rr;

@@ -1,7 +1,8 @@
 // The Hopper FlexAttention forward (FlashAttention-3 style: TMA, wgmma, warp specialisation) for
 // bf16 / f16 with E = Ev ∈ {64, 128} and BlockMask blocks that are multiples of 128:
 // flex_forward_wgmma, which returns false when it does not apply so that the caller falls back
-// to the mma.sync kernel (attention_fwd_mma.cuh).
+// to the mma.sync kernel (attention_fwd_mma.cuh). Also the row-tile TMA helpers that the Hopper
+// backward shares: load_rows_tma and store_rows_tma.
 //
 // NOTE [flex forward wgmma]
 // - A persistent grid (one CTA per SM) walks the (query tile, b, h) tiles heaviest first
@@ -98,13 +99,25 @@ __device__ __forceinline__ void pv_issue(float (&o)[D / 8][4], const uint32_t (&
     wg::wgmma_rs_tb<T, D>(o, pa[kk], wg::desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024), 1);
 }
 
+// A tile of ROWS rows × 64·GROUPS columns at tensor coordinates (row, head, b) of `map` into
+// swizzled shared memory at `dst` (one TMA box per 64-column group; NOTE [swizzled tiles for
+// wgmma and TMA]), completing on `bar`.
+template <int GROUPS, int ROWS>
+__device__ __forceinline__ void load_rows_tma(unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int row,
+                                              int head, int b) {
+#pragma unroll
+  for (int g = 0; g < GROUPS; ++g) wg::tma_load_4d(dst + g * ROWS * 128, map, bar, 64 * g, row, head, b);
+}
+
 // A warpgroup's 64 result rows leave by TMA: `acc` (its 64 × 8·NJ accumulator fragments, NOTE
 // [wgmma fragments]) rounded to 16 bits into a dead swizzled tile of ROWS rows per 64-column
 // group (`tile`: its first byte; the warpgroup's rows start at row 64·wgi), in the layout a TMA
 // load writes (NOTE [swizzled tiles for wgmma and TMA]; a quad's four 4-byte stores of a row hit
 // distinct banks); then the warpgroup meets at named barrier 1 + wgi and its first thread
-// (`issuer`) stores the rows to tensor coordinates (column, row0, head, b) of `map` (box 64 × 64)
-// and commits the group; it must bulk_wait_read before the tile is written again.
+// (`issuer`) stores the rows to tensor coordinates (column, row0 + 64·wgi, head, b) of `map` (box
+// 64 × 64) and commits the group; it must bulk_wait_read before the tile is written again.
+// (wgi, lane and issuer come from the caller, which has them in registers: deriving them here
+// from threadIdx cost the forward 8 bytes more of spills.)
 template <class T, int NJ, int ROWS>
 __device__ __forceinline__ void store_rows_tma(const float (&acc)[NJ][4], unsigned char* tile, int wgi, int lane,
                                                bool issuer, const CUtensorMap* map, int row0, int head, int b) {
@@ -168,9 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::mbar_wait(q_empty, (tc & 1) ^ 1);
       info[0] = steps.n_part, info[1] = steps.n;  // released to the consumers by the arrive
       wg::mbar_arrive_expect_tx(q_full, Smem::kQBytes);
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g)
-        wg::tma_load_4d(smem + g * kBM * 128, &tq, q_full, 64 * g, static_cast<int>(tile.q0), tile.h, tile.b);
+      load_rows_tma<kGroups, kBM>(smem, &tq, q_full, static_cast<int>(tile.q0), tile.h, tile.b);
       for (int s = 0; s < steps.n; ++s, ++it) {
         const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
         wg::mbar_wait(kv_empty + stage, phase ^ 1);
@@ -178,11 +189,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         info[2 + stage] = kv0;  // released to the consumers by the arrive
         wg::mbar_arrive_expect_tx(kv_full + stage, 2 * Smem::kKVBytes);
         unsigned char* sk = smem + Smem::kK + stage * 2 * Smem::kKVBytes;
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          wg::tma_load_4d(sk + g * kBN * 128, &tk, kv_full + stage, 64 * g, kv0, hk, tile.b);
-          wg::tma_load_4d(sk + Smem::kKVBytes + g * kBN * 128, &tv, kv_full + stage, 64 * g, kv0, hk, tile.b);
-        }
+        load_rows_tma<kGroups, kBN>(sk, &tk, kv_full + stage, kv0, hk, tile.b);
+        load_rows_tma<kGroups, kBN>(sk + Smem::kKVBytes, &tv, kv_full + stage, kv0, hk, tile.b);
       }
     }
     return;
