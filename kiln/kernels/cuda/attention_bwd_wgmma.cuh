@@ -23,8 +23,9 @@
 //   (wgmma.cuh; the forward's scheme, NOTE [flex forward wgmma]). Only the producer walks the
 //   block lists: each stage carries its step (first row, head, pass) in a shared-memory slot,
 //   and a last stage without copies ends the walk, so the consumers never wait on a global load.
-// - Per step a consumer warpgroup computes two 64 × 64 products from shared memory,
-//   A = its rows of the resident pair, B = the streamed pair: X = R0·S0ᵀ and dX = R1·S1ᵀ,
+// - Per step a consumer warpgroup computes two 64 × 64 products, A = its rows of the resident
+//   pair (from shared memory in dK/dV; in the dQ pass from registers, read once a tile, with the
+//   identity score_mod or E = 64), B = the streamed pair: X = R0·S0ᵀ and dX = R1·S1ᵀ,
 //   i.e. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (dK/dV) or S = Q·Kᵀ and dP = dO·Vᵀ (dQ); then in registers
 //   P = exp(score_mod(scale·S) − lse) and dS = P ∘ (dP − delta) · dscore · scale (mask_mod on
 //   partial blocks, bounds on tiles crossing L or S; the identity score_mod puts its scale into
@@ -242,6 +243,24 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // streamed tiles read transposed (MN-major, 64-row tiles).
   float x[kNt][4], dx[kNt][4];
   uint32_t da[kBwdStep / 16][4], pa[kBwdStep / 16][4];
+  // dQ: the warpgroup's resident rows (Q, dO) as A fragments in registers, read once a tile, so
+  // that S = Q·Kᵀ and dP = dO·Vᵀ read only K and V from shared memory (with both operands there
+  // an m64n64k16 step reads 4 KB, as much as shared memory delivers in the step's tensor time).
+  // dK/dV keeps K and V in shared memory: next to its two accumulators even K alone spilled
+  // 64 bytes at E = 128 and ran the pass 30 % slower; a score mod's dQ pass at E = 128 keeps
+  // them there too (the generic element step spilled 176 bytes with softcap).
+  constexpr bool kResInRegs = !KV_SIDE && (kIdentity || D == 64);
+  uint32_t ra0[kResInRegs ? D / 16 : 1][4], ra1[kResInRegs ? D / 16 : 1][4];
+  auto load_resident_fragments = [&] {
+    const int r = 16 * wq + (lane & 15);  // row within the warpgroup's 64 (ldmatrix: lane = row, two column halves)
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int c = 16 * kk + 8 * (lane >> 4);
+      const uint32_t off = (c >> 6) * kBwdRows * 128 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4);
+      mma::ldmatrix_x4(ra0[kk], r0_base + off);
+      mma::ldmatrix_x4(ra1[kk], r1_base + off);
+    }
+  };
   auto stage_base = [&](uint32_t stage) { return wg::smem_u32(smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes); };
   auto issue_products = [&](uint32_t s0_base) {
     const uint32_t s1_base = s0_base + Smem::kStrBytes;
@@ -249,10 +268,15 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk >> 2) * kBwdRows * 128 + (kk & 3) * 32;
       const uint32_t soff = (kk >> 2) * kBwdStep * 128 + (kk & 3) * 32;
-      wg::wgmma_ss<T, kBwdStep>(x, wg::desc_sw128(r0_base + off, 16, 1024), wg::desc_sw128(s0_base + soff, 16, 1024),
-                                kk > 0 ? 1 : 0);
-      wg::wgmma_ss<T, kBwdStep>(dx, wg::desc_sw128(r1_base + off, 16, 1024), wg::desc_sw128(s1_base + soff, 16, 1024),
-                                kk > 0 ? 1 : 0);
+      if constexpr (kResInRegs) {
+        wg::wgmma_rs<T, kBwdStep, 0>(x, ra0[kk], wg::desc_sw128(s0_base + soff, 16, 1024), kk > 0 ? 1 : 0);
+        wg::wgmma_rs<T, kBwdStep, 0>(dx, ra1[kk], wg::desc_sw128(s1_base + soff, 16, 1024), kk > 0 ? 1 : 0);
+      } else {
+        wg::wgmma_ss<T, kBwdStep>(x, wg::desc_sw128(r0_base + off, 16, 1024), wg::desc_sw128(s0_base + soff, 16, 1024),
+                                  kk > 0 ? 1 : 0);
+        wg::wgmma_ss<T, kBwdStep>(dx, wg::desc_sw128(r1_base + off, 16, 1024),
+                                  wg::desc_sw128(s1_base + soff, 16, 1024), kk > 0 ? 1 : 0);
+      }
     }
   };
   // Rows of the fragments are resident rows, columns streamed ones.
@@ -318,9 +342,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
     for (int kk = 0; kk < kBwdStep / 16; ++kk) {
       // dK += dSᵀ·Q (S0 = Q) or dQ += dS·K (S0 = K); dV += Pᵀ·dO (S1 = dO).
-      wg::wgmma_rs_tb<T, D>(acc0, da[kk], wg::desc_sw128(s0_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
+      wg::wgmma_rs<T, D, 1>(acc0, da[kk], wg::desc_sw128(s0_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
       if constexpr (KV_SIDE)
-        wg::wgmma_rs_tb<T, D>(acc1, pa[kk], wg::desc_sw128(s1_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
+        wg::wgmma_rs<T, D, 1>(acc1, pa[kk], wg::desc_sw128(s1_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
     }
   };
   auto fence_all = [&] {
@@ -330,6 +354,8 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     wg::fence_operands(acc1);
     wg::fence_operands(da);
     wg::fence_operands(pa);
+    wg::fence_operands(ra0);
+    wg::fence_operands(ra1);
   };
 
   // `issue` (this warpgroup's wgmma) issued and waited for, fenced on every register operand;
@@ -384,6 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     res_tail = row0 + kBwdRows > res_len;
     r0_base = wg::smem_u32(smem + buf * Smem::kPairBytes) + wgi * 64 * 128;
     r1_base = r0_base + Smem::kResBytes;
+    if constexpr (kResInRegs) load_resident_fragments();
     if constexpr (!KV_SIDE) {
       const int64_t o = (static_cast<int64_t>(b) * p.Hq + head) * p.L;
 #pragma unroll

@@ -96,7 +96,7 @@ template <class T, int D>
 __device__ __forceinline__ void pv_issue(float (&o)[D / 8][4], const uint32_t (&pa)[kBN / 16][4], uint32_t v_base) {
 #pragma unroll
   for (int kk = 0; kk < kBN / 16; ++kk)
-    wg::wgmma_rs_tb<T, D>(o, pa[kk], wg::desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024), 1);
+    wg::wgmma_rs<T, D, 1>(o, pa[kk], wg::desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024), 1);
 }
 
 // A tile of ROWS rows × 64·GROUPS columns at tensor coordinates (row, head, b) of `map` into
