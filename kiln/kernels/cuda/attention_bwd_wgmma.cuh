@@ -263,19 +263,18 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   };
   auto stage_base = [&](uint32_t stage) { return wg::smem_u32(smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes); };
   auto issue_products = [&](uint32_t s0_base) {
-    const uint32_t s1_base = s0_base + Smem::kStrBytes;
+    const uint64_t s0 = wg::desc_sw128(s0_base, 16, 1024), s1 = wg::desc_sw128(s0_base + Smem::kStrBytes, 16, 1024);
+    const uint64_t r0 = wg::desc_sw128(r0_base, 16, 1024), r1 = wg::desc_sw128(r1_base, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk >> 2) * kBwdRows * 128 + (kk & 3) * 32;
       const uint32_t soff = (kk >> 2) * kBwdStep * 128 + (kk & 3) * 32;
       if constexpr (kResInRegs) {
-        wg::wgmma_rs<T, kBwdStep, 0>(x, ra0[kk], wg::desc_sw128(s0_base + soff, 16, 1024), kk > 0 ? 1 : 0);
-        wg::wgmma_rs<T, kBwdStep, 0>(dx, ra1[kk], wg::desc_sw128(s1_base + soff, 16, 1024), kk > 0 ? 1 : 0);
+        wg::wgmma_rs<T, kBwdStep, 0>(x, ra0[kk], wg::desc_advance(s0, soff), kk > 0 ? 1 : 0);
+        wg::wgmma_rs<T, kBwdStep, 0>(dx, ra1[kk], wg::desc_advance(s1, soff), kk > 0 ? 1 : 0);
       } else {
-        wg::wgmma_ss<T, kBwdStep>(x, wg::desc_sw128(r0_base + off, 16, 1024), wg::desc_sw128(s0_base + soff, 16, 1024),
-                                  kk > 0 ? 1 : 0);
-        wg::wgmma_ss<T, kBwdStep>(dx, wg::desc_sw128(r1_base + off, 16, 1024),
-                                  wg::desc_sw128(s1_base + soff, 16, 1024), kk > 0 ? 1 : 0);
+        wg::wgmma_ss<T, kBwdStep>(x, wg::desc_advance(r0, off), wg::desc_advance(s0, soff), kk > 0 ? 1 : 0);
+        wg::wgmma_ss<T, kBwdStep>(dx, wg::desc_advance(r1, off), wg::desc_advance(s1, soff), kk > 0 ? 1 : 0);
       }
     }
   };
@@ -301,17 +300,23 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       const float mul = p.scale * kLog2e;
       auto elements = [&]<bool kMasked>() {
 #pragma unroll
-        for (int j = 0; j < kNt; ++j)
+        for (int j = 0; j < kNt; ++j) {
+          // dK/dV: the stats of this thread's two columns 8j + 2·t4 (+1), one 8-byte load each.
+          float2 col_base{}, col_delta{};
+          if constexpr (KV_SIDE) {
+            col_base = *reinterpret_cast<const float2*>(st_lse + 8 * j + 2 * t4);
+            col_delta = *reinterpret_cast<const float2*>(st_delta + 8 * j + 2 * t4);
+          }
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            const int col = 8 * j + 2 * t4 + (r & 1);
-            const float base = KV_SIDE ? st_lse[col] : row_lse[r >> 1];
-            const float delta = KV_SIDE ? st_delta[col] : row_delta[r >> 1];
+            const float base = KV_SIDE ? (r & 1 ? col_base.y : col_base.x) : row_lse[r >> 1];
+            const float delta = KV_SIDE ? (r & 1 ? col_delta.y : col_delta.x) : row_delta[r >> 1];
             float pv = fast_exp2(fmaf(x[j][r], mul, -base));
             if constexpr (kMasked) pv = (kept >> (j * 4 + r)) & 1u ? pv : 0.0f;
             x[j][r] = pv;
             dx[j][r] = pv * (dx[j][r] - delta);
           }
+        }
       };
       if (full_tile)
         elements.template operator()<false>();
@@ -338,13 +343,13 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     }
   };
   auto issue_accumulate = [&](uint32_t s0_base) {
-    const uint32_t s1_base = s0_base + Smem::kStrBytes;
+    const uint64_t s0 = wg::desc_sw128(s0_base, kBwdStep * 128, 1024);
+    const uint64_t s1 = wg::desc_sw128(s0_base + Smem::kStrBytes, kBwdStep * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBwdStep / 16; ++kk) {
       // dK += dSᵀ·Q (S0 = Q) or dQ += dS·K (S0 = K); dV += Pᵀ·dO (S1 = dO).
-      wg::wgmma_rs<T, D, 1>(acc0, da[kk], wg::desc_sw128(s0_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
-      if constexpr (KV_SIDE)
-        wg::wgmma_rs<T, D, 1>(acc1, pa[kk], wg::desc_sw128(s1_base + kk * 16 * 128, kBwdStep * 128, 1024), 1);
+      wg::wgmma_rs<T, D, 1>(acc0, da[kk], wg::desc_advance(s0, kk * 16 * 128), 1);
+      if constexpr (KV_SIDE) wg::wgmma_rs<T, D, 1>(acc1, pa[kk], wg::desc_advance(s1, kk * 16 * 128), 1);
     }
   };
   auto fence_all = [&] {

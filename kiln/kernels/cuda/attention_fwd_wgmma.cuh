@@ -94,9 +94,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // read MN-major (transposed). The caller fences, commits and waits.
 template <class T, int D>
 __device__ __forceinline__ void pv_issue(float (&o)[D / 8][4], const uint32_t (&pa)[kBN / 16][4], uint32_t v_base) {
+  const uint64_t v = wg::desc_sw128(v_base, kBN * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < kBN / 16; ++kk)
-    wg::wgmma_rs<T, D, 1>(o, pa[kk], wg::desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024), 1);
+  for (int kk = 0; kk < kBN / 16; ++kk) wg::wgmma_rs<T, D, 1>(o, pa[kk], wg::desc_advance(v, kk * 16 * 128), 1);
 }
 
 // A tile of ROWS rows × 64·GROUPS columns at tensor coordinates (row, head, b) of `map` into
@@ -233,12 +233,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     float alpha[2], sum[2];
     // Issues S = Q·Kᵀ of step s (D / 16 k-steps, both operands K-major) into sc.
     auto issue_s = [&](uint32_t k_base) {
+      const uint64_t q = wg::desc_sw128(q_base, 16, 1024), k = wg::desc_sw128(k_base, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t off = (kk & 3) * 32;  // k16 step within the 128-byte row
-        const uint64_t da = wg::desc_sw128(q_base + (kk >> 2) * kBM * 128 + off, 16, 1024);
-        const uint64_t db = wg::desc_sw128(k_base + (kk >> 2) * kBN * 128 + off, 16, 1024);
-        wg::wgmma_ss<T, kBN>(sc, da, db, kk > 0 ? 1 : 0);
+        wg::wgmma_ss<T, kBN>(sc, wg::desc_advance(q, (kk >> 2) * kBM * 128 + off),
+                             wg::desc_advance(k, (kk >> 2) * kBN * 128 + off), kk > 0 ? 1 : 0);
       }
     };
     // Mods and the online softmax of step s on sc (P in place of S); alpha and sum for rows

@@ -45,6 +45,16 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr, uint32_t
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
 
+// The descriptor of the same operand `bytes` (a multiple of 16) further on: the start address
+// is the low word's bits 0–13 in 16-byte units, and shared memory ends below 256 KB, so adding to
+// the low word never carries into the offsets above it. One add with a constant instead of the
+// mask, shift and merge of desc_sw128 per wgmma (the backward's steps issued ~20 instructions of
+// descriptor arithmetic per pair of wgmma).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4), hi = static_cast<uint32_t>(desc >> 32);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
 // ---- ordering ----
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
