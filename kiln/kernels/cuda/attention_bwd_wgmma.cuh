@@ -359,8 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     wg::fence_operands(acc1);
     wg::fence_operands(da);
     wg::fence_operands(pa);
-    wg::fence_operands(ra0);
-    wg::fence_operands(ra1);
+    if constexpr (kResInRegs) wg::fence_operands(ra0), wg::fence_operands(ra1);
   };
 
   // `issue` (this warpgroup's wgmma) issued and waited for, fenced on every register operand;
