@@ -79,22 +79,19 @@ struct BwdMaps {
   CUtensorMap o0, o1;  // dK/dV: dK and dV (written); dQ: dQ (written) and O (read for delta)
 };
 
-// A tile of a pass: (row tile, b, head) from its linear index. The causal masks make the first
-// KV tiles (dK/dV) and the last Q tiles (dQ) the heaviest, so the dQ pass numbers its tiles
-// backwards and each (b, head) starts with its heaviest. heads_fastest (when one head's tiles
-// do not fill the GPU): the index runs over the heads first, so every head's heaviest tiles
-// come first and the last ones are the lightest. Else head-major: the CTAs running together
-// share one head's streamed rows in L2. dK/dV: `head` is the kv head, whose walk covers its G
-// query heads; dQ: the q head.
+// A tile of a pass: (row tile, b, head) from its linear index, in the order tile_rank gives
+// (attention_fwd_wgmma.cuh: heads fastest or head-major). The causal masks make the first KV
+// tiles (dK/dV) and the last Q tiles (dQ) the heaviest, so the dQ pass numbers its tiles
+// backwards and each (b, head) starts with its heaviest. dK/dV: `head` is the kv head, whose
+// walk covers its G query heads; dQ: the q head.
 template <bool KV_SIDE> struct BwdTile {
   int b, head;
   int64_t row0;  // first resident row
   __device__ __forceinline__ BwdTile(const FlexParams& p, int64_t t, int64_t n_row_tiles, bool heads_fastest) {
-    const int64_t n_res_heads = KV_SIDE ? p.Hkv : p.Hq, n_bh = n_res_heads * p.B;
-    const int64_t bh = heads_fastest ? t % n_bh : t / n_row_tiles;
-    const int64_t order = heads_fastest ? t / n_bh : t % n_row_tiles;
-    head = static_cast<int>(bh % n_res_heads), b = static_cast<int>(bh / n_res_heads);
-    row0 = (KV_SIDE ? order : n_row_tiles - 1 - order) * kBwdRows;
+    const int64_t n_res_heads = KV_SIDE ? p.Hkv : p.Hq;
+    const TileRank tr = tile_rank(t, n_row_tiles, n_res_heads * p.B, heads_fastest);
+    head = static_cast<int>(tr.bh % n_res_heads), b = static_cast<int>(tr.bh / n_res_heads);
+    row0 = (KV_SIDE ? tr.rank : n_row_tiles - 1 - tr.rank) * kBwdRows;
   }
 };
 
@@ -255,8 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     const int r = 16 * wq + (lane & 15);  // row within the warpgroup's 64 (ldmatrix: lane = row, two column halves)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const int c = 16 * kk + 8 * (lane >> 4);
-      const uint32_t off = (c >> 6) * kBwdRows * 128 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4);
+      const uint32_t off = wg::sw128_offset<kBwdRows>(r, 16 * kk + 8 * (lane >> 4));
       mma::ldmatrix_x4(ra0[kk], r0_base + off);
       mma::ldmatrix_x4(ra1[kk], r1_base + off);
     }
@@ -432,11 +428,10 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       const unsigned char* do_rows = smem + buf * Smem::kPairBytes + Smem::kResBytes + wgi * 64 * 128;
       float d = 0.0f;
 #pragma unroll
-      for (int c = half * D / 16; c < (half + 1) * D / 16; ++c) {
-        const int sw = (((c & 7) ^ (lr & 7)) << 4) + lr * 128;
-        flex_mma::bwd::accumulate_dot8<T>(d, *reinterpret_cast<const uint4*>(o_rows + (c >> 3) * kBwdStep * 128 + sw),
-                                          *reinterpret_cast<const uint4*>(do_rows + (c >> 3) * kBwdRows * 128 + sw));
-      }
+      for (int c = half * D / 16; c < (half + 1) * D / 16; ++c)  // c: a 16-byte chunk of the row
+        flex_mma::bwd::accumulate_dot8<T>(
+            d, *reinterpret_cast<const uint4*>(o_rows + wg::sw128_offset<kBwdStep>(lr, 8 * c)),
+            *reinterpret_cast<const uint4*>(do_rows + wg::sw128_offset<kBwdRows>(lr, 8 * c)));
       d += __shfl_xor_sync(0xffffffffu, d, 1);
       const int i = wrow + rr;
       if (i < L) {
@@ -536,7 +531,7 @@ void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, co
   const int64_t row_tiles = (rows + kBwdRows - 1) / kBwdRows;
   const int64_t tiles = row_tiles * (KV_SIDE ? p.Hkv : p.Hq) * p.B;  // < 2^31 (checked by the caller)
   const int sms = current_context().sm_count;
-  const bool heads_fastest = row_tiles < sms;
+  const bool heads_fastest = heads_fastest_order(row_tiles, sms);
   if (tiles == 0) return;  // B = 0 or Hq = 0: nothing to write (dK/dV with Hq = 0 get zeros from their empty walks)
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
   kernel<<<grid, kThreads, smem, st>>>(maps, p, sm, mm, heads_fastest, tile_counter);

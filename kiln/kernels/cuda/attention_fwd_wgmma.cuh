@@ -75,21 +75,31 @@ template <int D> struct FwdSmem {
   static constexpr int kBytes = kInfo + (2 + kStages) * 4 + 1024;  // + slack to align the base
 };
 
-// The tile of linear index t: (b, h, first query row), heaviest query tiles first; heads_fastest
-// (one head's query tiles do not fill the GPU) runs the index over the heads first, so every
-// head's heaviest tiles start together; else head-major. Head-major at S = 32768 causal (256
-// query tiles a head, 132 SMs; H200, ncu): the forward read 6.6 GB from DRAM instead of 14.0
-// and ran 6.58 ms instead of 6.89; heads fastest at S = 8192 (64 tiles a head): forward +
-// backward 1.85 ms against 2.12 head-major.
+// The order of the Hopper kernels' tiles (this forward's and the backward's, BwdTile): tile t of
+// n_bh (b, head) pairs with n_row_tiles each is the rank-th of pair bh (rank 0: the pair's
+// heaviest). With heads_fastest (one head's row tiles do not fill the GPU: heads_fastest_order)
+// t runs over the pairs first, so every head's heaviest tiles start together; else head-major,
+// so the CTAs running together stream one head's rows through L2. Head-major at S = 32768
+// causal (256 query tiles a head, 132 SMs; H200, ncu): the forward read 6.6 GB from DRAM
+// instead of 14.0 and ran 6.58 ms instead of 6.89; heads fastest at S = 8192 (64 tiles a head):
+// forward + backward 1.85 ms against 2.12 head-major.
+struct TileRank {
+  int64_t bh, rank;
+};
+__device__ __forceinline__ TileRank tile_rank(int64_t t, int64_t n_row_tiles, int64_t n_bh, bool heads_fastest) {
+  return heads_fastest ? TileRank{t % n_bh, t / n_bh} : TileRank{t / n_row_tiles, t % n_row_tiles};
+}
+inline bool heads_fastest_order(int64_t row_tiles, int sm_count) { return row_tiles < sm_count; }
+
+// The forward's tile of linear index t: (b, h, first query row), the last query tiles (under
+// causal masks the heaviest) first.
 struct FwdTile {
   int b, h;
   int64_t q0;
 };
 __device__ __forceinline__ FwdTile fwd_tile(const FlexParams& p, int64_t t, int64_t n_qtiles, bool heads_fastest) {
-  const int64_t n_bh = p.B * p.Hq;
-  const int64_t bh = heads_fastest ? t % n_bh : t / n_qtiles;
-  const int64_t qt = n_qtiles - 1 - (heads_fastest ? t / n_bh : t % n_qtiles);
-  return {static_cast<int>(bh / p.Hq), static_cast<int>(bh % p.Hq), qt * kBM};
+  const TileRank tr = tile_rank(t, n_qtiles, p.B * p.Hq, heads_fastest);
+  return {static_cast<int>(tr.bh / p.Hq), static_cast<int>(tr.bh % p.Hq), (n_qtiles - 1 - tr.rank) * kBM};
 }
 
 // 2^x on the special-function unit (one MUFU.EX2; -inf → 0).
@@ -136,7 +146,9 @@ __device__ __forceinline__ void store_rows_tma(const float (&acc)[NJ][4], unsign
   for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int lr = 16 * wq + g + 8 * hr;  // row within the warpgroup's 64 (lr % 8 == g)
+      // wg::sw128_offset<ROWS>(lr, 8j + 2·t4) written out with lr % 8 == g (through the helper's
+      // lr & 7 the forward's SASS had 8 instructions more)
+      const int lr = 16 * wq + g + 8 * hr;  // row within the warpgroup's 64
       *reinterpret_cast<uint32_t*>(rows + (j >> 3) * ROWS * 128 + lr * 128 + (((j & 7) ^ g) << 4) + t4 * 4) =
           pack2<T>(acc[j][2 * hr], acc[j][2 * hr + 1]);
     }
@@ -406,7 +418,7 @@ bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStrea
   set_smem(kernel, smem);
   const int64_t tiles = (p.L + kBM - 1) / kBM * p.B * p.Hq;
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, ctx.sm_count)));
-  const bool heads_fastest = (p.L + kBM - 1) / kBM < ctx.sm_count;
+  const bool heads_fastest = heads_fastest_order((p.L + kBM - 1) / kBM, ctx.sm_count);
   kernel<<<grid, kThreads, smem, st>>>(tq, tk, tv, to, p, sm, mm, heads_fastest);
   KILN_CUDA_CHECK_LAUNCH("flex_fwd_wgmma_kernel");
   return true;

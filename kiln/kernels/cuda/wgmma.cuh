@@ -45,6 +45,12 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr, uint32_t
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
 
+// The byte offset of element (r, c) in a ROWS-row tile of that layout (NOTE [swizzled tiles for
+// wgmma and TMA]); c a multiple of 8 gives its 16-byte chunk.
+template <int ROWS> __device__ __forceinline__ uint32_t sw128_offset(int r, int c) {
+  return (c >> 6) * (ROWS * 128) + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2;
+}
+
 // The descriptor of the same operand `bytes` (a multiple of 16) further on: the start address
 // is the low word's bits 0–13 in 16-byte units, and shared memory ends below 256 KB, so adding to
 // the low word never carries into the offsets above it. One add with a constant instead of the
