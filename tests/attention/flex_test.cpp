@@ -898,6 +898,42 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
 // FlexOptions::backend on the GPU: a required kernel family that does not apply fails with
 // what it needs (hopper for f32; sm80 for blocks of 32); simt runs a shape the tensor-core
 // kernels would take (bf16, E = 128, block 128) and agrees with them and with the reference.
+// The Hopper kernels walk their tiles head-major once one head's row tiles fill the GPU
+// (tile_rank in kernels/cuda/attention_fwd_wgmma.cuh), heads fastest otherwise; every other case
+// here has far fewer tiles than SMs. L = S = 128 · 160 + 77 (161 row tiles a head, more than the
+// SMs of any Hopper part) with a sliding window and GQA 2 takes the head-major order in the
+// forward and both backward passes, and ends on a partial tile: output, lse and gradients
+// against the CPU kernel run in f32 on the same bf16 inputs (a tile walked for the wrong
+// (b, head) or left out moves the mean error far past the rounding's).
+TEST(FlexCuda, HeadMajorTileOrderMatchesCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::parse("cuda:0");
+  const int64_t B = 1, Hq = 2, Hkv = 1, L = 128 * 160 + 77, E = 64;
+  const DType bf = DType::bf16;
+  Generator gen(21);
+  const Tensor q = make({B, Hq, L, E}, gen, bf), k = make({B, Hkv, L, E}, gen, bf), v = make({B, Hkv, L, E}, gen, bf);
+  const Tensor dout = make({B, Hq, L, E}, gen, bf), dlse = make({B, Hq, L}, gen, DType::f32);
+  const SlidingWindow mm{100};
+  auto bm = create_block_mask(mm, 1, 1, L, L);
+  const BlockMask<SlidingWindow> gbm{mm, bm.layout.to(gpu)};
+  const Grads c = run_flex(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), NoScoreMod{}, bm,
+                           dout.to(DType::f32), dlse, Tensor());
+  const Grads g = run_flex(q.to(gpu), k.to(gpu), v.to(gpu), NoScoreMod{}, gbm, dout.to(gpu), dlse.to(gpu), Tensor(),
+                           FlexBackend::hopper);
+  expect_close(g.lse.to(kCPU), c.lse.to(DType::f64), DType::f32, "lse");
+  for (auto [got, want, name] : {std::tuple{g.out, c.out, "out"}, {g.dq, c.dq, "dq"}, {g.dk, c.dk, "dk"},
+                                 {g.dv, c.dv, "dv"}}) {
+    const Tensor gh = got.to(kCPU), golden = want.to(DType::f64);
+    expect_close(gh, golden, bf, name);
+    // And element by element: one 128-row tile missed or misplaced among the 161 · 2 barely
+    // moves a mean, but its elements are off by their own size (bf16 rounding: 0.4 %).
+    const auto gv = gh.to(DType::f64).to_vector<double>(), wv = golden.to_vector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < gv.size(); ++i) worst = std::max(worst, std::abs(gv[i] - wv[i]));
+    EXPECT_LE(worst, 0.02 * max_abs(golden)) << name << ": worst error " << worst;
+  }
+}
+
 TEST(FlexCuda, BackendOptionRequiresOrFails) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::parse("cuda:0");
