@@ -306,19 +306,21 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
         for (int j = 0; j < kNt; ++j) {
           // dK/dV: the stats of this thread's two columns 8j + 2·t4 (+1), one 8-byte load each.
-          float2 col_base{}, col_delta{};
+          [[maybe_unused]] float2 col_base{}, col_delta{};  // one of them unused in parts 1, 2
           if constexpr (KV_SIDE && kPart != 2) col_base = *reinterpret_cast<const float2*>(st_lse + 8 * j + 2 * t4);
           if constexpr (KV_SIDE && kPart != 1) col_delta = *reinterpret_cast<const float2*>(st_delta + 8 * j + 2 * t4);
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            const float base = KV_SIDE ? (r & 1 ? col_base.y : col_base.x) : row_lse[r >> 1];
-            const float delta = KV_SIDE ? (r & 1 ? col_delta.y : col_delta.x) : row_delta[r >> 1];
             if constexpr (kPart != 2) {
+              const float base = KV_SIDE ? (r & 1 ? col_base.y : col_base.x) : row_lse[r >> 1];
               float pv = fast_exp2(fmaf(x[j][r], mul, -base));
               if constexpr (kMasked) pv = (kept >> (j * 4 + r)) & 1u ? pv : 0.0f;
               x[j][r] = pv;
             }
-            if constexpr (kPart != 1) dx[j][r] = x[j][r] * (dx[j][r] - delta);
+            if constexpr (kPart != 1) {
+              const float delta = KV_SIDE ? (r & 1 ? col_delta.y : col_delta.x) : row_delta[r >> 1];
+              dx[j][r] = x[j][r] * (dx[j][r] - delta);
+            }
           }
         }
       };
@@ -381,6 +383,17 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     wg::commit();
     wg::wait<0>();
     fence_all();
+  };
+  // kSplitAcc: one of the step's accumulating products issued and committed, its operand and
+  // accumulator fenced: dK += dSᵀ·Q (kDs) or dV += Pᵀ·dO.
+  auto issue_one_accumulate = [&]<bool kDs>(uint32_t stage) {
+    if constexpr (kDs)
+      wg::fence_operands(da), wg::fence_operands(acc0);
+    else
+      wg::fence_operands(pa), wg::fence_operands(acc1);
+    wg::fence();
+    issue_accumulate.template operator()<kDs, !kDs>(stage_base(stage));
+    wg::commit();
   };
   auto products_now = [&](uint32_t stage) { issue_and_wait([&] { issue_products(stage_base(stage)); }); };
   auto accumulate_now = [&](uint32_t stage) {
@@ -474,18 +487,10 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
         if constexpr (kSplitAcc) {
           gradients(cur, stage, std::integral_constant<int, 1>{});
           pack_p();
-          wg::fence_operands(pa);
-          wg::fence_operands(acc1);
-          wg::fence();
-          issue_accumulate.template operator()<false, true>(stage_base(stage));  // dV += Pᵀ·dO
-          wg::commit();
+          issue_one_accumulate.template operator()<false>(stage);  // dV += Pᵀ·dO
           gradients(cur, stage, std::integral_constant<int, 2>{});  // while it runs
           pack_ds();
-          wg::fence_operands(da);
-          wg::fence_operands(acc0);
-          wg::fence();
-          issue_accumulate.template operator()<true, false>(stage_base(stage));  // dK += dSᵀ·Q
-          wg::commit();
+          issue_one_accumulate.template operator()<true>(stage);  // dK += dSᵀ·Q
           wg::wait<0>();
           fence_all();
           if (lane == 0) wg::mbar_arrive(empty + stage);
