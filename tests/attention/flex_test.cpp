@@ -895,9 +895,6 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
   }
 }
 
-// FlexOptions::backend on the GPU: a required kernel family that does not apply fails with
-// what it needs (hopper for f32; sm80 for blocks of 32); simt runs a shape the tensor-core
-// kernels would take (bf16, E = 128, block 128) and agrees with them and with the reference.
 // The Hopper kernels walk their tiles head-major once one head's row tiles fill the GPU
 // (tile_rank in kernels/cuda/attention_fwd_wgmma.cuh), heads fastest otherwise; every other case
 // here has far fewer tiles than SMs. L = S = 128 · 160 + 77 (161 row tiles a head, more than the
@@ -934,6 +931,9 @@ TEST(FlexCuda, HeadMajorTileOrderMatchesCpu) {
   }
 }
 
+// FlexOptions::backend on the GPU: a required kernel family that does not apply fails with
+// what it needs (hopper for f32; sm80 for blocks of 32); simt runs a shape the tensor-core
+// kernels would take (bf16, E = 128, block 128) and agrees with them and with the reference.
 TEST(FlexCuda, BackendOptionRequiresOrFails) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::parse("cuda:0");

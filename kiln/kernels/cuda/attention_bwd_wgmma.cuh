@@ -280,10 +280,13 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       }
     }
   };
-  // Rows of the fragments are resident rows, columns streamed ones. `part`: 0 P and dS, 1 P
-  // alone, 2 dS alone from P (the identity score_mod; kSplitAcc below).
+  // Rows of the fragments are resident rows, columns streamed ones. `part`: PAndDs, or (the
+  // identity score_mod, kSplitAcc below) POnly, then DsOnly from that P.
+  using PAndDs = std::integral_constant<int, 0>;
+  using POnly = std::integral_constant<int, 1>;
+  using DsOnly = std::integral_constant<int, 2>;
   auto gradients = [&](const flex_mma::bwd::Cursor& c, uint32_t stage, auto part) {
-    constexpr int kPart = decltype(part)::value;
+    constexpr bool kP = !std::is_same_v<decltype(part), DsOnly>, kDs = !std::is_same_v<decltype(part), POnly>;
     const int h = KV_SIDE ? static_cast<int>(h0 + c.hi) : head;  // the query head of this step
     const int start = static_cast<int>(c.start);
     const bool partial = c.pass == 0;
@@ -293,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     // Which elements count: all of a full in-range tile.
     const bool full_tile = !(partial || bounds);  // the same for the whole CTA
     uint32_t kept = 0xffffffffu;
-    if constexpr (kPart != 2)
+    if constexpr (kP)
       if (!full_tile)
         kept = flex_mma::bwd::kept_bits<kBwdStep, !KV_SIDE, kIdentity>(p, mm, partial, bounds, b, h, wrow, start, lane);
     if constexpr (kIdentity) {
@@ -306,29 +309,30 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
         for (int j = 0; j < kNt; ++j) {
           // dK/dV: the stats of this thread's two columns 8j + 2·t4 (+1), one 8-byte load each.
-          [[maybe_unused]] float2 col_base{}, col_delta{};  // one of them unused in parts 1, 2
-          if constexpr (KV_SIDE && kPart != 2) col_base = *reinterpret_cast<const float2*>(st_lse + 8 * j + 2 * t4);
-          if constexpr (KV_SIDE && kPart != 1) col_delta = *reinterpret_cast<const float2*>(st_delta + 8 * j + 2 * t4);
+          [[maybe_unused]] float2 col_base{}, col_delta{};  // one of them unused in POnly, DsOnly
+          if constexpr (KV_SIDE && kP) col_base = *reinterpret_cast<const float2*>(st_lse + 8 * j + 2 * t4);
+          if constexpr (KV_SIDE && kDs) col_delta = *reinterpret_cast<const float2*>(st_delta + 8 * j + 2 * t4);
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            if constexpr (kPart != 2) {
+            if constexpr (kP) {
               const float base = KV_SIDE ? (r & 1 ? col_base.y : col_base.x) : row_lse[r >> 1];
               float pv = fast_exp2(fmaf(x[j][r], mul, -base));
               if constexpr (kMasked) pv = (kept >> (j * 4 + r)) & 1u ? pv : 0.0f;
               x[j][r] = pv;
             }
-            if constexpr (kPart != 1) {
+            if constexpr (kDs) {
               const float delta = KV_SIDE ? (r & 1 ? col_delta.y : col_delta.x) : row_delta[r >> 1];
               dx[j][r] = x[j][r] * (dx[j][r] - delta);
             }
           }
         }
       };
-      if (kPart == 2 || full_tile)
+      if (!kP || full_tile)
         elements.template operator()<false>();
       else
         elements.template operator()<true>();
     } else {
+      static_assert(kP && kDs, "a score mod's element step computes P and dS together");
 #pragma unroll
       for (int j = 0; j < kNt; ++j)
 #pragma unroll
@@ -485,17 +489,17 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
         products_now(stage);
         release_previous(buf);
         if constexpr (kSplitAcc) {
-          gradients(cur, stage, std::integral_constant<int, 1>{});
+          gradients(cur, stage, POnly{});
           pack_p();
           issue_one_accumulate.template operator()<false>(stage);  // dV += Pᵀ·dO
-          gradients(cur, stage, std::integral_constant<int, 2>{});  // while it runs
+          gradients(cur, stage, DsOnly{});  // while it runs
           pack_ds();
           issue_one_accumulate.template operator()<true>(stage);  // dK += dSᵀ·Q
           wg::wait<0>();
           fence_all();
           if (lane == 0) wg::mbar_arrive(empty + stage);
         } else {
-          gradients(cur, stage, std::integral_constant<int, 0>{});
+          gradients(cur, stage, PAndDs{});
           pack();
           accumulate_now(stage);
         }
@@ -509,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
         uint32_t prev = stage;
         products_now(prev);
         release_previous(buf);
-        gradients(cur, prev, std::integral_constant<int, 0>{});
+        gradients(cur, prev, PAndDs{});
         pack();
         // Steps 1 ..: the previous step's accumulating products run on the tensor cores while
         // this warpgroup computes P and dS of the current step.
@@ -526,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           wg::wait<1>();          // the products landed; the accumulation may still run
           wg::fence_operands(x);  // only these: the accumulators may still be in flight
           wg::fence_operands(dx);
-          gradients(cur, stage, std::integral_constant<int, 0>{});
+          gradients(cur, stage, PAndDs{});
           wg::wait<0>();
           fence_all();
           if (lane == 0) wg::mbar_arrive(empty + prev);

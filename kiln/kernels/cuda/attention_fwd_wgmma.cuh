@@ -1,8 +1,9 @@
 // The Hopper FlexAttention forward (FlashAttention-3 style: TMA, wgmma, warp specialisation) for
 // bf16 / f16 with E = Ev ∈ {64, 128} and BlockMask blocks that are multiples of 128:
 // flex_forward_wgmma, which returns false when it does not apply so that the caller falls back
-// to the mma.sync kernel (attention_fwd_mma.cuh). Also the row-tile TMA helpers that the Hopper
-// backward shares: load_rows_tma and store_rows_tma.
+// to the mma.sync kernel (attention_fwd_mma.cuh). Also what the Hopper backward shares: the
+// row-tile TMA helpers load_rows_tma and store_rows_tma, and the tile order (tile_rank,
+// heads_fastest_order).
 //
 // NOTE [flex forward wgmma]
 // - A persistent grid (one CTA per SM) walks the (query tile, b, h) tiles heaviest first
