@@ -151,6 +151,11 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   p.out = out.data_ptr();
   p.lse = lse.data<float>();
   const MM mm = block_mask.mask_mod;
+  Tensor tile_counter;  // the Hopper forward's (CUDA)
+  if (q.is_cuda()) {
+    tile_counter = Tensor::empty({1}, DType::i32, q.device());
+    p.tile_counters = tile_counter.data<int32_t>();
+  }
   if (p.L > 0 && p.Ev > 0) detail::run_forward(p, q.dtype(), q.device(), score_mod, mm);
   else out.zero_(), lse.fill_(-INFINITY);
 

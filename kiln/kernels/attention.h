@@ -37,7 +37,7 @@ struct FlexParams {
   float* dbias = nullptr;       // learnable table gradient [Hq, bias_row] (f32) or null
   float* dbias_partial = nullptr;  // workspace [B, Hq, nQ, bias_row] for the fixed-order reduction
   int64_t bias_row = 0;
-  int32_t* tile_counters = nullptr;  // workspace [2]: the Hopper backward's tile counters (CUDA)
+  int32_t* tile_counters = nullptr;  // workspace (CUDA): the Hopper forward's tile counter [1], the backward's [2]
   // block layout (see kiln/attention/block_mask.h)
   const int32_t *kv_num = nullptr, *kv_idx = nullptr, *fkv_num = nullptr, *fkv_idx = nullptr;
   const int32_t *q_num = nullptr, *q_idx = nullptr, *fq_num = nullptr, *fq_idx = nullptr;

@@ -89,9 +89,10 @@ struct BwdMaps {
 template <bool KV_SIDE> struct BwdTile {
   int b, head;
   int64_t row0;  // first resident row
-  __device__ __forceinline__ BwdTile(const FlexParams& p, int64_t t, int64_t n_row_tiles, bool heads_fastest) {
-    const int64_t n_res_heads = KV_SIDE ? p.Hkv : p.Hq;
-    const TileRank tr = tile_rank(t, n_row_tiles, n_res_heads * p.B, heads_fastest);
+  __device__ __forceinline__ BwdTile(const FlexParams& p, int32_t t, int64_t n_row_tiles, bool heads_fastest) {
+    const uint32_t n_res_heads = static_cast<uint32_t>(KV_SIDE ? p.Hkv : p.Hq);
+    const TileRank tr =
+        tile_rank(t, static_cast<uint32_t>(n_row_tiles), n_res_heads * static_cast<uint32_t>(p.B), heads_fastest);
     head = static_cast<int>(tr.bh % n_res_heads), b = static_cast<int>(tr.bh / n_res_heads);
     row0 = (KV_SIDE ? tr.rank : n_row_tiles - 1 - tr.rank) * kBwdRows;
   }
@@ -143,8 +144,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     uint32_t it = 0;  // stage uses, over all tiles
     for (uint32_t tc = 0;; ++tc) {
       const uint32_t buf = tc & 1;
-      int64_t t = 0;
-      if (lane == 0) t = tc == 0 ? blockIdx.x : gridDim.x + static_cast<int64_t>(atomicAdd(tile_counter, 1));
+      int32_t t = 0;
+      if (lane == 0)
+        t = tc == 0 ? static_cast<int32_t>(blockIdx.x) : static_cast<int32_t>(gridDim.x) + atomicAdd(tile_counter, 1);
       t = __shfl_sync(0xffffffffu, t, 0);
       // Resident buffer `buf` is free once the tile two before has stored its results from it.
       wg::mbar_wait(res_empty + buf, ((tc >> 1) & 1) ^ 1);
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       const int64_t h0 = KV_SIDE ? head * G : head, n_heads = KV_SIDE ? G : 1;
       const int64_t blk = KV_SIDE ? tile.row0 / p.KB : mask_row(p, b, head) * p.nQ + tile.row0 / p.QB;
       if (lane == 0) {
-        tile_slot[buf] = static_cast<int32_t>(t);  // released by the arrive below
+        tile_slot[buf] = t;  // released by the arrive below
         wg::mbar_arrive_expect_tx(res_full + buf, 2 * Smem::kResBytes);
         unsigned char* res = smem + buf * Smem::kPairBytes;
         load_rows_tma<kGroups, kBwdRows>(res, &maps.r0, res_full + buf, static_cast<int>(tile.row0), head, b);

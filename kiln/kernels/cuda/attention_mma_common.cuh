@@ -63,7 +63,8 @@ template <int STEP> struct KvSteps {
   FlexParams::BlockList part, full;
   int sub, n_part, n;  // sub-tiles per KV block; steps on partial blocks; all steps
   __device__ __forceinline__ KvSteps(const FlexParams& p, int b, int h, int64_t q0) {
-    const int64_t row = mask_row(p, b, h) * p.nQ + q0 / p.QB;
+    // 32-bit division (mma_layout_ok: q0 < L < 2^31, QB < 2^31): a 64-bit one is a call.
+    const int64_t row = mask_row(p, b, h) * p.nQ + static_cast<int32_t>(q0) / static_cast<int32_t>(p.QB);
     part = p.kv_blocks(row, true);
     full = p.kv_blocks(row, false);
     sub = static_cast<int>(p.KB / STEP);
@@ -89,7 +90,7 @@ inline bool mma_layout_ok(const FlexParams& p, int64_t q_tile, int64_t kv_tile) 
   if (!aligned(p.q, p.q_st) || !aligned(p.k, p.k_st) || !aligned(p.v, p.v_st)) return false;
   if (p.QB % q_tile != 0 || p.KB % kv_tile != 0) return false;
   if (p.Hkv <= 0 || p.Hq % p.Hkv != 0) return false;
-  return p.L < (int64_t{1} << 31) && p.S < (int64_t{1} << 31) && p.Hq < 65536 && p.B < 65536 &&
+  return p.L < (int64_t{1} << 31) && p.S < (int64_t{1} << 31) && p.QB < (int64_t{1} << 31) && p.Hq < 65536 && p.B < 65536 &&
          (p.L + q_tile - 1) / q_tile < (int64_t{1} << 31);
 }
 
