@@ -205,9 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::setmaxnreg_dec<kProducerRegs>();
     if (warp != kConsumerWarps || lane != 0) return;
     uint32_t it = 0;
-    // The first tile is blockIdx.x, the next ones are claimed from tile_counter as the CTA gets
-    // to them, so the CTAs running together keep to neighbouring tiles (a static stride drifted
-    // apart: their walks then spanned more heads' K/V than L2 holds).
+    // Tile blockIdx.x, then the ones claimed from tile_counter (NOTE [flex forward wgmma]).
     int32_t t = static_cast<int32_t>(blockIdx.x);
     for (uint32_t q_phase = 1;; q_phase ^= 1) {
       wg::mbar_wait(q_empty, q_phase);
@@ -218,8 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const FwdTile tile = fwd_tile(p, t, n_qtiles, heads_fastest);
       const KvSteps<kBN> steps(p, tile.b, tile.h, tile.q0);
       const int hk = static_cast<int>(tile.h / group);
-      // released to the consumers by the arrive
-      info[0] = steps.n_part, info[1] = steps.n, tile_slot[0] = t;
+      info[0] = steps.n_part, info[1] = steps.n, tile_slot[0] = t;  // released to the consumers by the arrive
       wg::mbar_arrive_expect_tx(q_full, Smem::kQBytes);
       load_rows_tma<kGroups, kBM>(smem, &tq, q_full, static_cast<int>(tile.q0), tile.h, tile.b);
       for (int s = 0; s < steps.n; ++s, ++it) {
