@@ -145,8 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     for (uint32_t tc = 0;; ++tc) {
       const uint32_t buf = tc & 1;
       int32_t t = 0;
-      if (lane == 0)
-        t = tc == 0 ? static_cast<int32_t>(blockIdx.x) : static_cast<int32_t>(gridDim.x) + atomicAdd(tile_counter, 1);
+      if (lane == 0) t = tc == 0 ? static_cast<int32_t>(blockIdx.x) : claim_tile(tile_counter);
       t = __shfl_sync(0xffffffffu, t, 0);
       // Resident buffer `buf` is free once the tile two before has stored its results from it.
       wg::mbar_wait(res_empty + buf, ((tc >> 1) & 1) ^ 1);

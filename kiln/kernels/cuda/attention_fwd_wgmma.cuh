@@ -3,7 +3,7 @@
 // flex_forward_wgmma, which returns false when it does not apply so that the caller falls back
 // to the mma.sync kernel (attention_fwd_mma.cuh). Also what the Hopper backward shares: the
 // row-tile TMA helpers load_rows_tma and store_rows_tma, and the tile order (tile_rank,
-// heads_fastest_order).
+// heads_fastest_order, claim_tile).
 //
 // NOTE [flex forward wgmma]
 // - A persistent grid (one CTA per SM) walks the (query tile, b, h) tiles heaviest first
@@ -98,6 +98,11 @@ __device__ __forceinline__ TileRank tile_rank(uint32_t t, uint32_t n_row_tiles, 
   return heads_fastest ? TileRank{t % n_bh, t / n_bh} : TileRank{t / n_row_tiles, t % n_row_tiles};
 }
 inline bool heads_fastest_order(int64_t row_tiles, int sm_count) { return row_tiles < sm_count; }
+// The persistent grids' tiles after the first (blockIdx.x): claimed from a counter that starts
+// at 0, so the CTAs running together keep to neighbouring tiles in that order.
+__device__ __forceinline__ int32_t claim_tile(int32_t* tile_counter) {
+  return static_cast<int32_t>(gridDim.x) + atomicAdd(tile_counter, 1);
+}
 
 // The forward's tile of linear index t: (b, h, first query row), the last query tiles (under
 // causal masks the heaviest) first.
@@ -229,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         load_rows_tma<kGroups, kBN>(sk, &tk, kv_full + stage, kv0, hk, tile.b);
         load_rows_tma<kGroups, kBN>(sk + Smem::kKVBytes, &tv, kv_full + stage, kv0, hk, tile.b);
       }
-      t = static_cast<int32_t>(gridDim.x) + atomicAdd(tile_counter, 1);
+      t = claim_tile(tile_counter);
     }
     return;
   }
@@ -435,10 +440,10 @@ bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStrea
   auto kernel = flex_fwd_wgmma_kernel<T, D, SM, MM>;
   constexpr int smem = FwdSmem<D>::kBytes;
   set_smem(kernel, smem);
-  const int64_t tiles = (p.L + kBM - 1) / kBM * p.B * p.Hq;
+  const int64_t q_tiles = (p.L + kBM - 1) / kBM, tiles = q_tiles * p.B * p.Hq;
   if (tiles >= (int64_t{1} << 31)) return false;  // tile indices are int32 (tile_rank)
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, ctx.sm_count)));
-  const bool heads_fastest = heads_fastest_order((p.L + kBM - 1) / kBM, ctx.sm_count);
+  const bool heads_fastest = heads_fastest_order(q_tiles, ctx.sm_count);
   KILN_CUDA_CHECK(cudaMemsetAsync(p.tile_counters, 0, sizeof(int32_t), st));
   kernel<<<grid, kThreads, smem, st>>>(tq, tk, tv, to, p, sm, mm, heads_fastest, p.tile_counters);
   KILN_CUDA_CHECK_LAUNCH("flex_fwd_wgmma_kernel");
