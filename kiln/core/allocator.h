@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kiln/core/device.h"
+#include "kiln/core/dtype.h"
 
 namespace kiln {
 
@@ -29,6 +30,8 @@ class Allocator {
   virtual void reset_peak() = 0;
   // Returns cached, unused memory to the system (no-op where nothing is cached).
   virtual void empty_cache() {}
+  // Sets nbytes at ptr (memory from allocate) to `byte`, in order with the device's later work.
+  virtual void fill(void* ptr, size_t nbytes, uint8_t byte) = 0;
 };
 
 // Counters shared by allocators: current and peak bytes, updated without locks.
@@ -49,6 +52,17 @@ class MemoryCounters {
  private:
   std::atomic<int64_t> current_{0}, peak_{0}, allocs_{0};
 };
+
+// Debugging switch, PyTorch's torch.utils.deterministic.fill_uninitialized_memory: while on,
+// every tensor Tensor::empty makes starts filled with a poison value (floating dtypes NaN,
+// integers 0x7F in every byte, bool true), so that an output element a kernel forgets to write
+// shows in its result instead of whatever the memory held before. Off by default; its first
+// value comes from the environment (KILN_FILL_UNINITIALIZED=1 turns it on: the test suite runs
+// that way, see CMakeLists.txt). NOTE: process-wide, like set_deterministic.
+bool fill_uninitialized_memory();
+void set_fill_uninitialized_memory(bool on);
+// The byte Tensor::empty fills a tensor of `dtype` with while the switch is on.
+uint8_t uninitialized_fill_byte(DType dtype);
 
 // The allocator for a device (process-wide, created on first use).
 Allocator& allocator_for(const Device& d);

@@ -67,6 +67,18 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   cached_ += static_cast<int64_t>(b.size);
 }
 
+void CachingAllocator::fill(void* ptr, size_t nbytes, uint8_t byte) {
+  void* stream = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(ptr);
+    KILN_CHECK(it != live_.end() && nbytes <= it->second.size, name_,
+               " caching allocator: fill of memory it did not hand out (or past its block)");
+    stream = it->second.stream;
+  }
+  api_->memset(ptr, byte, nbytes, stream);
+}
+
 void CachingAllocator::release_cache() {
   for (auto& [key, p] : free_) {
     api_->free(p);

@@ -34,6 +34,8 @@ class DeviceMemoryApi {
   virtual void free(void* ptr) = 0;
   // The stream new blocks are used on (an opaque tag; nullptr where streams do not matter).
   virtual void* current_stream() { return nullptr; }
+  // Sets nbytes at ptr to `byte`, queued on `stream` (current_stream's tag).
+  virtual void memset(void* ptr, uint8_t byte, size_t nbytes, void* stream) = 0;
 };
 
 class CachingAllocator final : public Allocator {
@@ -50,6 +52,7 @@ class CachingAllocator final : public Allocator {
   MemoryStats stats() const override;
   void reset_peak() override;
   void empty_cache() override;
+  void fill(void* ptr, size_t nbytes, uint8_t byte) override;
 
   static size_t round_size(size_t nbytes) {
     return nbytes == 0 ? kRound : (nbytes + kRound - 1) / kRound * kRound;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -46,6 +47,12 @@ class FakeApi : public DeviceMemoryApi {
     std::free(p);
   }
   void* current_stream() override { return stream; }
+  void memset(void* p, uint8_t byte, size_t n, void* on_stream) override {
+    EXPECT_TRUE(live.count(p)) << "memset of a pointer not from malloc";
+    fill_streams.push_back(on_stream);
+    std::memset(p, byte, n);
+  }
+  std::vector<void*> fill_streams;  // the stream of each memset
   // The fake device goes away with its memory: blocks a test left allocated are released here.
   ~FakeApi() override {
     for (void* p : live) std::free(p);
@@ -199,4 +206,22 @@ TEST(CachingAllocator, RejectsForeignPointers) {
   CachingAllocator a(&api, "fake");
   int x = 0;
   EXPECT_THROW(a.deallocate(&x, 4), Error);
+}
+
+TEST(CachingAllocator, FillRunsOnTheBlocksStreamAndOnlyOnItsBlocks) {
+  FakeApi api;
+  CachingAllocator a(&api, "fake");
+  int tag = 0;
+  api.stream = &tag;
+  auto* p = static_cast<unsigned char*>(a.allocate(1000));
+  api.stream = nullptr;  // the block keeps the stream it was allocated for
+  a.fill(p, 1000, 0xAB);
+  ASSERT_EQ(api.fill_streams.size(), 1u);
+  EXPECT_EQ(api.fill_streams[0], &tag);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(p[i], 0xAB);
+  EXPECT_THROW(a.fill(p, 1025, 0), Error);  // past the 1024-byte block
+  int other = 0;
+  EXPECT_THROW(a.fill(&other, 4, 0), Error);
+  a.deallocate(p, 1000);
+  EXPECT_THROW(a.fill(p, 4, 0), Error);  // cached, not live
 }

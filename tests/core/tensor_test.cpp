@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "kiln/core/allocator.h"
 #include "kiln/io/json.h"
@@ -106,6 +108,37 @@ TEST(Memory, ExactCpuCounters) {
   EXPECT_EQ(memory_stats(kCPU).current_bytes, s0.current_bytes);
   reset_peak_memory_stats(kCPU);
   EXPECT_EQ(memory_stats(kCPU).peak_bytes, s0.current_bytes);
+}
+
+// set_fill_uninitialized_memory: Tensor::empty's memory starts as the dtype's poison (NaN, a large
+// integer, true) while the switch is on, on the CPU and (where present) the GPU, also for a block
+// the caching allocator hands out again.
+TEST(Tensor, EmptyIsPoisonedWhileTheFillSwitchIsOn) {
+  const bool was = fill_uninitialized_memory();
+  const char* env = std::getenv("KILN_FILL_UNINITIALIZED");  // ctest sets it: the suite runs poisoned
+  EXPECT_EQ(was, env != nullptr && *env != '\0' && std::string(env) != "0");
+  std::vector<Device> devices{kCPU};
+  if (cuda_device_count() > 0) devices.push_back(cuda(0));
+  for (const Device& d : devices) {
+    SCOPED_TRACE(d.str());
+    set_fill_uninitialized_memory(true);
+    for (int round = 0; round < 2; ++round) {  // the second round reuses the first's freed blocks
+      for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64})
+        for (double v : Tensor::empty({3, 37}, dt, d).to(DType::f64).to_vector<double>()) ASSERT_TRUE(std::isnan(v));
+      for (int32_t v : Tensor::empty({129}, DType::i32, d).to_vector<int32_t>()) ASSERT_EQ(v, 0x7F7F7F7F);
+      for (int64_t v : Tensor::empty({5}, DType::i64, d).to_vector<int64_t>()) ASSERT_EQ(v, 0x7F7F7F7F7F7F7F7FLL);
+      for (bool v : Tensor::empty({7}, DType::boolean, d).to_vector<bool>()) ASSERT_TRUE(v);
+    }
+    EXPECT_TRUE(Tensor::empty({0, 4}, DType::f32, d).to_vector<float>().empty());
+    // Off: a block handed out again keeps what it held (where the allocator reuses it).
+    set_fill_uninitialized_memory(false);
+    const void* block = nullptr;
+    { block = zeros({64}, DType::f32, d).data<float>(); }
+    Tensor again = Tensor::empty({64}, DType::f32, d);
+    if (again.data<float>() == block)
+      for (float v : again.to_vector<float>()) ASSERT_EQ(v, 0.0f);
+  }
+  set_fill_uninitialized_memory(was);
 }
 
 TEST(Device, ParsesAndRejects) {

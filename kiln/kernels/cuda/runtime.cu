@@ -56,6 +56,10 @@ class CudaMemoryApi final : public DeviceMemoryApi {
     check(cudaFree(p), "cudaFree");
   }
   void* current_stream() override { return context(device_).stream; }
+  void memset(void* p, uint8_t byte, size_t nbytes, void* stream) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaMemsetAsync(p, byte, nbytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync (allocator fill)");
+  }
 
  private:
   int device_;
