@@ -969,49 +969,63 @@ TEST(FlexCuda, BackendOptionRequiresOrFails) {
 
 // The library's score mods on the GPU (ALiBi, soft-capping: tensor cores in 16 bits; the
 // learnable relative-position bias: its table gradient on the SIMT path) vs the float64
-// reference, no mask and causal, f32 and bf16, and bits equal across two runs.
+// reference, no mask and causal, and bits equal across two runs: f32 and bf16 with 64-blocks
+// (SIMT, mma.sync), and the Hopper kernels (blocks of 128, required) at E = 64 and 128 in bf16
+// and f16, where the dK/dV pass at E = 128 takes its one-step loop and the dQ pass its resident
+// rows from registers.
 // sm runs on the GPU, sm_host in the reference (they differ when the functor holds a table).
 template <class SM>
 void check_cuda_score_mod(SM sm, SM sm_host, const char* name) {
   const Device gpu = Device::parse("cuda:0");
-  for (bool causal : {false, true}) {
-    for (DType dt : {DType::f32, DType::bf16}) {
-      SCOPED_TRACE(testing::Message() << name << (causal ? " causal " : " no mask ") << dtype_name(dt));
-      const int64_t B = 2, Hq = 4, Hkv = 2, L = 129, S = 129, E = 64;
-      Generator gen(11);
-      Tensor q = make({B, Hq, L, E}, gen, dt), k = make({B, Hkv, S, E}, gen, dt), v = make({B, Hkv, S, E}, gen, dt);
-      Tensor dout = make({B, Hq, L, E}, gen, dt), dlse = make({B, Hq, L}, gen, DType::f32);
-      Tensor bias;
-      if constexpr (is_learnable_v<SM>) bias = mul(randn({Hq, L + S - 1}, gen), 0.5);
-      auto run = [&](auto mm) {
-        auto bm = create_block_mask(mm, 1, 1, L, S, 64, 64);
-        bm.layout = bm.layout.to(gpu);
-        Grads g = run_flex(q.to(gpu), k.to(gpu), v.to(gpu), sm, bm, dout.to(gpu), dlse.to(gpu),
-                           bias.defined() ? bias.to(gpu) : Tensor());
-        ReferenceResult ref =
-            reference_flex_attention(q, k, v, sm_host, mm, 1.0 / std::sqrt(double(E)), dout, dlse, bias);
-        Grads g2 = run_flex(q.to(gpu), k.to(gpu), v.to(gpu), sm, bm, dout.to(gpu), dlse.to(gpu),
-                            bias.defined() ? bias.to(gpu) : Tensor());
-        expect_close(g.out.to(kCPU), ref.out, dt, "out");
-        expect_close(g.lse.to(kCPU), ref.lse, DType::f32, "lse");
-        expect_close(g.dq.to(kCPU), ref.dq, dt, "dq");
-        expect_close(g.dk.to(kCPU), ref.dk, dt, "dk");
-        expect_close(g.dv.to(kCPU), ref.dv, dt, "dv");
-        std::vector<std::tuple<Tensor, Tensor, const char*>> same{
-            {g.dq, g2.dq, "dq"}, {g.dk, g2.dk, "dk"}, {g.dv, g2.dv, "dv"}};
-        if constexpr (is_learnable_v<SM>) {
-          expect_close(g.dbias.to(kCPU), ref.dbias, dt, "dbias");
-          same.emplace_back(g.dbias, g2.dbias, "dbias");
-        }
-        for (auto& [x, y, what] : same) {
-          Tensor a = x.to(kCPU), b = y.to(kCPU);
-          EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << what << " not bitwise reproducible";
-        }
-      };
-      if (causal) run(Causal{});
-      else run(NoMask{});
-    }
-  }
+  struct Config {
+    int64_t L, E, block;
+    FlexBackend backend;
+    std::vector<DType> dtypes;
+  };
+  std::vector<Config> configs{{129, 64, 64, FlexBackend::automatic, {DType::f32, DType::bf16}}};
+  if constexpr (!is_learnable_v<SM>)  // a learnable table's gradient runs on the SIMT path only
+    for (int64_t E : {64, 128}) configs.push_back({257, E, 128, FlexBackend::hopper, {DType::bf16, DType::f16}});
+  for (const Config& cfg : configs)
+    for (bool causal : {false, true})
+      for (DType dt : cfg.dtypes) {
+        SCOPED_TRACE(testing::Message() << name << (causal ? " causal " : " no mask ") << dtype_name(dt) << " E="
+                                        << cfg.E << " block=" << cfg.block << " " << flex_backend_name(cfg.backend));
+        const int64_t B = 2, Hq = 4, Hkv = 2, L = cfg.L, S = cfg.L, E = cfg.E;
+        Generator gen(11);
+        Tensor q = make({B, Hq, L, E}, gen, dt), k = make({B, Hkv, S, E}, gen, dt), v = make({B, Hkv, S, E}, gen, dt);
+        Tensor dout = make({B, Hq, L, E}, gen, dt), dlse = make({B, Hq, L}, gen, DType::f32);
+        Tensor bias;
+        if constexpr (is_learnable_v<SM>) bias = mul(randn({Hq, L + S - 1}, gen), 0.5);
+        auto run = [&](auto mm) {
+          auto bm = create_block_mask(mm, 1, 1, L, S, cfg.block, cfg.block);
+          bm.layout = bm.layout.to(gpu);
+          auto once = [&] {
+            return run_flex(q.to(gpu), k.to(gpu), v.to(gpu), sm, bm, dout.to(gpu), dlse.to(gpu),
+                            bias.defined() ? bias.to(gpu) : Tensor(), cfg.backend);
+          };
+          Grads g = once();
+          ReferenceResult ref =
+              reference_flex_attention(q, k, v, sm_host, mm, 1.0 / std::sqrt(double(E)), dout, dlse, bias);
+          Grads g2 = once();
+          expect_close(g.out.to(kCPU), ref.out, dt, "out");
+          expect_close(g.lse.to(kCPU), ref.lse, DType::f32, "lse");
+          expect_close(g.dq.to(kCPU), ref.dq, dt, "dq");
+          expect_close(g.dk.to(kCPU), ref.dk, dt, "dk");
+          expect_close(g.dv.to(kCPU), ref.dv, dt, "dv");
+          std::vector<std::tuple<Tensor, Tensor, const char*>> same{
+              {g.dq, g2.dq, "dq"}, {g.dk, g2.dk, "dk"}, {g.dv, g2.dv, "dv"}};
+          if constexpr (is_learnable_v<SM>) {
+            expect_close(g.dbias.to(kCPU), ref.dbias, dt, "dbias");
+            same.emplace_back(g.dbias, g2.dbias, "dbias");
+          }
+          for (auto& [x, y, what] : same) {
+            Tensor a = x.to(kCPU), b = y.to(kCPU);
+            EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << what << " not bitwise reproducible";
+          }
+        };
+        if (causal) run(Causal{});
+        else run(NoMask{});
+      }
 }
 
 TEST(FlexCuda, ScoreModsMatchReference) {

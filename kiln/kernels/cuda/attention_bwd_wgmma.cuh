@@ -24,8 +24,8 @@
 //   block lists: each stage carries its step (first row, head, pass) in a shared-memory slot,
 //   and a last stage without copies ends the walk, so the consumers never wait on a global load.
 // - Per step a consumer warpgroup computes two 64 × 64 products, A = its rows of the resident
-//   pair (from shared memory in dK/dV; in the dQ pass from registers, read once a tile, with the
-//   identity score_mod or E = 64), B = the streamed pair: X = R0·S0ᵀ and dX = R1·S1ᵀ,
+//   pair (from shared memory in dK/dV; in the dQ pass from registers, read once a tile),
+//   B = the streamed pair: X = R0·S0ᵀ and dX = R1·S1ᵀ,
 //   i.e. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (dK/dV) or S = Q·Kᵀ and dP = dO·Vᵀ (dQ); then in registers
 //   P = exp(score_mod(scale·S) − lse) and dS = P ∘ (dP − delta) · dscore · scale (mask_mod on
 //   partial blocks, bounds on tiles crossing L or S; the identity score_mod puts its scale into
@@ -234,8 +234,12 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // dQ: exp_base(lse) and delta of this thread's two rows (g, g + 8), fixed for a tile's walk.
   float row_lse[2] = {0.0f, 0.0f}, row_delta[2] = {0.0f, 0.0f};
 
-  // Overlap the accumulating products with the next step's softmax where the registers allow.
-  constexpr bool kOverlap = !KV_SIDE || D == 64;
+  // Overlap the accumulating products with the next step's softmax where the registers allow:
+  // the identity score_mod's dQ pass, and its dK/dV pass at E = 64. A score mod's element step
+  // (grad_elem, branch-free) holds more values at once: next to an accumulation in flight,
+  // ptxas serialised the wgmma of every such loop (warning C7511), so score mods take one step
+  // after another, and the other warpgroup's products fill the tensor cores meanwhile.
+  constexpr bool kOverlap = kIdentity && (!KV_SIDE || D == 64);
   // Without the overlap (dK/dV at E = 128) and with the identity score_mod: dV += Pᵀ·dO runs on
   // the tensor cores while the warpgroup computes dS, which needs no register more (P stays
   // in f32 for dS either way).
@@ -251,9 +255,10 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // that S = Q·Kᵀ and dP = dO·Vᵀ read only K and V from shared memory (with both operands there
   // an m64n64k16 step reads 4 KB, as much as shared memory delivers in the step's tensor time).
   // dK/dV keeps K and V in shared memory: next to its two accumulators even K alone spilled
-  // 64 bytes at E = 128 and ran the pass 30 % slower; a score mod's dQ pass at E = 128 keeps
-  // them there too (the generic element step spilled 176 bytes with softcap).
-  constexpr bool kResInRegs = !KV_SIDE && (kIdentity || D == 64);
+  // 64 bytes at E = 128 and ran the pass 30 % slower. (A score mod's dQ pass at E = 128 spilled
+  // 176 bytes with softcap when its element step branched per element and overlapped; one step
+  // at a time with the branch-free step, it spills nothing.)
+  constexpr bool kResInRegs = !KV_SIDE;
   uint32_t ra0[kResInRegs ? D / 16 : 1][4], ra1[kResInRegs ? D / 16 : 1][4];
   auto load_resident_fragments = [&] {
     const int r = 16 * wq + (lane & 15);  // row within the warpgroup's 64 (ldmatrix: lane = row, two column halves)
