@@ -486,8 +486,8 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 
     flex_mma::bwd::Cursor cur;
     if constexpr (!kOverlap) {
-      // One step after another (the dK/dV pass at E = 128: its 128 accumulator registers leave
-      // no room for a second step's S and dP).
+      // One step after another (kOverlap above: the identity's dK/dV pass at E = 128, whose 128
+      // accumulator registers leave no room for a second step's S and dP, and every score mod).
       for (;; ++it) {
         const uint32_t stage = it % kStages;
         wg::mbar_wait(full + stage, (it / kStages) & 1);
