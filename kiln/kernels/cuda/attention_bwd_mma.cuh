@@ -79,6 +79,14 @@ __device__ __forceinline__ void advance(const FlexParams& p, int64_t b, int64_t 
   }
 }
 
+// What the backward keeps of a row's lse: with the identity score_mod (the Hopper backward's
+// own element step) the exponent base lse·log2 e, else lse itself; +inf for a row that kept
+// nothing either way, so that its P = exp(x − base) is 0 with no test.
+template <bool kIdentity> __device__ __forceinline__ float exp_base(float lse) {
+  if (lse == -INFINITY) return INFINITY;
+  return kIdentity ? lse * kLog2e : lse;
+}
+
 // Which elements of a warp's 16 × N fragment block are kept (in bounds and, where `partial`,
 // mask_mod true; kept_pair): bit 4·nf + r for c[nf][r]. ROWS_ARE_Q: rows are queries (S), else
 // keys (Sᵀ). N ≤ 64, so one 32-bit word holds the warp-lane's N / 2 elements. kPerCase: the
@@ -111,25 +119,30 @@ __device__ __forceinline__ uint32_t kept_bits(const FlexParams& p, const MM& mm,
   return bits;
 }
 
-// P and dS of one score element from its raw dot products (in place); 0 when not kept, when
-// its row kept nothing (lse = −inf) or when the score_mod gave −inf. Branch-free, as the
+// P and dS of one score element from its raw dot products (in place), `base` = exp_base<false>
+// of its row's lse; 0 when not kept, when the row kept nothing (base = +inf) or when the
+// score_mod gave −inf (P = 0: dS is then 0 whatever dscore says). Branch-free, as the
 // forward's apply_mods: the mod and its derivative are evaluated for every element (at indices
 // clamped into range, NOTE [flex mods]) and the results selected, so that a thread's elements
 // issue together and a table read of the mod (ALiBi's slope) is loaded once a step, not once
 // per element behind a branch (H200, S = 8192 causal, ALiBi forward + backward 4.41 → 3.39 ms
 // with the Hopper backward's one-step loops for score mods, attention_bwd_wgmma.cuh).
-template <class SM>
+// kMasked = false: a full in-range tile (kept true, indices in range: no clamp).
+template <class SM, bool kMasked = true>
 __device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, bool kept, int b, int h, int i, int j,
-                                          float& s_to_p, float& dp_to_ds, float lse, float delta) {
-  i = min(i, static_cast<int>(p.L) - 1);
-  j = min(j, static_cast<int>(p.S) - 1);
+                                          float& s_to_p, float& dp_to_ds, float base, float delta) {
+  if constexpr (kMasked) {
+    i = min(i, static_cast<int>(p.L) - 1);
+    j = min(j, static_cast<int>(p.S) - 1);
+  } else {
+    kept = true;
+  }
   const float raw = s_to_p * p.scale;
   const float x = sm(raw, b, h, i, j);
   const float dscore = sm.dscore(raw, b, h, i, j);
-  const bool live = kept && lse != -INFINITY && x != -INFINITY;
-  const float pv = live ? __expf(x - lse) : 0.0f;
+  const float pv = kept ? __expf(x - base) : 0.0f;
   s_to_p = pv;
-  dp_to_ds = live ? pv * (dp_to_ds - delta) * dscore * p.scale : 0.0f;
+  dp_to_ds = pv != 0.0f ? pv * (dp_to_ds - delta) * dscore * p.scale : 0.0f;
 }
 
 // acc[16·MT rows × N] += A[16·MT × K] · Tile[K][N] where A is given as f32 C fragments
@@ -249,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
     load_tile_async<BQ, E, kThreads>(Gs + buf * BQ * E, static_cast<const NT*>(p.dout) + row * E, E, c.start, p.L, tid);
     for (int x = tid; x < BQ; x += kThreads) {
       const int64_t i = c.start + x;
-      stat[(buf * 2) * BQ + x] = i < p.L ? p.lse[row + i] : -INFINITY;
+      stat[(buf * 2) * BQ + x] = exp_base<false>(i < p.L ? p.lse[row + i] : -INFINITY);
       stat[(buf * 2 + 1) * BQ + x] = i < p.L ? p.delta[row + i] : 0.0f;
     }
   };
@@ -358,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t i = i0 + wrow + 16 * mt + g + 8 * half;
-      lse[mt][half] = i < p.L ? p.lse[orow + i] : -INFINITY;
+      lse[mt][half] = exp_base<false>(i < p.L ? p.lse[orow + i] : -INFINITY);
       del[mt][half] = i < p.L ? p.delta[orow + i] : 0.0f;
     }
   float dq[MT][E / 8][4];

@@ -48,13 +48,6 @@ inline constexpr int kBwdRows = 128;  // resident rows per CTA (two warpgroups o
 inline constexpr int kBwdStep = 64;   // streamed rows per step
 inline constexpr int32_t kWalkEnd = -1;  // a stage slot's meta after the walk's last step
 
-// What the backward keeps of a row's lse: with the identity score_mod the exponent base
-// lse·log2 e, +inf for a row that kept nothing (2^(x − inf) = 0 then); else lse itself.
-template <bool kIdentity> __device__ __forceinline__ float exp_base(float lse) {
-  if constexpr (kIdentity) return lse == -INFINITY ? INFINITY : lse * kLog2e;
-  return lse;
-}
-
 template <int D> struct BwdSmem {
   // Two resident buffers (the next tile's pair loads while the current one is used) and the
   // stages fit the 227 KB a CTA may have: 3 stages at D = 128.
@@ -208,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
           for (int x = lane; x < kBwdStep; x += 32) {
             const int64_t i = start + x;
-            stat[x] = exp_base<kIdentity>(i < p.L ? p.lse[o + i] : -INFINITY);
+            stat[x] = flex_mma::bwd::exp_base<kIdentity>(i < p.L ? p.lse[o + i] : -INFINITY);
             stat[kBwdStep + x] = i < p.L ? p.delta[o + i] : 0.0f;
           }
           wg::mbar_arrive(full + stage);  // release: the stores above are visible to the waiters
@@ -339,16 +332,31 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
         elements.template operator()<true>();
     } else {
       static_assert(kP && kDs, "a score mod's element step computes P and dS together");
+      // Full in-range tiles (most of a causal walk) skip the kept bits and the index clamps;
+      // dK/dV reads its two columns' stats with one 8-byte load each, as the identity step.
+      auto elements = [&]<bool kMasked>() {
 #pragma unroll
-      for (int j = 0; j < kNt; ++j)
+        for (int j = 0; j < kNt; ++j) {
+          [[maybe_unused]] float2 col_lse{}, col_delta{};
+          if constexpr (KV_SIDE) {
+            col_lse = *reinterpret_cast<const float2*>(st_lse + 8 * j + 2 * t4);
+            col_delta = *reinterpret_cast<const float2*>(st_delta + 8 * j + 2 * t4);
+          }
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int col = 8 * j + 2 * t4 + (r & 1), row = wrow + g + 8 * (r >> 1);
-          const int i = KV_SIDE ? start + col : row, jj = KV_SIDE ? row : start + col;
-          const float lse = KV_SIDE ? st_lse[col] : row_lse[r >> 1];
-          const float delta = KV_SIDE ? st_delta[col] : row_delta[r >> 1];
-          flex_mma::bwd::grad_elem(p, sm, (kept >> (j * 4 + r)) & 1u, b, h, i, jj, x[j][r], dx[j][r], lse, delta);
+          for (int r = 0; r < 4; ++r) {
+            const int col = 8 * j + 2 * t4 + (r & 1), row = wrow + g + 8 * (r >> 1);
+            const int i = KV_SIDE ? start + col : row, jj = KV_SIDE ? row : start + col;
+            const float lse = KV_SIDE ? (r & 1 ? col_lse.y : col_lse.x) : row_lse[r >> 1];
+            const float delta = KV_SIDE ? (r & 1 ? col_delta.y : col_delta.x) : row_delta[r >> 1];
+            flex_mma::bwd::grad_elem<SM, kMasked>(p, sm, (kept >> (j * 4 + r)) & 1u, b, h, i, jj, x[j][r], dx[j][r],
+                                                  lse, delta);
+          }
         }
+      };
+      if (full_tile)
+        elements.template operator()<false>();
+      else
+        elements.template operator()<true>();
     }
   };
   auto pack_ds = [&] {
@@ -452,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = wrow + g + 8 * r;
-        row_lse[r] = exp_base<kIdentity>(i < L ? p.lse[o + i] : -INFINITY);
+        row_lse[r] = flex_mma::bwd::exp_base<kIdentity>(i < L ? p.lse[o + i] : -INFINITY);
       }
       // delta = rowsum(dO ∘ O) − dlse of the warp's 16 rows, from dO (resident) and O (the
       // tile's first stage): two lanes a row, D / 2 columns each, in 16-byte chunks; written
