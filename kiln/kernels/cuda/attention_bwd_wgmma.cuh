@@ -11,10 +11,11 @@
 //
 // NOTE [flex backward wgmma] Both passes are one kernel template (KV_SIDE = true: dK/dV):
 // - A persistent grid (at most one CTA per SM) whose CTAs claim tiles from a counter, heaviest
-//   first (BwdTile). Two resident buffers: the next tile's pair loads while the current one is
-//   walked, and the results leave by TMA stores while the next tile runs, so neither a tile's
-//   loads nor its stores stall the tensor cores (the sliding-window case, ~6 steps a tile,
-//   spent most of its time there with one CTA per tile).
+//   first (BwdTile). The next tile's pair loads while the current one is walked, and the
+//   results leave by TMA stores while the next tile runs, so neither a tile's loads nor its
+//   stores stall the tensor cores (the sliding-window case, ~6 steps a tile, spent most of its
+//   time there with one CTA per tile): dK/dV has two resident buffers, dQ one, given back as
+//   soon as its rows are in registers, and a staging tile for its store (BwdSmem).
 // - Three warpgroups: two consumers own 64 rows each of the tile's resident pair (dK/dV: K and
 //   V; dQ: Q and dO), a producer whose first lane issues the TMA copies (the resident pair per
 //   tile, then per step the streamed pair: dK/dV: Q and dO of 64 queries, with their lse and
@@ -35,9 +36,11 @@
 //   dQ += dS·K. The dK/dV pass at E = 128 with the identity score_mod issues dV's products as
 //   soon as P is packed and computes dS while they run (kSplitAcc: dK/dV 12.25 → 11.84 ms at
 //   S = 32768 causal, H200). The accumulators (f32, 64 × E per warpgroup: two for dK/dV) leave once per
-//   tile: rounded to 16 bits into the warpgroup's own rows of the resident pair (its products no
-//   longer read them), then one TMA store per 64-column group; the buffer goes back to the
-//   producer (res_empty) once the stores have read it, checked a step into the next tile.
+//   tile: rounded to 16 bits into a swizzled tile, then one TMA store per 64-column group. dK/dV
+//   writes them into the warpgroup's own rows of the resident pair (its products no longer read
+//   them), and the buffer goes back to the producer (res_empty) once the stores have read it,
+//   checked a step into the next tile; dQ into its staging tile, once the previous tile's store
+//   has read it.
 #pragma once
 #include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_wgmma.cuh"
@@ -48,17 +51,25 @@ inline constexpr int kBwdRows = 128;  // resident rows per CTA (two warpgroups o
 inline constexpr int kBwdStep = 64;   // streamed rows per step
 inline constexpr int32_t kWalkEnd = -1;  // a stage slot's meta after the walk's last step
 
-template <int D> struct BwdSmem {
-  // Two resident buffers (the next tile's pair loads while the current one is used) and the
-  // stages fit the 227 KB a CTA may have: 3 stages at D = 128.
-  static constexpr int kStages = D == 128 ? 3 : 4;
+template <int D, bool KV_SIDE> struct BwdSmem {
+  // dK/dV: two resident buffers (its products read K and V from shared memory; the next tile's
+  // pair loads into the other while one is used), and each tile's results leave through its own
+  // resident rows; with the stages that fills the 227 KB a CTA may have: 3 stages at D = 128.
+  // dQ: Q and dO go to registers at the tile's start, so one resident buffer, given back then
+  // (the next tile's pair loads into it during the walk), a staging tile for dQ's store, and
+  // twice dK/dV's stages at D = 128: the dQ pass overlaps a step's accumulation with the next
+  // step's products, so it holds two stages at a time, and with 3 stages the copy of a step was
+  // issued one step before it was needed.
+  static constexpr int kResBufs = KV_SIDE ? 2 : 1;
+  static constexpr int kStages = KV_SIDE ? (D == 128 ? 3 : 4) : (D == 128 ? 4 : 8);
   static_assert(kStages >= 2, "the consumers hold one stage while waiting for the next");
   static constexpr int kResBytes = kBwdRows * D * 2;   // one resident tile
   static constexpr int kPairBytes = 2 * kResBytes;     // resident buffer r at r·kPairBytes
   static constexpr int kStrBytes = kBwdStep * D * 2;   // one streamed tile
-  static constexpr int kStage0 = 2 * kPairBytes;       // stage s: two streamed tiles at kStage0 + 2·s·kStrBytes
-  static constexpr int kStats = kStage0 + 2 * kStages * kStrBytes;  // [kStages][2][kBwdStep] f32: exp_base(lse), delta
-  static constexpr int kBar = kStats + kStages * 2 * kBwdStep * 4;  // res_full[2], res_empty[2], full[S], empty[S]
+  static constexpr int kOut = kResBufs * kPairBytes;   // dQ's staging tile (kResBytes; none for dK/dV)
+  static constexpr int kStage0 = kOut + (KV_SIDE ? 0 : kResBytes);  // stage s: two streamed tiles at kStage0 + 2·s·kStrBytes
+  static constexpr int kStats = kStage0 + 2 * kStages * kStrBytes;  // dK/dV: [kStages][2][kBwdStep] f32: exp_base(lse), delta
+  static constexpr int kBar = kStats + (KV_SIDE ? kStages * 2 * kBwdStep * 4 : 0);  // res_full[2], res_empty[2], full[S], empty[S]
   // int32 from the producer: [kStages][2] the step of a stage (its first streamed row and (head
   // offset · 2 + partial-pass bit), or kWalkEnd after the tile's last step; published by
   // full[s]), then [2] the tile of a resident buffer (or −1: no more tiles; published by
@@ -66,6 +77,7 @@ template <int D> struct BwdSmem {
   static constexpr int kInfo = kBar + (4 + 2 * kStages) * 8;
   static constexpr int kTileSlot = kInfo + kStages * 2 * 4;
   static constexpr int kBytes = kTileSlot + 2 * 4 + 1024;
+  static_assert(kBytes <= 227 * 1024, "a CTA may have 227 KB of shared memory");
 };
 
 // The tensor maps of one pass: the resident pair, the streamed pair, and two of 64-row boxes.
@@ -95,8 +107,9 @@ template <class T, int D, bool KV_SIDE, class SM, class MM>
 __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __grid_constant__ BwdMaps maps, FlexParams p,
                                                                      SM sm, MM mm, bool heads_fastest,
                                                                      int32_t* tile_counter) {
-  using Smem = BwdSmem<D>;
+  using Smem = BwdSmem<D, KV_SIDE>;
   constexpr int kStages = Smem::kStages;
+  constexpr uint32_t kResBufs = Smem::kResBufs;
   constexpr int kGroups = D / 64;
   constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
   extern __shared__ unsigned char bwd_wgmma_smem[];
@@ -124,7 +137,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // rows of a (b, h) need not be 16-byte aligned for a copy), so `full` waits for them too.
   constexpr uint32_t kFullArrivals = KV_SIDE ? 1 + 32 : 1;
   if (tid == 0) {
-    for (int r = 0; r < 2; ++r) wg::mbar_init(res_full + r, 1), wg::mbar_init(res_empty + r, 2);
+    // res_empty: dK/dV's two issuers once their stores have read the buffer; dQ's 8 consumer
+    // warps once they have their resident rows in registers and delta.
+    for (int r = 0; r < 2; ++r) wg::mbar_init(res_full + r, 1), wg::mbar_init(res_empty + r, KV_SIDE ? 2 : kConsumerWarps);
     for (int s = 0; s < kStages; ++s) wg::mbar_init(full + s, kFullArrivals), wg::mbar_init(empty + s, kConsumerWarps);
     wg::mbar_init_fence();
   }
@@ -136,12 +151,13 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     if (warp != kConsumerWarps) return;
     uint32_t it = 0;  // stage uses, over all tiles
     for (uint32_t tc = 0;; ++tc) {
-      const uint32_t buf = tc & 1;
+      const uint32_t buf = tc % kResBufs, res_phase = (tc / kResBufs) & 1;
       int32_t t = 0;
       if (lane == 0) t = tc == 0 ? static_cast<int32_t>(blockIdx.x) : claim_tile(tile_counter);
       t = __shfl_sync(0xffffffffu, t, 0);
-      // Resident buffer `buf` is free once the tile two before has stored its results from it.
-      wg::mbar_wait(res_empty + buf, ((tc >> 1) & 1) ^ 1);
+      // Resident buffer `buf` is free once its previous tile is done with it (dK/dV: has stored
+      // its results from it; dQ: has its rows in registers).
+      wg::mbar_wait(res_empty + buf, res_phase ^ 1);
       if (t >= n_tiles) {
         if (lane == 0) tile_slot[buf] = -1, wg::mbar_arrive(res_full + buf);
         break;
@@ -252,6 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // 176 bytes with softcap when its element step branched per element and overlapped; one step
   // at a time with the branch-free step, it spills nothing.)
   constexpr bool kResInRegs = !KV_SIDE;
+  static_assert(KV_SIDE || kResInRegs, "the dQ pass gives its one resident buffer back at the tile's start");
   uint32_t ra0[kResInRegs ? D / 16 : 1][4], ra1[kResInRegs ? D / 16 : 1][4];
   auto load_resident_fragments = [&] {
     const int r = 16 * wq + (lane & 15);  // row within the warpgroup's 64 (ldmatrix: lane = row, two column halves)
@@ -441,8 +458,8 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   };
   uint32_t it = 0;  // stage uses, over all tiles (as the producer counts them)
   for (uint32_t tc = 0;; ++tc) {
-    const uint32_t buf = tc & 1;
-    wg::mbar_wait(res_full + buf, (tc >> 1) & 1);
+    const uint32_t buf = tc % kResBufs;
+    wg::mbar_wait(res_full + buf, (tc / kResBufs) & 1);
     const int32_t t = tile_slot[buf];
     if (t < 0) break;
     {
@@ -482,7 +499,10 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
         if (p.dlse) d -= p.dlse[o + i];
         if (half == 0) p.delta[o + i] = d;
       }
-      if (lane == 0) wg::mbar_arrive(empty + stage);
+      // The warp has read its O rows and (here and by ldmatrix, above) its resident rows: the
+      // stage goes back, and so does the resident buffer once all 8 warps are here (the next
+      // tile's Q and dO load into it during this walk).
+      if (lane == 0) wg::mbar_arrive(empty + stage), wg::mbar_arrive(res_empty + buf);
       ++it;
 #pragma unroll
       for (int r = 0; r < 2; ++r) row_delta[r] = __shfl_sync(0xffffffffu, d, 2 * (g + 8 * r));
@@ -564,15 +584,22 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc0[j][r] *= p.scale;
     }
-    // The warpgroup's products no longer read its resident rows: they take its results on the
-    // way to a TMA store (rows past the resident length are not written). The buffer is released
-    // once the stores have read them (release_previous, during the next tile).
-    unsigned char* res = smem + buf * Smem::kPairBytes;
-    store_rows_tma<T, kAt, kBwdRows>(acc0, res, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head, b);
-    if constexpr (KV_SIDE)
+    if constexpr (KV_SIDE) {
+      // The warpgroup's products no longer read its resident rows: they take its results on the
+      // way to a TMA store (rows past the resident length are not written). The buffer is
+      // released once the stores have read them (release_previous, during the next tile).
+      unsigned char* res = smem + buf * Smem::kPairBytes;
+      store_rows_tma<T, kAt, kBwdRows>(acc0, res, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head, b);
       store_rows_tma<T, kAt, kBwdRows>(acc1, res + Smem::kResBytes, wgi, lane, issuer, &maps.o1, static_cast<int>(row0),
                                        head, b);
-    prev_pending = true;
+      prev_pending = true;
+    } else {
+      // dQ through the staging tile, once the previous tile's store has read it (a walk ago).
+      if (issuer) wg::bulk_wait_read<0>();
+      wg::named_barrier(1 + wgi, 128);
+      store_rows_tma<T, kAt, kBwdRows>(acc0, smem + Smem::kOut, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head,
+                                       b);
+    }
   }
   if (issuer) wg::bulk_wait_read<0>();  // the last stores read shared memory before the CTA ends
 }
@@ -581,7 +608,7 @@ template <class T, int D, bool KV_SIDE, class SM, class MM>
 void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, const MM& mm, int32_t* tile_counter,
                       cudaStream_t st) {
   auto kernel = flex_bwd_wgmma_kernel<T, D, KV_SIDE, SM, MM>;
-  constexpr int smem = BwdSmem<D>::kBytes;
+  constexpr int smem = BwdSmem<D, KV_SIDE>::kBytes;
   set_smem(kernel, smem);
   const int64_t rows = KV_SIDE ? p.S : p.L;
   const int64_t row_tiles = (rows + kBwdRows - 1) / kBwdRows;
@@ -631,7 +658,8 @@ bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaSt
       return false;
     BwdMaps kv_side, q_side;
     auto run = [&]<int D>() {
-      if (current_context().max_shared_per_block < static_cast<size_t>(BwdSmem<D>::kBytes) || !bwd_maps<CT, D>(p, kv_side, q_side)) return false;
+      const auto smem = static_cast<size_t>(std::max(BwdSmem<D, true>::kBytes, BwdSmem<D, false>::kBytes));
+      if (current_context().max_shared_per_block < smem || !bwd_maps<CT, D>(p, kv_side, q_side)) return false;
       // dQ first: it writes the delta that the dK/dV pass reads.
       KILN_CUDA_CHECK(cudaMemsetAsync(p.tile_counters, 0, 2 * sizeof(int32_t), st));
       launch_bwd_wgmma<CT, D, false>(q_side, p, sm, mm, p.tile_counters + 1, st);
