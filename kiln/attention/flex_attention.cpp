@@ -90,6 +90,19 @@ kernels::FlexBackend resolve_backend(kernels::FlexBackend requested, Device devi
   return env != nullptr && *env != '\0' ? parse_flex_backend(env, "KILN_FLEX_KERNEL") : requested;
 }
 
+Tensor tile_counters(kernels::FlexParams& p, int64_t n, Device device) {
+  if (!device.is_cuda()) return Tensor();
+  Tensor counters = Tensor::empty({n}, DType::i32, device);
+  p.tile_counters = counters.data<int32_t>();
+  return counters;
+}
+
+void fail_no_cuda_body() {
+  fail("flex_attention: no CUDA body for this score_mod/mask_mod combination (the library's masks with "
+       "NoScoreMod, and ALiBi/softcap/relative bias with no mask or causal, have one; instantiate others with "
+       "KILN_FLEX_CUDA_INSTANTIATE, see docs/attention.md)");
+}
+
 }  // namespace detail
 
 kernels::FlexBackend parse_flex_backend(const std::string& text, const std::string& what) {

@@ -74,6 +74,11 @@ kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& 
 // The backend a call runs: `requested` unless automatic, then KILN_FLEX_KERNEL when set (CUDA
 // only: the CPU has one kernel, so a requested one fails there and the variable is ignored).
 kernels::FlexBackend resolve_backend(kernels::FlexBackend requested, Device device);
+// The Hopper kernels' n tile counters (their launchers zero them) on a CUDA device, pointed to
+// by p.tile_counters; none on the CPU.
+Tensor tile_counters(kernels::FlexParams& p, int64_t n, Device device);
+// The error for a score_mod / mask_mod pair with no CUDA instantiation.
+[[noreturn]] void fail_no_cuda_body();
 
 template <class SM, class MM>
 void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& sm, const MM& mm) {
@@ -85,9 +90,7 @@ void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& s
       return;
     }
 #endif
-    fail("flex_attention: no CUDA body for this score_mod/mask_mod combination (the library's masks with "
-         "NoScoreMod, and ALiBi/softcap/relative bias with no mask or causal, have one; instantiate others with "
-         "KILN_FLEX_CUDA_INSTANTIATE, see docs/attention.md)");
+    fail_no_cuda_body();
   }
   switch (dt) {
     case DType::f32: return kernels::cpu::flex_forward<float>(p, sm, mm);
@@ -106,9 +109,7 @@ void run_backward(const kernels::FlexParams& p, DType dt, Device dev, const SM& 
       return;
     }
 #endif
-    fail("flex_attention: no CUDA body for this score_mod/mask_mod combination (the library's masks with "
-         "NoScoreMod, and ALiBi/softcap/relative bias with no mask or causal, have one; instantiate others with "
-         "KILN_FLEX_CUDA_INSTANTIATE, see docs/attention.md)");
+    fail_no_cuda_body();
   }
   switch (dt) {
     case DType::f32: return kernels::cpu::flex_backward<float>(p, sm, mm);
@@ -151,11 +152,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   p.out = out.data_ptr();
   p.lse = lse.data<float>();
   const MM mm = block_mask.mask_mod;
-  Tensor tile_counter;  // the Hopper forward's (CUDA)
-  if (q.is_cuda()) {
-    tile_counter = Tensor::empty({1}, DType::i32, q.device());
-    p.tile_counters = tile_counter.data<int32_t>();
-  }
+  const Tensor fwd_counter = detail::tile_counters(p, 1, q.device());  // the forward's
   if (p.L > 0 && p.Ev > 0) detail::run_forward(p, q.dtype(), q.device(), score_mod, mm);
   else out.zero_(), lse.fill_(-INFINITY);
 
@@ -187,7 +184,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
            Tensor dlse;
            if (want_lse) dlse = grads[1].to(DType::f32).contiguous();
            Tensor delta = Tensor::empty({bp.B, bp.Hq, bp.L}, DType::f32, q.device());
-           Tensor tile_counters = Tensor::empty({2}, DType::i32, q.device());
+           const Tensor counters = detail::tile_counters(bp, 2, q.device());  // dQ's and dK/dV's
            Tensor dq = Tensor::empty({bp.B, bp.Hq, bp.L, bp.E}, q.dtype(), q.device());
            Tensor dk = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.E}, q.dtype(), q.device());
            Tensor dv = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.Ev}, q.dtype(), q.device());
@@ -196,7 +193,6 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
            bp.dout = dout.data_ptr();
            bp.dlse = want_lse ? dlse.data<float>() : nullptr;
            bp.delta = delta.data<float>();
-           bp.tile_counters = tile_counters.data<int32_t>();
            bp.dq = dq.data_ptr();
            bp.dk = dk.data_ptr();
            bp.dv = dv.data_ptr();
