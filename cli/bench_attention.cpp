@@ -2,8 +2,9 @@
 // dense reference path built from kiln ops (matmul + mask + softmax + matmul, autograd by the
 // engine) at one shape and mask. One JSON line per implementation on stdout (bench, impl, device,
 // shape, dtype, mask, backend_requested (flex), ms_median, peak_bytes, extra_peak_bytes, tflops
-// counted on the unmasked (q, kv) pairs: forward 4·pairs·D, backward 10·pairs·D), a table on
-// stderr. --score-mod times flex with a library score_mod (softcap:C or alibi; masks none or
+// counted on the unmasked (q, kv) pairs: forward 4·pairs·D, backward 10·pairs·D; with
+// --backward ms_median and tflops are forward + backward's, and bwd_ms_median / bwd_tflops the
+// backward's alone, timed on its own after each of `iters` untimed forwards), a table on stderr. --score-mod times flex with a library score_mod (softcap:C or alibi; masks none or
 // causal, the pairs instantiated for them).
 #include <algorithm>
 #include <cmath>
@@ -67,7 +68,7 @@ int run_bench_attention(const Args& args) {
       .option("--impl", &impls, "LIST", "comma-separated: flex, reference")
       .option("--backend", &backend_s, "NAME",
               "flex's CUDA kernels: auto (the fastest that applies), hopper, sm80 or simt (an error where they do not apply)")
-      .flag("--backward", &backward, "time forward + backward");
+      .flag("--backward", &backward, "time forward + backward, and the backward alone (bwd_ms_median)");
   if (!p.parse(args)) return 0;
   KILN_CHECK(B >= 1 && H >= 1 && S >= 1 && D >= 1 && iters >= 1 && warmup >= 0, "bench attention: sizes must be positive");
   const Device dev = Device::parse(device_s);
@@ -145,16 +146,23 @@ int run_bench_attention(const Args& args) {
         }
       drop = from_vector(d, {S, S}, dev).to(DType::boolean);
     }
-    auto once = [&] {
+    // The forward on fresh leaves (requiring gradients with --backward): its output and q.
+    auto forward = [&] {
       Tensor qg = q.detach(), kg = k.detach(), vg = v.detach();
       if (backward) qg.requires_grad_(), kg.requires_grad_(), vg.requires_grad_();
       Tensor out = impl == "flex" ? flex(qg, kg, vg) : dense_attention_ops(qg, kg, vg, drop, 1.0 / std::sqrt(double(D)));
-      if (backward) {
-        out.backward(dout);
-        sync(qg.grad());
-      } else {
-        sync(out);
-      }
+      return std::pair{out, qg};
+    };
+    auto backward_of = [&](const std::pair<Tensor, Tensor>& run) {
+      run.first.backward(dout);
+      sync(run.second.grad());
+    };
+    auto once = [&] {
+      auto run = forward();
+      if (backward)
+        backward_of(run);
+      else
+        sync(run.first);
     };
     for (int64_t i = 0; i < warmup; ++i) once();
     const int64_t base = memory_stats(dev).current_bytes;
@@ -163,6 +171,13 @@ int run_bench_attention(const Args& args) {
     for (int64_t i = 0; i < iters; ++i) ms.push_back(bench_time_ms(dev, once));
     const double med = median(ms);
     const int64_t peak = memory_stats(dev).peak_bytes;
+    std::vector<double> bwd_ms;  // --backward: each backward timed alone, after an untimed forward
+    if (backward)
+      for (int64_t i = 0; i < iters; ++i) {
+        auto run = forward();
+        sync(run.first);
+        bwd_ms.push_back(bench_time_ms(dev, [&] { backward_of(run); }));
+      }
     json::Value o = json::Value::object();
     o["bench"] = "attention";
     o["impl"] = impl;
@@ -178,6 +193,11 @@ int run_bench_attention(const Args& args) {
     o["peak_bytes"] = peak;
     o["extra_peak_bytes"] = peak - base;
     o["tflops"] = flops / (med * 1e-3) / 1e12;
+    if (backward) {
+      const double bwd_med = median(bwd_ms);
+      o["bwd_ms_median"] = bwd_med;
+      o["bwd_tflops"] = pairs * static_cast<double>(D) * 10.0 / (bwd_med * 1e-3) / 1e12;
+    }
     o["iters"] = iters;
     std::printf("%s\n", o.dump().c_str());
     std::fflush(stdout);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Peers for `kiln bench attention`: torch.compile'd flex_attention and SDPA on the GPU, at the
 same shapes and masks, printing one JSON line per implementation in kiln's format (bench, impl,
-device, shape, dtype, mask, backward, ms_median, peak_bytes, tflops on unmasked pairs).
+device, shape, dtype, mask, backward, ms_median, peak_bytes, tflops on unmasked pairs; with
+--backward also bwd_ms_median and bwd_tflops, the backward alone timed after untimed forwards).
 SDPA runs dense causal for causal/window/document masks (is_causal=True), as in the issue's
 anchors. --score-mod softcap:C|alibi (as `kiln bench attention --score-mod`) gives torch's
 flex_attention that score_mod and skips SDPA, which has none.
@@ -76,6 +77,22 @@ def time_ms(fn, iters, warmup):
     return ts[len(ts) // 2]
 
 
+def time_backward_ms(forward, grad, iters):
+    """Median ms of out.backward(grad) alone, each after an untimed forward."""
+    ts = []
+    for _ in range(iters):
+        out = forward()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        out.backward(grad)
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
@@ -104,9 +121,12 @@ def main():
         impls["torch_sdpa"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     shape = f"B={B},H={H},S={S},D={D}"
     for name, f in impls.items():
-        def once():
+        def forward():
             qq, kk, vv = (t.detach().requires_grad_(a.backward) for t in (q, k, v))
-            out = f(qq, kk, vv)
+            return f(qq, kk, vv)
+
+        def once():
+            out = forward()
             if a.backward:
                 out.backward(g)
         torch.cuda.reset_peak_memory_stats()
@@ -117,6 +137,10 @@ def main():
                "tflops": (flops if name == "torch_flex" else
                           count_pairs("causal" if causal else "none", S) * B * H * D * (14.0 if a.backward else 4.0))
                / (ms * 1e-3) / 1e12}
+        if a.backward:
+            bwd = time_backward_ms(forward, g, a.iters)
+            rec["bwd_ms_median"] = bwd
+            rec["bwd_tflops"] = rec["tflops"] * ms * 10.0 / 14.0 / bwd
         if sm is not None:
             rec["score_mod"] = a.score_mod
         print(json.dumps(rec), flush=True)

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/ops.h"
 #include "kiln/train/checkpoint.h"
@@ -166,9 +167,19 @@ TEST(BenchCli, AttentionScoreModRunsAndRejectsBadValues) {
                      "--impl flex --backward --iters 1 --warmup 0");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("\"score_mod\":\"softcap:30\""), std::string::npos) << r.output;
+  // --backward also times the backward alone (bwd_ms_median, bwd_tflops).
+  {
+    const size_t line = r.output.find("{\"bench\":\"attention\"");
+    ASSERT_NE(line, std::string::npos) << r.output;
+    const json::Value o = json::parse(r.output.substr(line, r.output.find('\n', line) - line));
+    ASSERT_TRUE(o.contains("bwd_ms_median") && o.contains("bwd_tflops")) << r.output;
+    EXPECT_GT(o.find("bwd_ms_median")->as_double(), 0.0);
+    EXPECT_GT(o.find("bwd_tflops")->as_double(), 0.0);
+  }
   r = run_cli("bench attention --seq 64 --heads 2 --head-dim 16 --mask none --score-mod alibi --impl flex --iters 1");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("\"score_mod\":\"alibi\""), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("bwd_ms_median"), std::string::npos) << "only --backward times the backward: " << r.output;
   for (auto [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--score-mod softcap:x --impl flex", "softcap:C needs a positive number C, got 'softcap:x'"},
            {"--score-mod tanh --impl flex", "must be none, softcap:C or alibi, got 'tanh'"},
