@@ -131,8 +131,8 @@ int run_bench_attention(const Args& args) {
   }
   Tensor drop;  // the reference's element mask (true = masked out), built only when it runs
 
-  std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10s %14s %9s\n", "impl", "device", "shape", "dtype", "mask",
-               "ms_median", "peak_bytes", "tflops");
+  std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10s %14s %9s%s\n", "impl", "device", "shape", "dtype", "mask",
+               "ms_median", "peak_bytes", "tflops", backward ? "  bwd_ms_median bwd_tflops" : "");
   for (const std::string impl : {"flex", "reference"}) {
     if (impls.find(impl) == std::string::npos) continue;
     if (impl == "reference" && !drop.defined() && spec.kind != MaskSpec::Kind::none) {
@@ -193,17 +193,17 @@ int run_bench_attention(const Args& args) {
     o["peak_bytes"] = peak;
     o["extra_peak_bytes"] = peak - base;
     o["tflops"] = flops / (med * 1e-3) / 1e12;
-    if (backward) {
-      const double bwd_med = median(bwd_ms);
-      o["bwd_ms_median"] = bwd_med;
-      o["bwd_tflops"] = pairs * static_cast<double>(D) * 10.0 / (bwd_med * 1e-3) / 1e12;
-    }
+    const double bwd_med = backward ? median(bwd_ms) : 0.0;
+    const double bwd_tflops = backward ? pairs * static_cast<double>(D) * 10.0 / (bwd_med * 1e-3) / 1e12 : 0.0;
+    if (backward) o["bwd_ms_median"] = bwd_med, o["bwd_tflops"] = bwd_tflops;
     o["iters"] = iters;
     std::printf("%s\n", o.dump().c_str());
     std::fflush(stdout);
-    std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10.3f %14lld %9.4f\n", impl.c_str(), dev.str().c_str(),
+    std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10.3f %14lld %9.4f", impl.c_str(), dev.str().c_str(),
                  shape.c_str(), dtype_name(dt), mask_s.c_str(), med, static_cast<long long>(peak),
                  flops / (med * 1e-3) / 1e12);
+    if (backward) std::fprintf(stderr, "  %13.3f %10.4f", bwd_med, bwd_tflops);
+    std::fprintf(stderr, "\n");
   }
   return 0;
 }
