@@ -153,22 +153,20 @@ int run_bench_attention(const Args& args) {
       Tensor out = impl == "flex" ? flex(qg, kg, vg) : dense_attention_ops(qg, kg, vg, drop, 1.0 / std::sqrt(double(D)));
       return std::pair{out, qg};
     };
-    auto backward_of = [&](const std::pair<Tensor, Tensor>& run) {
-      run.first.backward(dout);
-      sync(run.second.grad());
-    };
-    auto once = [&] {
+    // One forward (+ backward). A timed run is only enqueued: on CUDA bench_time_ms's end event
+    // waits for it, as the peers' script times theirs (events around the calls, then a sync); a
+    // host sync inside the timed region added a one-element copy back and a host round trip to
+    // every time. `wait` syncs it (the untimed runs).
+    auto once = [&](bool wait) {
       auto run = forward();
-      if (backward)
-        backward_of(run);
-      else
-        sync(run.first);
+      if (backward) run.first.backward(dout);
+      if (wait) sync(backward ? run.second.grad() : run.first);
     };
-    for (int64_t i = 0; i < warmup; ++i) once();
+    for (int64_t i = 0; i < warmup; ++i) once(true);
     const int64_t base = memory_stats(dev).current_bytes;
     reset_peak_memory_stats(dev);
     std::vector<double> ms;
-    for (int64_t i = 0; i < iters; ++i) ms.push_back(bench_time_ms(dev, once));
+    for (int64_t i = 0; i < iters; ++i) ms.push_back(bench_time_ms(dev, [&] { once(false); }));
     const double med = median(ms);
     const int64_t peak = memory_stats(dev).peak_bytes;
     std::vector<double> bwd_ms;  // --backward: each backward timed alone, after an untimed forward
@@ -176,7 +174,7 @@ int run_bench_attention(const Args& args) {
       for (int64_t i = 0; i < iters; ++i) {
         auto run = forward();
         sync(run.first);
-        bwd_ms.push_back(bench_time_ms(dev, [&] { backward_of(run); }));
+        bwd_ms.push_back(bench_time_ms(dev, [&] { run.first.backward(dout); }));
       }
     json::Value o = json::Value::object();
     o["bench"] = "attention";
