@@ -1,5 +1,7 @@
-// Storage allocation and release through the device's allocator.
+// Storage allocation, filling and release through the device's allocator.
 #include "kiln/core/storage.h"
+
+#include "kiln/core/error.h"
 
 namespace kiln {
 
@@ -10,6 +12,11 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> keepalive)
     : data_(data), nbytes_(nbytes), device_(device), keepalive_(std::move(keepalive)) {}
+
+void Storage::fill(uint8_t byte) {
+  KILN_CHECK(allocator_ != nullptr, "Storage::fill: the storage is borrowed, not owned by an allocator");
+  allocator_->fill(data_, nbytes_, byte);
+}
 
 Storage::~Storage() {
   if (allocator_) allocator_->deallocate(data_, nbytes_);

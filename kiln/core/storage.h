@@ -25,6 +25,9 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
   bool borrowed() const { return allocator_ == nullptr; }
+  // Sets every byte to `byte` through the allocator that owns the block (in order with the
+  // device's later work); a borrowed storage is an error.
+  void fill(uint8_t byte);
 
   uint64_t version() const { return version_; }
   void bump_version() { ++version_; }

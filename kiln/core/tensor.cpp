@@ -41,7 +41,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   const size_t nbytes = static_cast<size_t>(n) * itemsize(dtype);
   impl->storage = std::make_shared<Storage>(nbytes, device);
   if (nbytes > 0 && fill_uninitialized_memory())
-    allocator_for(device).fill(impl->storage->data(), nbytes, uninitialized_fill_byte(dtype));
+    impl->storage->fill(uninitialized_fill_byte(dtype));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
