@@ -61,31 +61,18 @@ def score_mod_for(spec, heads):
     raise SystemExit(f"--score-mod must be none, softcap:C or alibi, got {spec!r}")
 
 
-def time_ms(fn, iters, warmup):
+def time_ms(fn, iters, warmup=0, prepare=None):
+    """Median ms of fn between two CUDA events, after `warmup` untimed calls; with `prepare`,
+    each timed call is fn(prepare()), prepare's work untimed."""
     for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
+        fn(prepare() if prepare else None)
     ts = []
     for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def time_backward_ms(forward, grad, iters):
-    """Median ms of out.backward(grad) alone, each after an untimed forward."""
-    ts = []
-    for _ in range(iters):
-        out = forward()
+        x = prepare() if prepare else None
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        out.backward(grad)
+        fn(x)
         b.record()
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(b))
@@ -109,8 +96,6 @@ def main():
     dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[a.dtype]
     B, H, S, D = a.batch, a.heads, a.seq, a.head_dim
     q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(4))
-    pairs = count_pairs(a.mask, S) * B * H
-    flops = pairs * D * (14.0 if a.backward else 4.0)
     mm = mask_mod_for(a.mask)
     bm = create_block_mask(mm, None, None, S, S, device="cuda") if mm else None
     flex = torch.compile(flex_attention)
@@ -125,22 +110,23 @@ def main():
             qq, kk, vv = (t.detach().requires_grad_(a.backward) for t in (q, k, v))
             return f(qq, kk, vv)
 
-        def once():
+        def once(_):
             out = forward()
             if a.backward:
                 out.backward(g)
         torch.cuda.reset_peak_memory_stats()
         ms = time_ms(once, a.iters, a.warmup)
+        # The pairs this implementation computes (SDPA: dense causal, or all of them) times D.
+        mask = a.mask if name == "torch_flex" else ("causal" if causal else "none")
+        pairs_d = count_pairs(mask, S) * B * H * D
         rec = {"bench": "attention", "impl": name, "device": "cuda", "shape": shape, "dtype": a.dtype,
-               "mask": a.mask if name == "torch_flex" else ("causal" if causal else "none"),
-               "backward": a.backward, "ms_median": ms, "peak_bytes": torch.cuda.max_memory_allocated(),
-               "tflops": (flops if name == "torch_flex" else
-                          count_pairs("causal" if causal else "none", S) * B * H * D * (14.0 if a.backward else 4.0))
-               / (ms * 1e-3) / 1e12}
+               "mask": mask, "backward": a.backward, "ms_median": ms,
+               "peak_bytes": torch.cuda.max_memory_allocated(),
+               "tflops": pairs_d * (14.0 if a.backward else 4.0) / (ms * 1e-3) / 1e12}
         if a.backward:
-            bwd = time_backward_ms(forward, g, a.iters)
+            bwd = time_ms(lambda out: out.backward(g), a.iters, prepare=forward)
             rec["bwd_ms_median"] = bwd
-            rec["bwd_tflops"] = rec["tflops"] * ms * 10.0 / 14.0 / bwd
+            rec["bwd_tflops"] = pairs_d * 10.0 / (bwd * 1e-3) / 1e12
         if sm is not None:
             rec["score_mod"] = a.score_mod
         print(json.dumps(rec), flush=True)
