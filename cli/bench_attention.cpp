@@ -4,7 +4,8 @@
 // shape, dtype, mask, backend_requested (flex), ms_median, peak_bytes, extra_peak_bytes, tflops
 // counted on the unmasked (q, kv) pairs: forward 4·pairs·D, backward 10·pairs·D; with
 // --backward ms_median and tflops are forward + backward's, and bwd_ms_median / bwd_tflops the
-// backward's alone, timed on its own after each of `iters` untimed forwards), a table on stderr. --score-mod times flex with a library score_mod (softcap:C or alibi; masks none or
+// backward's alone, timed on its own after each of `iters` untimed forwards), a table on
+// stderr. --score-mod times flex with a library score_mod (softcap:C or alibi; masks none or
 // causal, the pairs instantiated for them).
 #include <algorithm>
 #include <cmath>
@@ -190,7 +191,8 @@ int run_bench_attention(const Args& args) {
     o["ms_median"] = med;
     o["peak_bytes"] = peak;
     o["extra_peak_bytes"] = peak - base;
-    o["tflops"] = flops / (med * 1e-3) / 1e12;
+    const double tflops = flops / (med * 1e-3) / 1e12;
+    o["tflops"] = tflops;
     const double bwd_med = backward ? median(bwd_ms) : 0.0;
     const double bwd_tflops = backward ? pairs * static_cast<double>(D) * 10.0 / (bwd_med * 1e-3) / 1e12 : 0.0;
     if (backward) o["bwd_ms_median"] = bwd_med, o["bwd_tflops"] = bwd_tflops;
@@ -198,8 +200,7 @@ int run_bench_attention(const Args& args) {
     std::printf("%s\n", o.dump().c_str());
     std::fflush(stdout);
     std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10.3f %14lld %9.4f", impl.c_str(), dev.str().c_str(),
-                 shape.c_str(), dtype_name(dt), mask_s.c_str(), med, static_cast<long long>(peak),
-                 flops / (med * 1e-3) / 1e12);
+                 shape.c_str(), dtype_name(dt), mask_s.c_str(), med, static_cast<long long>(peak), tflops);
     if (backward) std::fprintf(stderr, "  %13.3f %10.4f", bwd_med, bwd_tflops);
     std::fprintf(stderr, "\n");
   }
