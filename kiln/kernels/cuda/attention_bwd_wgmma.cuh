@@ -265,17 +265,18 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // that S = Q·Kᵀ and dP = dO·Vᵀ read only K and V from shared memory (with both operands there
   // an m64n64k16 step reads 4 KB, as much as shared memory delivers in the step's tensor time).
   // dK/dV keeps K and V in shared memory: next to its two accumulators even K alone spilled
-  // 64 bytes at E = 128 and ran the pass 30 % slower. (A score mod's dQ pass at E = 128 spilled
+  // 64 bytes at E = 128 and ran the pass 30 % slower; 4 or 5 of K's 8 k16 chunks fit, and gained
+  // nothing measurable (BENCHMARKS.md, 2026-12-01 19:20). (A score mod's dQ pass at E = 128 spilled
   // 176 bytes with softcap when its element step branched per element and overlapped; one step
   // at a time with the branch-free step, it spills nothing.)
   constexpr bool kResInRegs = !KV_SIDE;
   static_assert(KV_SIDE || kResInRegs, "the dQ pass gives its one resident buffer back at the tile's start");
   uint32_t ra0[kResInRegs ? D / 16 : 1][4], ra1[kResInRegs ? D / 16 : 1][4];
   auto load_resident_fragments = [&] {
-    const int r = 16 * wq + (lane & 15);  // row within the warpgroup's 64 (ldmatrix: lane = row, two column halves)
+    const mma::ALaneAddr at = mma::a_fragment_lane(lane);  // within the warp's 16 rows and a k16 chunk
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = wg::sw128_offset<kBwdRows>(r, 16 * kk + 8 * (lane >> 4));
+      const uint32_t off = wg::sw128_offset<kBwdRows>(16 * wq + at.row, 16 * kk + at.col);
       mma::ldmatrix_x4(ra0[kk], r0_base + off);
       mma::ldmatrix_x4(ra1[kk], r1_base + off);
     }

@@ -115,11 +115,19 @@ __device__ __forceinline__ int swz(int row, int col) {
   return row * COLS + group * 64 + within * 8;
 }
 
+// The element of a row-major 16×16 block whose address lane `lane` gives ldmatrix.x4 for an A
+// fragment (NOTE above): row lane % 16, column 8 · (lane / 16). Any tile layout: the caller
+// turns (row0 + row, col0 + col) into its own offset.
+struct ALaneAddr {
+  int row, col;
+};
+__device__ __forceinline__ ALaneAddr a_fragment_lane(int lane) { return {lane & 15, (lane >> 4) << 3}; }
+
 // A fragment of the 16×16 block at (row0, col0) of a swizzled [*, COLS] tile.
 template <int COLS>
 __device__ __forceinline__ void ldmatrix_a(uint32_t (&a)[4], const void* tile_base, int row0, int col0, int lane) {
-  const int r = row0 + (lane & 15), c = col0 + ((lane >> 4) << 3);
-  ldmatrix_x4(a, smem_addr(static_cast<const uint16_t*>(tile_base) + swz<COLS>(r, c)));
+  const ALaneAddr at = a_fragment_lane(lane);
+  ldmatrix_x4(a, smem_addr(static_cast<const uint16_t*>(tile_base) + swz<COLS>(row0 + at.row, col0 + at.col)));
 }
 // Two B fragments for B = Tileᵀ where the tile is [n][k] row-major (K stored as rows of keys:
 // S = Q·Kᵀ): n rows n0..n0+15, k columns k0..k0+15. b[0] covers n0..n0+7, b[1] n0+8..n0+15,
