@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "kiln/core/error.h"
+
 #ifdef KILN_CUDA
 #include "kiln/kernels/timing.h"
 #endif
@@ -51,6 +53,23 @@ double median(std::vector<double> v) {
 void print_record(const json::Value& record) {
   std::printf("%s\n", record.dump().c_str());
   std::fflush(stdout);
+}
+
+std::vector<std::string> parse_impls(const std::string& list, const std::vector<std::string>& known,
+                                     const char* bench) {
+  std::string names;
+  for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = list.find(',', pos);
+    const std::string impl = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? list.size() + 1 : comma + 1;
+    KILN_CHECK(std::find(known.begin(), known.end(), impl) != known.end(), bench, ": unknown impl '", impl,
+               "' in --impl '", list, "' (expected a comma-separated list of ", names, ")");
+    if (std::find(out.begin(), out.end(), impl) == out.end()) out.push_back(impl);
+  }
+  return out;
 }
 
 int run_bench(const Args& args) {

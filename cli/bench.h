@@ -19,5 +19,9 @@ double bench_time_ms(const Device& device, const std::function<void()>& f);
 double median(std::vector<double> v);
 // Prints one JSON record on stdout (one line), flushing.
 void print_record(const json::Value& record);
+// The implementations of a comma-separated --impl list, in the order given (repeats dropped);
+// an error names an entry not in `known` (or an empty list) and lists the known ones.
+std::vector<std::string> parse_impls(const std::string& list, const std::vector<std::string>& known,
+                                     const char* bench);
 
 }  // namespace kiln::cli

@@ -73,7 +73,11 @@ int run_bench_attention(const Args& args) {
   if (!p.parse(args)) return 0;
   KILN_CHECK(B >= 1 && H >= 1 && S >= 1 && D >= 1 && iters >= 1 && warmup >= 0, "bench attention: sizes must be positive");
   const Device dev = Device::parse(device_s);
+  check_device_available(dev, "bench attention");
   const DType dt = parse_dtype(dtype_s);
+  KILN_CHECK(dt == DType::f32 || dt == DType::bf16 || dt == DType::f16,
+             "bench attention: --dtype must be f32, bf16 or f16, got '", dtype_s, "'");
+  const std::vector<std::string> impl_list = parse_impls(impls, {"flex", "reference"}, "bench attention");
   FlexOptions flex_options;
   flex_options.backend = parse_flex_backend(backend_s, "--backend");
   MaskSpec spec = parse_mask_spec(mask_s, S, dev);
@@ -89,8 +93,8 @@ int run_bench_attention(const Args& args) {
   if (score) {
     KILN_CHECK(spec.kind == MaskSpec::Kind::none || spec.kind == MaskSpec::Kind::causal,
                "bench attention: --score-mod runs with --mask none or causal, got '", mask_s, "'");
-    KILN_CHECK(impls == "flex", "bench attention: --score-mod times flex only (the reference path has no score_mod); ",
-               "pass --impl flex");
+    KILN_CHECK(impl_list == std::vector<std::string>{"flex"},
+               "bench attention: --score-mod times flex only (the reference path has no score_mod); pass --impl flex");
   }
 
   Generator gen(0);
@@ -134,8 +138,7 @@ int run_bench_attention(const Args& args) {
 
   std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10s %14s %9s%s\n", "impl", "device", "shape", "dtype", "mask",
                "ms_median", "peak_bytes", "tflops", backward ? "  bwd_ms_median bwd_tflops" : "");
-  for (const std::string impl : {"flex", "reference"}) {
-    if (impls.find(impl) == std::string::npos) continue;
+  for (const std::string& impl : impl_list) {
     if (impl == "reference" && !drop.defined() && spec.kind != MaskSpec::Kind::none) {
       std::vector<uint8_t> d(static_cast<size_t>(S * S));
       for (int64_t i = 0; i < S; ++i)

@@ -92,6 +92,8 @@ int run_bench_lce(const Args& args) {
   const DType dtype = parse_dtype(dtype_s);
   KILN_CHECK(is_floating(dtype), "bench lce: --dtype ", dtype_s, " is not a floating dtype");
   if (impls.empty()) impls = dev.is_cuda() ? "fused,fused_filter,gemm_bound,reference" : "fused,reference";
+  const std::vector<std::string> impl_list =
+      parse_impls(impls, {"fused", "fused_filter", "gemm_bound", "reference"}, "bench lce");
   profile = profile || env_profile();
 
   Generator gen(static_cast<uint64_t>(seed));
@@ -113,13 +115,7 @@ int run_bench_lce(const Args& args) {
 
   std::fprintf(stderr, "%-12s %-6s %-6s %10s %12s %9s %12s\n", "impl", "device", "dtype", "ms", "peak MiB", "TFLOP/s",
                "loss");
-  size_t pos = 0;
-  while (pos <= impls.size()) {
-    size_t comma = impls.find(',', pos);
-    std::string impl = impls.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    pos = comma == std::string::npos ? impls.size() + 1 : comma + 1;
-    KILN_CHECK(impl == "fused" || impl == "fused_filter" || impl == "gemm_bound" || impl == "reference",
-               "bench lce: unknown impl '", impl, "' (fused, fused_filter, gemm_bound, reference)");
+  for (const std::string& impl : impl_list) {
     LinearCrossEntropyOptions opts = base_opts;
     if (impl == "fused_filter") opts.filter_eps = filter_eps;
     std::function<Tensor()> step;

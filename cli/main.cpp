@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,12 @@ int main(int argc, char** argv) {
       try {
         return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
       } catch (const kiln::Error& e) {
+        std::fprintf(stderr, "kiln %s: error: %s\n", c.name, e.what());
+        return 1;
+      } catch (const std::bad_alloc&) {  // a host allocation beyond this machine's memory
+        std::fprintf(stderr, "kiln %s: error: out of host memory (a host allocation failed)\n", c.name);
+        return 1;
+      } catch (const std::exception& e) {  // from the standard library: still a message, not an abort
         std::fprintf(stderr, "kiln %s: error: %s\n", c.name, e.what());
         return 1;
       }

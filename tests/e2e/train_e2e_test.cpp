@@ -191,6 +191,34 @@ TEST(BenchCli, AttentionScoreModRunsAndRejectsBadValues) {
   }
 }
 
+TEST(BenchCli, ImplListsDtypesAndLargeBlocksAreChecked) {
+  const std::string attn = "bench attention --seq 64 --heads 2 --head-dim 16 --iters 1 --warmup 0 ";
+  // Each --impl entry must be a known one (a substring match ran nothing for 'foo' and flex
+  // for 'reflex'); an error names the entry.
+  for (auto [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {attn + "--impl reflex", "bench attention: unknown impl 'reflex' in --impl 'reflex'"},
+           {attn + "--impl flex,,reference", "unknown impl '' in --impl 'flex,,reference'"},
+           {attn + "--dtype i32", "bench attention: --dtype must be f32, bf16 or f16, got 'i32'"},
+           {"bench lce --tokens 8 --dim 8 --vocab 16 --iters 1 --impl fused,foo", "bench lce: unknown impl 'foo'"}}) {
+    CliRun r = run_cli(args);
+    EXPECT_EQ(r.status, 1) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
+  // The implementations run in the order given, each once.
+  CliRun r = run_cli(attn + "--impl reference,flex,reference");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const size_t ref = r.output.find("\"impl\":\"reference\""), flex = r.output.find("\"impl\":\"flex\"");
+  ASSERT_NE(ref, std::string::npos) << r.output;
+  ASSERT_NE(flex, std::string::npos) << r.output;
+  EXPECT_LT(ref, flex) << r.output;
+  EXPECT_EQ(r.output.find("\"impl\":\"reference\"", ref + 1), std::string::npos) << r.output;
+  // A BlockMask block far larger than the sequence: the CPU kernels size their scratch tiles by
+  // the sequence (they allocated block x block floats and aborted with std::bad_alloc).
+  r = run_cli(attn + "--impl flex --block 1000000 --backward");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"impl\":\"flex\""), std::string::npos) << r.output;
+}
+
 TEST(TrainCli, CtrlCCheckpointsAndExits) {
   fs::path out = temp_dir("sigint");
   std::string cmd = std::string(KILN_CLI_PATH) + " train --preset tiny --steps 100000 --sample-tokens 0 --out " +

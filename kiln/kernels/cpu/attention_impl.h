@@ -108,6 +108,9 @@ template <class T, class SM, class MM>
 void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
   using namespace flex_detail;
   const int64_t QB = p.QB, KB = p.KB, E = p.E, Ev = p.Ev, G = p.Hq / p.Hkv;
+  // A tile's rows and columns at most: the scratch tiles' extents and leading dimension (a block
+  // larger than the sequence allocates only the sequence).
+  const int64_t QT = std::min(QB, p.L), KT = std::min(KB, p.S);
   const int64_t tasks = p.B * p.Hq * p.nQ;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
@@ -115,7 +118,7 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
   T* out = static_cast<T*>(p.out);
 #pragma omp parallel if (tasks > 1)
   {
-    std::vector<float> qf(QB * E), kt(E * KB), vf(KB * Ev), s(QB * KB), acc(QB * Ev), m(QB), l(QB);
+    std::vector<float> qf(QT * E), kt(E * KT), vf(KT * Ev), s(QT * KT), acc(QT * Ev), m(QT), l(QT);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t qb = t % p.nQ, h = (t / p.nQ) % p.Hq, b = t / (p.nQ * p.Hq), hk = h / G;
@@ -132,13 +135,13 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
         const auto [cnt, idx] = p.kv_blocks(row, partial);
         for (int32_t c = 0; c < cnt; ++c) {
           const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
-          load_transposed(kt.data(), KB, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+          load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
           for (int64_t j = 0; j < nk; ++j) load_row(&vf[j * Ev], vbase + (j0 + j) * p.v_st[2], Ev);
-          tile_abt(s.data(), KB, qf.data(), nq, E, kt.data(), nk);
-          apply_mods(s.data(), KB, nullptr, nq, nk, i0, j0, static_cast<int>(b), static_cast<int>(h), p.scale, sm, mm,
+          tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
+          apply_mods(s.data(), KT, nullptr, nq, nk, i0, j0, static_cast<int>(b), static_cast<int>(h), p.scale, sm, mm,
                      partial);
           for (int64_t i = 0; i < nq; ++i) {
-            float* si = &s[i * KB];
+            float* si = &s[i * KT];
             const float mx = row_max(si, nk);
             const float mnew = std::max(m[i], mx);
             if (mnew == kNegInf) {  // everything masked so far
@@ -156,7 +159,7 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
               for (int64_t e = 0; e < Ev; ++e) ai[e] *= alpha;
             }
           }
-          tile_ax(acc.data(), Ev, s.data(), KB, nq, vf.data(), nk);
+          tile_ax(acc.data(), Ev, s.data(), KT, nq, vf.data(), nk);
         }
       }
       for (int64_t i = 0; i < nq; ++i) {
@@ -215,6 +218,9 @@ template <class T, class SM, class MM>
 void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
   using namespace flex_detail;
   const int64_t QB = p.QB, KB = p.KB, E = p.E, Ev = p.Ev, G = p.Hq / p.Hkv;
+  // A tile's rows and columns at most: the scratch tiles' extents and leading dimension (a block
+  // larger than the sequence allocates only the sequence).
+  const int64_t QT = std::min(QB, p.L), KT = std::min(KB, p.S);
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -237,8 +243,8 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
   T* dq = static_cast<T*>(p.dq);
 #pragma omp parallel if (qtasks > 1)
   {
-    std::vector<float> qf(QB * E), dof(QB * Ev), kt(E * KB), kf(KB * E), vt(Ev * KB), s(QB * KB), dp(QB * KB),
-        raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QB * KB), acc(QB * E);
+    std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), kf(KT * E), vt(Ev * KT), s(QT * KT), dp(QT * KT),
+        raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), acc(QT * E);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < qtasks; ++t) {
       const int64_t qb = t % p.nQ, h = (t / p.nQ) % p.Hq, b = t / (p.nQ * p.Hq), hk = h / G;
@@ -262,15 +268,15 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
         const auto [cnt, idx] = p.kv_blocks(row, partial);
         for (int32_t c = 0; c < cnt; ++c) {
           const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
-          load_transposed(kt.data(), KB, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
-          load_transposed(vt.data(), KB, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+          load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+          load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
           for (int64_t j = 0; j < nk; ++j) load_row(&kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
-          tile_abt(s.data(), KB, qf.data(), nq, E, kt.data(), nk);
-          tile_abt(dp.data(), KB, dof.data(), nq, Ev, vt.data(), nk);
-          flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KB, nq, nk, i0, j0,
+          tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
+          tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
+          flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
                          static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
                          dbias_row);
-          tile_ax(acc.data(), E, dp.data(), KB, nq, kf.data(), nk);
+          tile_ax(acc.data(), E, dp.data(), KT, nq, kf.data(), nk);
         }
       }
       for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &acc[i * E], E);
@@ -282,16 +288,16 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
   T* dv = static_cast<T*>(p.dv);
 #pragma omp parallel if (ktasks > 1)
   {
-    std::vector<float> qf(QB * E), dof(QB * Ev), kt(E * KB), vt(Ev * KB), s(QB * KB), dp(QB * KB),
-        raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QB * KB), dka(KB * E), dva(KB * Ev);
+    std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), vt(Ev * KT), s(QT * KT), dp(QT * KT),
+        raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), dka(KT * E), dva(KT * Ev);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ktasks; ++t) {
       const int64_t kb = t % p.nKV, hk = (t / p.nKV) % p.Hkv, b = t / (p.nKV * p.Hkv);
       const int64_t j0 = kb * KB, nk = std::min(KB, p.S - j0);
       const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
       const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
-      load_transposed(kt.data(), KB, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
-      load_transposed(vt.data(), KB, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+      load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+      load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
       std::fill(dka.begin(), dka.end(), 0.0f);
       std::fill(dva.begin(), dva.end(), 0.0f);
       for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
@@ -306,13 +312,13 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
               load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
               load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
             }
-            tile_abt(s.data(), KB, qf.data(), nq, E, kt.data(), nk);
-            tile_abt(dp.data(), KB, dof.data(), nq, Ev, vt.data(), nk);
-            flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KB, nq, nk, i0, j0,
+            tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
+            tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
+            flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
                            static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
                            nullptr);
-            tile_atx(dva.data(), Ev, s.data(), KB, nq, dof.data(), nk);
-            tile_atx(dka.data(), E, dp.data(), KB, nq, qf.data(), nk);
+            tile_atx(dva.data(), Ev, s.data(), KT, nq, dof.data(), nk);
+            tile_atx(dka.data(), E, dp.data(), KT, nq, qf.data(), nk);
           }
         }
       }
