@@ -8,6 +8,10 @@ namespace kiln::attention {
 
 BlockLayout layout_from_classes(const std::vector<uint8_t>& cls, int64_t batch, int64_t heads, int64_t q_len,
                                 int64_t kv_len, int64_t q_block, int64_t kv_block) {
+  KILN_CHECK(q_block >= 1 && kv_block >= 1 && q_block < (int64_t{1} << 31) && kv_block < (int64_t{1} << 31) &&
+                 q_len >= 0 && kv_len >= 0,
+             "layout_from_classes: block sizes must be in [1, 2^31) and lengths >= 0, got blocks ", q_block, ", ",
+             kv_block, " for q_len=", q_len, " kv_len=", kv_len);
   BlockLayout l;
   l.batch = batch;
   l.heads = heads;

@@ -33,6 +33,9 @@ struct BlockLayout {
   int64_t num_q_blocks = 0, num_kv_blocks = 0;
   Tensor kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices;
   Tensor q_num_blocks, q_indices, full_q_num_blocks, full_q_indices;
+  // A table the mask_mod points into (the run-time document mask's ids), held here so that a
+  // backward recorded with this layout keeps it alive; the kernels never read it.
+  Tensor mask_table;
 
   Device device() const { return kv_num_blocks.device(); }
   // Fraction of tiles that are skipped (empty), over all (b, h) of the layout.
@@ -63,6 +66,20 @@ struct BlockMask {
   Tensor materialize() const;
 };
 
+namespace detail {
+// The library's mask mods that point to tables: a null pointer fails here, naming the mod,
+// instead of crashing in a kernel (the tables' lengths cannot be checked: raw pointers).
+template <class M> void check_mask_mod(const M&) {}
+template <class A, class B> void check_mask_mod(const AndMask<A, B>& m);
+template <class A, class B> void check_mask_mod(const OrMask<A, B>& m);
+inline void check_mask_mod(const Document& m) {
+  KILN_CHECK(m.q_doc != nullptr && m.kv_doc != nullptr,
+             "Document mask: q_doc and kv_doc must point to the per-token document ids, got a null pointer");
+}
+template <class A, class B> void check_mask_mod(const AndMask<A, B>& m) { check_mask_mod(m.a), check_mask_mod(m.b); }
+template <class A, class B> void check_mask_mod(const OrMask<A, B>& m) { check_mask_mod(m.a), check_mask_mod(m.b); }
+}  // namespace detail
+
 // Classifies one tile by evaluating every in-range element (exact for any mask_mod).
 template <MaskMod M>
 KILN_HD BlockKind classify_tile(const M& m, int b, int h, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
@@ -83,9 +100,10 @@ BlockMask<M> create_block_mask(M mask_mod, int64_t batch, int64_t heads, int64_t
                                int64_t q_block = kDefaultBlockSize, int64_t kv_block = kDefaultBlockSize) {
   KILN_CHECK(batch >= 1 && heads >= 1 && q_len >= 0 && kv_len >= 0, "create_block_mask: bad sizes batch=", batch,
              " heads=", heads, " q_len=", q_len, " kv_len=", kv_len);
-  KILN_CHECK(q_block >= 1 && kv_block >= 1, "create_block_mask: block sizes must be >= 1, got ", q_block, ", ",
-             kv_block);
+  KILN_CHECK(q_block >= 1 && kv_block >= 1 && q_block < (int64_t{1} << 31) && kv_block < (int64_t{1} << 31),
+             "create_block_mask: block sizes must be in [1, 2^31), got ", q_block, ", ", kv_block);
   KILN_CHECK(q_len < (int64_t{1} << 31) && kv_len < (int64_t{1} << 31), "create_block_mask: lengths must fit int32");
+  detail::check_mask_mod(mask_mod);
   const int64_t nq = (q_len + q_block - 1) / q_block, nk = (kv_len + kv_block - 1) / kv_block;
   std::vector<uint8_t> cls(static_cast<size_t>(batch * heads * nq * nk));
   kernels::cpu::parallel_for(batch * heads * nq, 1, [&](int64_t r0, int64_t r1) {

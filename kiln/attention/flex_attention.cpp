@@ -2,7 +2,9 @@
 // (MaskSpec / AnyBlockMask) and the explicit instantiations for the library's masks.
 #include "kiln/attention/flex_attention.h"
 
+#include <cerrno>
 #include <cstdlib>
+#include <limits>
 
 namespace kiln::attention {
 namespace detail {
@@ -26,14 +28,32 @@ void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const 
   KILN_CHECK(v.size(1) == Hkv && v.size(2) == S, "flex_attention: k ", shape_str(k.shape()), " and v ",
              shape_str(v.shape()), " disagree on heads or length");
   KILN_CHECK(k.size(3) == E, "flex_attention: q head dim ", E, " != k head dim ", k.size(3));
-  KILN_CHECK(Hkv >= 1 && Hq % Hkv == 0, "flex_attention: query heads ", Hq, " must be a multiple of kv heads ", Hkv);
+  // (E = 0 had no default scale, 1/sqrt(0); Ev = 0 no lse; and the CPU kernels index empty tile rows.)
+  KILN_CHECK(E >= 1 && v.size(3) >= 1, "flex_attention: head dims must be >= 1, got E=", E, " (q, k) and Ev=",
+             v.size(3), " (v)");
+  KILN_CHECK(Hkv >= 1, "flex_attention: k and v need at least one head, got k ", shape_str(k.shape()));
+  KILN_CHECK(Hq % Hkv == 0, "flex_attention: query heads ", Hq, " must be a multiple of kv heads ", Hkv);
   KILN_CHECK(layout.q_len == L && layout.kv_len == S, "flex_attention: block mask built for L=", layout.q_len,
              ", S=", layout.kv_len, " but q has L=", L, ", k has S=", S);
+  // The kernels walk num_q_blocks x num_kv_blocks tiles of q_block x kv_block: a hand-made or
+  // edited layout whose counts disagree with its block sizes would leave rows unwritten.
+  KILN_CHECK(layout.q_block >= 1 && layout.kv_block >= 1 &&
+                 layout.num_q_blocks == L / layout.q_block + (L % layout.q_block != 0) &&
+                 layout.num_kv_blocks == S / layout.kv_block + (S % layout.kv_block != 0),
+             "flex_attention: block mask has ", layout.num_q_blocks, " x ", layout.num_kv_blocks, " blocks of ",
+             layout.q_block, " x ", layout.kv_block, ", which do not tile L=", L, ", S=", S);
   KILN_CHECK(layout.batch == 1 || layout.batch == B, "flex_attention: block mask batch ", layout.batch,
              " must be 1 or ", B);
   KILN_CHECK(layout.heads == 1 || layout.heads == Hq, "flex_attention: block mask heads ", layout.heads,
              " must be 1 or ", Hq);
   KILN_CHECK(L < (int64_t{1} << 31) && S < (int64_t{1} << 31), "flex_attention: lengths must fit int32");
+}
+
+double resolve_scale(const std::optional<double>& scale, int64_t E) {
+  if (!scale) return 1.0 / std::sqrt(static_cast<double>(E));
+  KILN_CHECK(std::isfinite(*scale) && std::abs(*scale) <= std::numeric_limits<float>::max(),
+             "flex_attention: options.scale must be finite (in f32), got ", *scale);
+  return *scale;
 }
 
 Tensor last_dim_contiguous(const Tensor& t) {
@@ -74,6 +94,13 @@ kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& 
   p.nKV = l.num_kv_blocks;
   p.QB = l.q_block;
   p.KB = l.kv_block;
+  // The CPU kernels size their tile buffers by the block sizes (QB x KB floats a thread). A
+  // block longer than the sequence holds the whole sequence in one tile, which the length
+  // describes exactly: same tiles, same sums, without allocating for a block of e.g. 2^20.
+  if (q.device().is_cpu()) {
+    p.QB = std::min(p.QB, std::max<int64_t>(p.L, 1));
+    p.KB = std::min(p.KB, std::max<int64_t>(p.S, 1));
+  }
   p.nk1 = l.kv_indices.size(3);
   p.nq1 = l.q_indices.size(3);
   return p;
@@ -128,9 +155,10 @@ MaskSpec parse_mask_spec(const std::string& text, int64_t seq_len, Device device
   MaskSpec s;
   auto number = [&](const std::string& tail) {
     char* end = nullptr;
+    errno = 0;
     long long n = std::strtoll(tail.c_str(), &end, 10);
-    KILN_CHECK(!tail.empty() && end && *end == '\0' && n >= 1, "mask '", text,
-               "': expected a positive integer after ':', got '", tail, "'");
+    KILN_CHECK(!tail.empty() && end && *end == '\0' && n >= 1 && errno != ERANGE, "mask '", text,
+               "': expected a positive integer after ':', got '", tail, "'", errno == ERANGE ? " (out of range)" : "");
     return static_cast<int64_t>(n);
   };
   if (text == "none") {
@@ -143,6 +171,8 @@ MaskSpec parse_mask_spec(const std::string& text, int64_t seq_len, Device device
   } else if (text.rfind("document:", 0) == 0) {
     s.kind = MaskSpec::Kind::document;
     const int64_t n = number(text.substr(9));
+    KILN_CHECK(seq_len >= 0 && seq_len < (int64_t{1} << 31), "mask '", text, "': seq_len must be in [0, 2^31), got ",
+               seq_len);
     std::vector<int32_t> ids(static_cast<size_t>(seq_len));
     for (int64_t i = 0; i < seq_len; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i / n);
     s.document_ids = from_vector(ids, {seq_len}, device);
@@ -175,8 +205,8 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
       case MaskSpec::Kind::none: m.layout = build_on_gpu(NoMask{}, q_len, kv_len, bs, device); return m;
       case MaskSpec::Kind::causal: m.layout = build_on_gpu(Causal{}, q_len, kv_len, bs, device); return m;
       case MaskSpec::Kind::sliding_window:
-        KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31), "sliding window: window must be >= 1, got ",
-                   spec.window);
+        KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31),
+                   "sliding window: window must be in [1, 2^31), got ", spec.window);
         m.layout = build_on_gpu(SlidingWindow{static_cast<int>(spec.window)}, q_len, kv_len, bs, device);
         return m;
       case MaskSpec::Kind::document: break;  // below (needs the host ids as well)
@@ -189,16 +219,24 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
     case MaskSpec::Kind::none: m.layout = create_block_mask(NoMask{}, 1, 1, q_len, kv_len, bs, bs).layout; break;
     case MaskSpec::Kind::causal: m.layout = create_block_mask(Causal{}, 1, 1, q_len, kv_len, bs, bs).layout; break;
     case MaskSpec::Kind::sliding_window:
-      KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31), "sliding window: window must be >= 1, got ",
-                 spec.window);
+      KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31),
+                 "sliding window: window must be in [1, 2^31), got ", spec.window);
       m.layout = create_block_mask(SlidingWindow{static_cast<int>(spec.window)}, 1, 1, q_len, kv_len, bs, bs).layout;
       break;
     case MaskSpec::Kind::document: {
-      KILN_CHECK(spec.document_ids.defined() && spec.document_ids.dim() == 1 &&
-                     spec.document_ids.size(0) >= std::max(q_len, kv_len),
-                 "document mask: document_ids must be i32 [>= ", std::max(q_len, kv_len), "]");
-      m.document_ids_cpu = spec.document_ids.to(DType::i32).to(kCPU).contiguous();
-      m.spec.document_ids = spec.document_ids.to(DType::i32).to(device).contiguous();
+      const Tensor& ids_in = spec.document_ids;
+      const int64_t need = std::max(q_len, kv_len);
+      KILN_CHECK(ids_in.defined(), "document mask: document_ids is not set (expected i32 [>= ", need, "])");
+      KILN_CHECK(ids_in.dim() == 1 && ids_in.size(0) >= need && is_integral(ids_in.dtype()),
+                 "document mask: document_ids must be integer ids (i32) [>= ", need, "], got ",
+                 dtype_name(ids_in.dtype()), " ", shape_str(ids_in.shape()));
+      if (ids_in.dtype() == DType::i64) {  // narrowed to i32 below: ids past int32 would merge documents
+        for (int64_t id : ids_in.to(kCPU).to_vector<int64_t>())
+          KILN_CHECK(id >= std::numeric_limits<int32_t>::min() && id <= std::numeric_limits<int32_t>::max(),
+                     "document mask: document id ", id, " does not fit i32");
+      }
+      m.document_ids_cpu = ids_in.to(DType::i32).to(kCPU).contiguous();
+      m.spec.document_ids = ids_in.to(DType::i32).to(device).contiguous();
       const int32_t* ids = m.document_ids_cpu.data<int32_t>();
 #ifdef KILN_CUDA
       if (device.is_cuda()) {
@@ -227,9 +265,13 @@ FlexResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
                             options);
     case MaskSpec::Kind::document: {
       const Tensor& ids = q.device().is_cpu() ? mask.document_ids_cpu : mask.spec.document_ids;
+      KILN_CHECK(ids.defined(), "flex_attention: the document mask has no ids on ", q.device().str());
       const int32_t* p = ids.data<int32_t>();
+      // The backward keeps the layout; with the ids in it, a temporary mask outlives the call.
+      BlockLayout layout = mask.layout;
+      layout.mask_table = ids;
       return flex_attention(q, k, v, NoScoreMod{},
-                            BlockMask<DocumentCausal>{DocumentCausal{Causal{}, Document{p, p}}, mask.layout}, options);
+                            BlockMask<DocumentCausal>{DocumentCausal{Causal{}, Document{p, p}}, layout}, options);
     }
   }
   fail("flex_attention: unknown mask kind");

@@ -4,9 +4,9 @@
 //   auto r = flex_attention(q, k, v, NoScoreMod{}, mask);          // r.out [B, Hq, L, Ev]
 //
 // q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] (Hq a multiple of Hkv: GQA without
-// copies), f32 / bf16 / f16 (16-bit storage, f32 math). Output in the input dtype; lse [B, Hq, L]
-// f32 in natural log when options.return_lse. Fully masked rows give output 0 and lse −inf
-// (gradients 0, never NaN). The template instantiates the CPU kernels for any mods; the CUDA
+// copies; E, Ev >= 1), f32 / bf16 / f16 (16-bit storage, f32 math). Output in the input dtype;
+// lse [B, Hq, L] f32 in natural log when options.return_lse. Fully masked rows give output 0 and
+// lse −inf (gradients 0, never NaN). The template instantiates the CPU kernels for any mods; the CUDA
 // kernels exist for the library's mods (explicit instantiations in kernels/cuda/).
 // For config-driven masks (the trainer), flex_attention(q, k, v, const MaskSpec&) selects a
 // library mask at run time.
@@ -67,6 +67,21 @@ namespace kiln::attention {
 namespace detail {
 
 void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& layout);
+// options.scale, or 1/sqrt(E) when unset; fails unless options.scale is finite in f32 (the
+// kernels' type).
+double resolve_scale(const std::optional<double>& scale, int64_t E);
+// The library's score mods with parameters that would crash or silently wreck every score (a
+// null ALiBi slopes pointer; a softcap of 0, ±inf or NaN) fail here, naming the mod; other
+// mods pass. The slopes' length cannot be checked (a raw pointer).
+template <class SM> void check_score_mod(const SM&) {}
+inline void check_score_mod(const Alibi& m) {
+  KILN_CHECK(m.slopes != nullptr, "flex_attention: Alibi.slopes is null (it must point to Hq f32 slopes, e.g. from "
+                                  "alibi_slopes)");
+}
+inline void check_score_mod(const Softcap& m) {
+  KILN_CHECK(std::isfinite(m.cap) && m.cap != 0.0f, "flex_attention: Softcap.cap must be finite and non-zero, got ",
+             m.cap);
+}
 // Makes the last dim contiguous (a copy only when needed); keeps other strides.
 Tensor last_dim_contiguous(const Tensor& t);
 kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& layout,
@@ -126,9 +141,11 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
                           const BlockMask<MM>& block_mask, const FlexOptions& options = {}) {
   const BlockLayout& layout = block_mask.layout;
   detail::check_flex_inputs(q_in, k_in, v_in, layout);
+  detail::check_score_mod(score_mod);
+  detail::check_mask_mod(block_mask.mask_mod);
   Tensor q = detail::last_dim_contiguous(q_in), k = detail::last_dim_contiguous(k_in),
          v = detail::last_dim_contiguous(v_in);
-  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  const double scale = detail::resolve_scale(options.scale, q.size(3));
   const kernels::FlexBackend backend = detail::resolve_backend(options.backend, q.device());
   kernels::FlexParams p = detail::make_params(q, k, v, layout, scale, backend);
   Tensor bias;
@@ -167,6 +184,14 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
          [=](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
            Tensor q = sq.get("flex_attention"), k = sk.get("flex_attention"), v = sv.get("flex_attention");
            Tensor out = so.get("flex_attention"), lse = slse.get("flex_attention");
+           // The engine's run_backward takes the root gradients as given: the kernels read them
+           // through raw pointers, so their shapes and device are checked here.
+           KILN_CHECK(grads[0].shape() == out.shape() && grads[0].device() == out.device(),
+                      "flex_attention backward: the output gradient must be ", shape_str(out.shape()), " on ",
+                      out.device().str(), ", got ", shape_str(grads[0].shape()), " on ", grads[0].device().str());
+           KILN_CHECK(!want_lse || (grads[1].shape() == lse.shape() && grads[1].device() == lse.device()),
+                      "flex_attention backward: the lse gradient must be ", shape_str(lse.shape()), " on ",
+                      lse.device().str(), ", got ", shape_str(grads[1].shape()), " on ", grads[1].device().str());
            kernels::FlexParams bp = detail::make_params(q, k, v, layout, scale, backend);
            SM sm = score_mod;
            Tensor bias_t, dbias, dbias_partial;

@@ -232,6 +232,27 @@ TEST(BlockMask, SparsityOfCausalAndErrors) {
   EXPECT_THROW(create_block_mask(Causal{}, 0, 1, 10, 10), Error);
 }
 
+// Block sizes past int32 (INT64_MAX made the block counts overflow to 0 tiles: nothing computed,
+// the output left unwritten), a block of 0 given to layout_from_classes (a division by zero)
+// and null document pointers (a crash in the builder) fail, naming them; so does a hand-edited
+// layout whose block counts do not tile L x S (it left rows unwritten).
+TEST(BlockMask, BadBlockSizesTablesAndLayoutsNamed) {
+  EXPECT_KILN_ERROR(create_block_mask(Causal{}, 1, 1, 37, 37, INT64_MAX, 16), "block sizes must be in [1, 2^31)",
+                    "9223372036854775807");
+  EXPECT_KILN_ERROR(create_block_mask(Causal{}, 1, 1, 10, 10, 16, -4), "block sizes must be in [1, 2^31)", "-4");
+  EXPECT_KILN_ERROR(layout_from_classes({}, 1, 1, 10, 10, 0, 16), "layout_from_classes: block sizes");
+  EXPECT_KILN_ERROR(create_block_mask(Document{}, 1, 1, 8, 8), "Document mask", "null pointer");
+  std::vector<int32_t> ids(8, 0);
+  EXPECT_KILN_ERROR(create_block_mask(and_masks(Causal{}, or_masks(PrefixLM{2}, Document{ids.data(), nullptr})), 1, 1,
+                                      8, 8),
+                    "Document mask", "null pointer");
+  Generator gen(2);
+  Tensor q = randn({1, 1, 64, 16}, gen);
+  auto bm = create_block_mask(Causal{}, 1, 1, 64, 64, 16, 16);
+  bm.layout.q_block = 8;  // 4 blocks of 8 rows would leave rows 32..63 unwritten
+  EXPECT_KILN_ERROR(flex_attention(q, q, q, NoScoreMod{}, bm), "4 x 4 blocks of 8 x 16", "L=64, S=64");
+}
+
 // ---------------- the float64 reference vs finite differences ----------------
 
 TEST(FlexReference, GradientsMatchFiniteDifferences) {
@@ -499,6 +520,123 @@ TEST(FlexCpu, BackendOptionIsCheckedAndNamed) {
   FlexOptions o;
   o.backend = FlexBackend::sm80;
   EXPECT_KILN_ERROR(flex_attention(q, k, v, NoScoreMod{}, bm, o), "backend sm80");
+}
+
+// On the CPU a block longer than the sequence is one tile of the sequence's length: blocks of
+// 2^20 (whose tile buffers asked for 2^40 floats a thread: std::bad_alloc in a parallel region,
+// so std::terminate) give the bits of the default block, forward and backward.
+TEST(FlexCpu, BlocksLongerThanTheSequence) {
+  Generator gen(4);
+  Tensor q = randn({2, 4, 37, 16}, gen), k = randn({2, 2, 37, 16}, gen), v = randn({2, 2, 37, 12}, gen);
+  Tensor dout = randn({2, 4, 37, 12}, gen), dlse = randn({2, 4, 37}, gen), bias = randn({4, 73}, gen);
+  const auto mm = and_masks(Causal{}, SlidingWindow{20});
+  const Grads a = run_flex(q, k, v, RelativePositionBias{}, create_block_mask(mm, 1, 1, 37, 37), dout, dlse, bias);
+  const Grads b = run_flex(q, k, v, RelativePositionBias{}, create_block_mask(mm, 1, 1, 37, 37, 1 << 20, 1 << 20),
+                           dout, dlse, bias);
+  for (auto [x, y, name] : {std::tuple{a.out, b.out, "out"}, {a.lse, b.lse, "lse"}, {a.dq, b.dq, "dq"},
+                            {a.dk, b.dk, "dk"}, {a.dv, b.dv, "dv"}, {a.dbias, b.dbias, "dbias"}}) {
+    ASSERT_EQ(x.nbytes(), y.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << name;
+  }
+}
+
+// Parameters that made every score NaN, ±inf or 0 (silently: outputs of 0, NaN or uniform
+// weights) or crashed (a null ALiBi table) fail, naming them; their legal neighbours still run.
+TEST(FlexCpu, BadScaleAndScoreModParametersNamed) {
+  Generator gen(6);
+  Tensor q = randn({1, 2, 8, 16}, gen), k = randn({1, 2, 8, 16}, gen), v = randn({1, 2, 8, 16}, gen);
+  auto bm = create_block_mask(Causal{}, 1, 1, 8, 8);
+  for (double sc : {double(NAN), double(INFINITY), -double(INFINITY), 1e300}) {
+    FlexOptions o;
+    o.scale = sc;
+    EXPECT_KILN_ERROR(flex_attention(q, k, v, NoScoreMod{}, bm, o), "options.scale must be finite");
+  }
+  EXPECT_KILN_ERROR(flex_attention(q, k, v, Softcap{0.0f}, bm), "Softcap.cap", "got 0");
+  EXPECT_KILN_ERROR(flex_attention(q, k, v, Softcap{NAN}, bm), "Softcap.cap", "nan");
+  EXPECT_KILN_ERROR(flex_attention(q, k, v, Softcap{INFINITY}, bm), "Softcap.cap", "inf");
+  EXPECT_KILN_ERROR(flex_attention(q, k, v, Alibi{}, bm), "Alibi.slopes is null");
+  // A negative cap is the same function as its absolute value.
+  expect_close(flex_attention(q, k, v, Softcap{-2.0f}, bm).out,
+               reference_flex_attention(q, k, v, Softcap{2.0f}, Causal{}, 0.25).out, DType::f32, "softcap -2");
+  // Head dims of 0: E = 0 had no default scale (1/sqrt(0) made every score NaN, the output 0),
+  // Ev = 0 returned an lse of −inf on every row, and the CPU kernels indexed empty tile rows.
+  Tensor q0 = randn({1, 2, 8, 0}, gen), k0 = randn({1, 2, 8, 0}, gen), v0 = randn({1, 2, 8, 0}, gen);
+  FlexOptions one;
+  one.scale = 1.0;
+  EXPECT_KILN_ERROR(flex_attention(q0, k0, v, NoScoreMod{}, bm), "head dims must be >= 1", "E=0", "Ev=16");
+  EXPECT_KILN_ERROR(flex_attention(q0, k0, v, NoScoreMod{}, bm, one), "head dims must be >= 1", "E=0");
+  FlexOptions with_lse;
+  with_lse.return_lse = true;
+  EXPECT_KILN_ERROR(flex_attention(q, k, v0, NoScoreMod{}, bm, with_lse), "head dims must be >= 1", "Ev=0");
+  // No kv heads: named as such (it said "query heads 0 must be a multiple of kv heads 0").
+  Tensor none = randn({1, 0, 8, 16}, gen);
+  EXPECT_KILN_ERROR(flex_attention(none, none, none, NoScoreMod{}, bm), "k and v need at least one head");
+}
+
+// run_backward takes the root gradients as given, and flex_attention's backward reads them
+// through raw pointers: one of the wrong shape was read past its end (garbage or a crash).
+TEST(FlexCpu, BackwardChecksTheGradientShapes) {
+  Generator gen(8);
+  Tensor q = randn({1, 2, 8, 16}, gen).requires_grad_(), k = randn({1, 2, 8, 16}, gen), v = randn({1, 2, 8, 16}, gen);
+  auto bm = create_block_mask(Causal{}, 1, 1, 8, 8);
+  FlexOptions o;
+  o.return_lse = true;
+  FlexResult r = flex_attention(q, k, v, NoScoreMod{}, bm, o);
+  EXPECT_KILN_ERROR(run_backward({r.out}, {randn({1, 2, 4, 16}, gen)}, false), "output gradient must be [1, 2, 8, 16]",
+                    "got [1, 2, 4, 16]");
+  r = flex_attention(q, k, v, NoScoreMod{}, bm, o);
+  EXPECT_KILN_ERROR(run_backward({r.out, r.lse}, {randn({1, 2, 8, 16}, gen), randn({3}, gen)}, false),
+                    "lse gradient must be [1, 2, 8]", "got [3]");
+}
+
+// The run-time masks' bad input, named: numbers out of range (window:1e20 parsed as INT64_MAX),
+// a negative seq_len (std::length_error from a vector of 2^64 ids), document ids unset, of
+// another shape or length, floating (truncated: 0.5 and 0.7 were one document) or i64 past
+// int32 (wrapped into another document). i64 ids in range still work.
+TEST(FlexCpu, RuntimeMaskSpecBadInputNamed) {
+  EXPECT_KILN_ERROR(parse_mask_spec("window:99999999999999999999", 10), "window:99999999999999999999", "out of range");
+  EXPECT_KILN_ERROR(parse_mask_spec("document:4", -1), "seq_len must be in [0, 2^31)", "-1");
+  EXPECT_KILN_ERROR(create_block_mask(parse_mask_spec("window:3000000000", 10), 10, 10),
+                    "window must be in [1, 2^31)", "3000000000");
+  MaskSpec s;
+  s.kind = MaskSpec::Kind::document;
+  EXPECT_KILN_ERROR(create_block_mask(s, 8, 8), "document_ids is not set");
+  s.document_ids = from_vector(std::vector<float>{0, 0.5f, 0.7f, 1, 1.2f, 1.9f, 2, 2}, {8});
+  EXPECT_KILN_ERROR(create_block_mask(s, 8, 8), "integer ids", "got f32 [8]");
+  s.document_ids = zeros({2, 8}, DType::i32);
+  EXPECT_KILN_ERROR(create_block_mask(s, 8, 8), "got i32 [2, 8]");
+  s.document_ids = zeros({4}, DType::i32);
+  EXPECT_KILN_ERROR(create_block_mask(s, 8, 8), "[>= 8]", "got i32 [4]");
+  s.document_ids = from_vector(std::vector<int64_t>{0, 0, 0, 1, 1, 1, int64_t{1} << 32, int64_t{1} << 32}, {8});
+  EXPECT_KILN_ERROR(create_block_mask(s, 8, 8), "document id 4294967296 does not fit i32");
+  s.document_ids = from_vector(std::vector<int64_t>{0, 0, 0, 1, 1, 1, 2, 2}, {8});
+  Generator gen(10);
+  Tensor q = randn({1, 1, 8, 16}, gen), k = randn({1, 1, 8, 16}, gen), v = randn({1, 1, 8, 16}, gen);
+  std::vector<int32_t> ids{0, 0, 0, 1, 1, 1, 2, 2};
+  const DocumentCausal doc{Causal{}, Document{ids.data(), ids.data()}};
+  expect_close(flex_attention(q, k, v, create_block_mask(s, 8, 8)).out,
+               reference_flex_attention(q, k, v, NoScoreMod{}, doc, 0.25).out, DType::f32, "i64 document ids");
+}
+
+// A run-time document mask passed as a temporary: the recorded backward's mask_mod points into
+// the mask's ids, which the backward now keeps alive (it read them freed: wrong gradients).
+TEST(FlexCpu, TemporaryDocumentMaskOutlivesTheCall) {
+  const int64_t L = 300;
+  Generator gen(12);
+  Tensor q = randn({1, 2, L, 16}, gen), k = randn({1, 2, L, 16}, gen), v = randn({1, 2, L, 16}, gen),
+         dout = randn({1, 2, L, 16}, gen);
+  Tensor qg = q.detach().requires_grad_(), kg = k.detach().requires_grad_(), vg = v.detach().requires_grad_();
+  Tensor out = flex_attention(qg, kg, vg, create_block_mask(parse_mask_spec("document:50", L), L, L)).out;
+  std::vector<Tensor> reuse;  // would take the freed ids' memory, with other ids
+  for (int i = 0; i < 8; ++i) reuse.push_back(full({L}, 1000 + i, DType::i32));
+  out.backward(dout);
+  std::vector<int32_t> ids(static_cast<size_t>(L));
+  for (int64_t i = 0; i < L; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i / 50);
+  const ReferenceResult ref = reference_flex_attention(
+      q, k, v, NoScoreMod{}, DocumentCausal{Causal{}, Document{ids.data(), ids.data()}}, 0.25, dout);
+  expect_close(qg.grad(), ref.dq, DType::f32, "dq");
+  expect_close(kg.grad(), ref.dk, DType::f32, "dk");
+  expect_close(vg.grad(), ref.dv, DType::f32, "dv");
 }
 
 // ---------------- CUDA ----------------
