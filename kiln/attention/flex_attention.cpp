@@ -94,13 +94,6 @@ kernels::FlexParams make_params(const Tensor& q, const Tensor& k, const Tensor& 
   p.nKV = l.num_kv_blocks;
   p.QB = l.q_block;
   p.KB = l.kv_block;
-  // The CPU kernels size their tile buffers by the block sizes (QB x KB floats a thread). A
-  // block longer than the sequence holds the whole sequence in one tile, which the length
-  // describes exactly: same tiles, same sums, without allocating for a block of e.g. 2^20.
-  if (q.device().is_cpu()) {
-    p.QB = std::min(p.QB, std::max<int64_t>(p.L, 1));
-    p.KB = std::min(p.KB, std::max<int64_t>(p.S, 1));
-  }
   p.nk1 = l.kv_indices.size(3);
   p.nq1 = l.q_indices.size(3);
   return p;

@@ -192,14 +192,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
     } else {  // one block mask per batch row (documents)
       KILN_CHECK(static_cast<int64_t>(masks.flex.size()) == B, "LlamaAttention: ", masks.flex.size(),
                  " block masks for a batch of ", B);
-      // The document mask_mods point at the masks' id tables: keep them alive until the
-      // backward of these flex calls has run (a pass-through node on q, which runs after them).
-      if (any_requires_grad({q})) {
-        auto keep = std::make_shared<std::vector<std::shared_ptr<const void>>>(masks.flex);
-        Tensor qk = q.detach();
-        record("flex_masks", {q}, qk, [keep](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
-        q = qk;
-      }
+      // (Each call's recorded backward keeps its mask's document ids alive: BlockLayout::mask_table.)
       std::vector<Tensor> rows;
       for (int64_t b = 0; b < B; ++b)
         rows.push_back(attention::flex_attention(q.narrow(0, b, 1), k.narrow(0, b, 1), v.narrow(0, b, 1),
