@@ -115,6 +115,17 @@ void record(const std::string& op, const std::vector<Tensor>& inputs, const std:
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   KILN_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
+  // Ops read their output gradients as laid out like their outputs: a root's gradient must match it.
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    const Tensor& g = grads[i];
+    KILN_CHECK(g.defined(), "backward: gradient ", i, " is undefined");
+    KILN_CHECK(g.shape() == r.shape(), "backward: gradient ", i, " has shape ", g.shape(), ", its output has shape ",
+               r.shape());
+    KILN_CHECK(g.dtype() == r.dtype() && g.device() == r.device(), "backward: gradient ", i, " has dtype ",
+               dtype_name(g.dtype()), " on ", g.device().str(), ", its output has ", dtype_name(r.dtype()), " on ",
+               r.device().str());
+  }
   NoGradGuard no_grad;
   // Collect the graph and count, for each node, how many edges lead into it.
   std::vector<std::pair<std::shared_ptr<Node>, int>> root_edges;
@@ -249,9 +260,6 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
     KILN_CHECK(numel() == 1, "backward: grad can be implicitly created only for scalar outputs (shape ", shape(), ")");
     g = ones(shape(), dtype(), device());
   }
-  KILN_CHECK(g.shape() == shape(), "backward: gradient shape ", g.shape(), " differs from output shape ", shape());
-  KILN_CHECK(g.dtype() == dtype() && g.device() == device(), "backward: gradient has dtype ", dtype_name(g.dtype()),
-             " on ", g.device().str(), ", output has ", dtype_name(dtype()), " on ", device().str());
   run_backward({*this}, {g}, retain_graph);
 }
 

@@ -88,7 +88,8 @@ inline void record(const std::string& op, const std::vector<Tensor>& inputs, Ten
   record(op, inputs, std::vector<Tensor*>{&output}, std::move(backward));
 }
 
-// Runs backward from `roots` with the given output gradients (defined, same shapes).
+// Runs backward from `roots` with the given output gradients: each defined, with its root's
+// shape, dtype and device (checked: an error names the gradient).
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph);
 
 }  // namespace kiln

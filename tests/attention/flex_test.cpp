@@ -573,8 +573,9 @@ TEST(FlexCpu, BadScaleAndScoreModParametersNamed) {
   EXPECT_KILN_ERROR(flex_attention(none, none, none, NoScoreMod{}, bm), "k and v need at least one head");
 }
 
-// run_backward takes the root gradients as given, and flex_attention's backward reads them
-// through raw pointers: one of the wrong shape was read past its end (garbage or a crash).
+// flex_attention's backward reads its output gradients through raw pointers: root gradients of
+// the wrong shape given to run_backward were read past their end (garbage or a crash); the
+// engine now checks every root's gradient.
 TEST(FlexCpu, BackwardChecksTheGradientShapes) {
   Generator gen(8);
   Tensor q = randn({1, 2, 8, 16}, gen).requires_grad_(), k = randn({1, 2, 8, 16}, gen), v = randn({1, 2, 8, 16}, gen);
@@ -582,11 +583,11 @@ TEST(FlexCpu, BackwardChecksTheGradientShapes) {
   FlexOptions o;
   o.return_lse = true;
   FlexResult r = flex_attention(q, k, v, NoScoreMod{}, bm, o);
-  EXPECT_KILN_ERROR(run_backward({r.out}, {randn({1, 2, 4, 16}, gen)}, false), "output gradient must be [1, 2, 8, 16]",
-                    "got [1, 2, 4, 16]");
+  EXPECT_KILN_ERROR(run_backward({r.out}, {randn({1, 2, 4, 16}, gen)}, false), "gradient 0 has shape [1, 2, 4, 16]",
+                    "[1, 2, 8, 16]");
   r = flex_attention(q, k, v, NoScoreMod{}, bm, o);
   EXPECT_KILN_ERROR(run_backward({r.out, r.lse}, {randn({1, 2, 8, 16}, gen), randn({3}, gen)}, false),
-                    "lse gradient must be [1, 2, 8]", "got [3]");
+                    "gradient 1 has shape [3]", "[1, 2, 8]");
 }
 
 // The run-time masks' bad input, named: numbers out of range (window:1e20 parsed as INT64_MAX),

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/node.h"
 #include "tests/ops/harness.h"
 
 using namespace kiln;
@@ -124,10 +125,16 @@ TEST(Autograd, RequiresGradAndBackwardArguments) {
   Tensor x = ones({2, 3}).requires_grad_();
   Tensor y = x * 2.0;
   EXPECT_KILN_ERROR(y.backward(), "backward", "scalar", "[2, 3]");
-  EXPECT_KILN_ERROR(y.backward(ones({3})), "backward", "gradient shape [3]", "[2, 3]");
+  EXPECT_KILN_ERROR(y.backward(ones({3})), "backward: gradient 0 has shape [3]", "[2, 3]");
   EXPECT_KILN_ERROR(y.backward(ones({2, 3}, DType::f64)), "backward", "f64");
   EXPECT_KILN_ERROR(zeros({}).backward(), "backward", "does not require grad");
   EXPECT_KILN_ERROR(y.requires_grad_(false), "requires_grad_", "non-leaf");
+  // run_backward checks every root's gradient the same way (ops read them laid out like their
+  // outputs), naming which one is wrong.
+  Tensor z = x * 3.0;
+  EXPECT_KILN_ERROR(run_backward({y, z}, {ones({2, 3}), ones({3, 2})}, false), "backward: gradient 1 has shape [3, 2]");
+  EXPECT_KILN_ERROR(run_backward({y, z}, {ones({2, 3}), ones({2, 3}, DType::bf16)}, false), "gradient 1 has dtype bf16");
+  EXPECT_KILN_ERROR(run_backward({y}, {Tensor()}, false), "backward: gradient 0 is undefined");
   // A non-scalar output with an explicit gradient.
   y.backward(full({2, 3}, 0.5));
   EXPECT_EQ(vals(x.grad()), std::vector<double>(6, 1.0));
