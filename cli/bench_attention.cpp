@@ -200,8 +200,7 @@ int run_bench_attention(const Args& args) {
     const double bwd_tflops = backward ? pairs * static_cast<double>(D) * 10.0 / (bwd_med * 1e-3) / 1e12 : 0.0;
     if (backward) o["bwd_ms_median"] = bwd_med, o["bwd_tflops"] = bwd_tflops;
     o["iters"] = iters;
-    std::printf("%s\n", o.dump().c_str());
-    std::fflush(stdout);
+    print_record(o);
     std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10.3f %14lld %9.4f", impl.c_str(), dev.str().c_str(),
                  shape.c_str(), dtype_name(dt), mask_s.c_str(), med, static_cast<long long>(peak), tflops);
     if (backward) std::fprintf(stderr, "  %13.3f %10.4f", bwd_med, bwd_tflops);

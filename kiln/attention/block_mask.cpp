@@ -1,17 +1,21 @@
-// BlockLayout: index lists from tile classes (CPU), transposition for the dK/dV pass,
-// sparsity, to_dense, device moves.
+// BlockLayout: the block-size check, index lists from tile classes (CPU), transposition for the
+// dK/dV pass, sparsity, to_dense, device moves.
 #include "kiln/attention/block_mask.h"
 
 #include "kiln/ops/ops.h"
 
 namespace kiln::attention {
 
+void check_block_sizes(int64_t q_block, int64_t kv_block, const char* what) {
+  KILN_CHECK(q_block >= 1 && kv_block >= 1 && q_block < (int64_t{1} << 31) && kv_block < (int64_t{1} << 31), what,
+             ": block sizes must be in [1, 2^31), got ", q_block, ", ", kv_block);
+}
+
 BlockLayout layout_from_classes(const std::vector<uint8_t>& cls, int64_t batch, int64_t heads, int64_t q_len,
                                 int64_t kv_len, int64_t q_block, int64_t kv_block) {
-  KILN_CHECK(q_block >= 1 && kv_block >= 1 && q_block < (int64_t{1} << 31) && kv_block < (int64_t{1} << 31) &&
-                 q_len >= 0 && kv_len >= 0,
-             "layout_from_classes: block sizes must be in [1, 2^31) and lengths >= 0, got blocks ", q_block, ", ",
-             kv_block, " for q_len=", q_len, " kv_len=", kv_len);
+  check_block_sizes(q_block, kv_block, "layout_from_classes");
+  KILN_CHECK(q_len >= 0 && kv_len >= 0, "layout_from_classes: lengths must be >= 0, got q_len=", q_len,
+             " kv_len=", kv_len);
   BlockLayout l;
   l.batch = batch;
   l.heads = heads;

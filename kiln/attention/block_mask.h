@@ -48,6 +48,9 @@ struct BlockLayout {
   BlockLayout to(Device device) const;
 };
 
+// Block sizes a layout may have: [1, 2^31) (the kernels' tile indices are 32-bit); an error
+// names `what` and the sizes. Every builder checks them before dividing by them.
+void check_block_sizes(int64_t q_block, int64_t kv_block, const char* what);
 // Builds the layout from tile classes [Bm * Hm * nQ * nKV] (row-major), on CPU.
 BlockLayout layout_from_classes(const std::vector<uint8_t>& classes, int64_t batch, int64_t heads, int64_t q_len,
                                 int64_t kv_len, int64_t q_block, int64_t kv_block);
@@ -100,8 +103,7 @@ BlockMask<M> create_block_mask(M mask_mod, int64_t batch, int64_t heads, int64_t
                                int64_t q_block = kDefaultBlockSize, int64_t kv_block = kDefaultBlockSize) {
   KILN_CHECK(batch >= 1 && heads >= 1 && q_len >= 0 && kv_len >= 0, "create_block_mask: bad sizes batch=", batch,
              " heads=", heads, " q_len=", q_len, " kv_len=", kv_len);
-  KILN_CHECK(q_block >= 1 && kv_block >= 1 && q_block < (int64_t{1} << 31) && kv_block < (int64_t{1} << 31),
-             "create_block_mask: block sizes must be in [1, 2^31), got ", q_block, ", ", kv_block);
+  check_block_sizes(q_block, kv_block, "create_block_mask");
   KILN_CHECK(q_len < (int64_t{1} << 31) && kv_len < (int64_t{1} << 31), "create_block_mask: lengths must fit int32");
   detail::check_mask_mod(mask_mod);
   const int64_t nq = (q_len + q_block - 1) / q_block, nk = (kv_len + kv_block - 1) / kv_block;

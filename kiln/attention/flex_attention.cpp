@@ -189,6 +189,11 @@ BlockLayout build_on_gpu(const MM& mm, int64_t L, int64_t S, int64_t bs, Device 
 }  // namespace
 
 AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_len, Device device) {
+  // Before either builder divides by the block size or narrows the window to int.
+  check_block_sizes(spec.block_size, spec.block_size, "create_block_mask");
+  if (spec.kind == MaskSpec::Kind::sliding_window)
+    KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31),
+               "sliding window: window must be in [1, 2^31), got ", spec.window);
   AnyBlockMask m;
 #ifdef KILN_CUDA
   if (device.is_cuda()) {
@@ -198,8 +203,6 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
       case MaskSpec::Kind::none: m.layout = build_on_gpu(NoMask{}, q_len, kv_len, bs, device); return m;
       case MaskSpec::Kind::causal: m.layout = build_on_gpu(Causal{}, q_len, kv_len, bs, device); return m;
       case MaskSpec::Kind::sliding_window:
-        KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31),
-                   "sliding window: window must be in [1, 2^31), got ", spec.window);
         m.layout = build_on_gpu(SlidingWindow{static_cast<int>(spec.window)}, q_len, kv_len, bs, device);
         return m;
       case MaskSpec::Kind::document: break;  // below (needs the host ids as well)
@@ -212,8 +215,6 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
     case MaskSpec::Kind::none: m.layout = create_block_mask(NoMask{}, 1, 1, q_len, kv_len, bs, bs).layout; break;
     case MaskSpec::Kind::causal: m.layout = create_block_mask(Causal{}, 1, 1, q_len, kv_len, bs, bs).layout; break;
     case MaskSpec::Kind::sliding_window:
-      KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31),
-                 "sliding window: window must be in [1, 2^31), got ", spec.window);
       m.layout = create_block_mask(SlidingWindow{static_cast<int>(spec.window)}, 1, 1, q_len, kv_len, bs, bs).layout;
       break;
     case MaskSpec::Kind::document: {
@@ -223,12 +224,13 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
       KILN_CHECK(ids_in.dim() == 1 && ids_in.size(0) >= need && is_integral(ids_in.dtype()),
                  "document mask: document_ids must be integer ids (i32) [>= ", need, "], got ",
                  dtype_name(ids_in.dtype()), " ", shape_str(ids_in.shape()));
+      const Tensor host_ids = ids_in.to(kCPU);
       if (ids_in.dtype() == DType::i64) {  // narrowed to i32 below: ids past int32 would merge documents
-        for (int64_t id : ids_in.to(kCPU).to_vector<int64_t>())
+        for (int64_t id : host_ids.to_vector<int64_t>())
           KILN_CHECK(id >= std::numeric_limits<int32_t>::min() && id <= std::numeric_limits<int32_t>::max(),
                      "document mask: document id ", id, " does not fit i32");
       }
-      m.document_ids_cpu = ids_in.to(DType::i32).to(kCPU).contiguous();
+      m.document_ids_cpu = host_ids.to(DType::i32).contiguous();
       m.spec.document_ids = ids_in.to(DType::i32).to(device).contiguous();
       const int32_t* ids = m.document_ids_cpu.data<int32_t>();
 #ifdef KILN_CUDA

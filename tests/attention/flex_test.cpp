@@ -600,6 +600,11 @@ TEST(FlexCpu, RuntimeMaskSpecBadInputNamed) {
   EXPECT_KILN_ERROR(create_block_mask(parse_mask_spec("window:3000000000", 10), 10, 10),
                     "window must be in [1, 2^31)", "3000000000");
   MaskSpec s;
+  s.block_size = 0;  // checked before either builder (the GPU one divided by it) runs
+  EXPECT_KILN_ERROR(create_block_mask(s, 8, 8), "create_block_mask: block sizes must be in [1, 2^31)", "got 0, 0");
+  if (cuda_device_count() > 0)
+    EXPECT_KILN_ERROR(create_block_mask(s, 8, 8, Device::parse("cuda:0")), "block sizes must be in [1, 2^31)");
+  s.block_size = kDefaultBlockSize;
   s.kind = MaskSpec::Kind::document;
   EXPECT_KILN_ERROR(create_block_mask(s, 8, 8), "document_ids is not set");
   s.document_ids = from_vector(std::vector<float>{0, 0.5f, 0.7f, 1, 1.2f, 1.9f, 2, 2}, {8});

@@ -270,7 +270,6 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // 176 bytes with softcap when its element step branched per element and overlapped; one step
   // at a time with the branch-free step, it spills nothing.)
   constexpr bool kResInRegs = !KV_SIDE;
-  static_assert(KV_SIDE || kResInRegs, "the dQ pass gives its one resident buffer back at the tile's start");
   uint32_t ra0[kResInRegs ? D / 16 : 1][4], ra1[kResInRegs ? D / 16 : 1][4];
   auto load_resident_fragments = [&] {
     const mma::ALaneAddr at = mma::a_fragment_lane(lane);  // within the warp's 16 rows and a k16 chunk
