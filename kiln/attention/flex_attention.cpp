@@ -37,8 +37,8 @@ void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const 
              ", S=", layout.kv_len, " but q has L=", L, ", k has S=", S);
   // The kernels walk num_q_blocks x num_kv_blocks tiles of q_block x kv_block: a hand-made or
   // edited layout whose counts disagree with its block sizes would leave rows unwritten.
-  KILN_CHECK(layout.q_block >= 1 && layout.kv_block >= 1 &&
-                 layout.num_q_blocks == L / layout.q_block + (L % layout.q_block != 0) &&
+  check_block_sizes(layout.q_block, layout.kv_block, "flex_attention: block mask");
+  KILN_CHECK(layout.num_q_blocks == L / layout.q_block + (L % layout.q_block != 0) &&
                  layout.num_kv_blocks == S / layout.kv_block + (S % layout.kv_block != 0),
              "flex_attention: block mask has ", layout.num_q_blocks, " x ", layout.num_kv_blocks, " blocks of ",
              layout.q_block, " x ", layout.kv_block, ", which do not tile L=", L, ", S=", S);
