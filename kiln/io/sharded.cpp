@@ -15,6 +15,18 @@ namespace kiln::io {
 
 namespace fs = std::filesystem;
 
+namespace {
+// Removes `name` from `dir` if an earlier save left it there: a folder holds one checkpoint,
+// and the other form would shadow the new one (kiln reads an index before model.safetensors,
+// Hugging Face model.safetensors before an index).
+void remove_other_form(const std::string& dir, const char* name) {
+  std::error_code ec;
+  fs::remove(fs::path(dir) / name, ec);
+  KILN_CHECK(!ec, "save_sharded: cannot remove the stale ", (fs::path(dir) / name).string(),
+             " of an earlier save: ", ec.message());
+}
+}  // namespace
+
 std::vector<std::string> save_sharded(const std::string& dir, const StoredTensors& tensors, uint64_t max_shard_bytes,
                                       const Metadata& metadata) {
   KILN_CHECK(max_shard_bytes > 0, "save_sharded: max_shard_bytes must be positive");
@@ -42,6 +54,7 @@ std::vector<std::string> save_sharded(const std::string& dir, const StoredTensor
   if (shards.size() == 1) {
     std::string path = (fs::path(dir) / "model.safetensors").string();
     save_safetensors(path, shards[0], metadata);
+    remove_other_form(dir, kIndexFile);
     written.push_back(path);
     return written;
   }
@@ -65,6 +78,7 @@ std::vector<std::string> save_sharded(const std::string& dir, const StoredTensor
   AtomicWriter w(index);
   w.write(text.data(), text.size());
   w.commit();
+  remove_other_form(dir, "model.safetensors");
   written.push_back(index);
   return written;
 }

@@ -15,6 +15,8 @@ inline constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 // Writes `tensors` into `dir` (created if missing) in shards of at most max_shard_bytes of
 // tensor data (a larger tensor gets a shard of its own); `metadata` goes into every shard.
+// Removes the other form an earlier save left in `dir` (its index when writing
+// model.safetensors, its model.safetensors when writing shards), which would shadow this one.
 // Returns the files written (shards, then the index when there is one).
 std::vector<std::string> save_sharded(const std::string& dir, const TensorMap& tensors, uint64_t max_shard_bytes,
                                       const Metadata& metadata = {});

@@ -56,6 +56,21 @@ TEST(Sharded, OneShardIsAPlainModelFile) {
   EXPECT_EQ(load(dir.path()).size(), 8u);
 }
 
+TEST(Sharded, ASaveReplacesTheOtherFormOfAnEarlierOne) {
+  TempDir dir;
+  Generator gen(15);
+  TensorMap a = some_tensors(gen), b{{"only", randn({4, 4}, gen)}};
+  save_sharded(dir.path(), a, 256);  // an index and shards
+  save_sharded(dir.path(), b, uint64_t{1} << 30);  // one model.safetensors
+  EXPECT_FALSE(std::filesystem::exists(dir.file(kIndexFile)));
+  TensorMap got = load(dir.path());
+  ASSERT_EQ(got.size(), 1u);
+  expect_bitwise_equal(b[0].second, got[0].second, "only");
+  save_sharded(dir.path(), a, 256);  // shards again: the model.safetensors goes
+  EXPECT_FALSE(std::filesystem::exists(dir.file("model.safetensors")));
+  EXPECT_EQ(load(dir.path()).size(), a.size());
+}
+
 TEST(Sharded, InconsistentIndexesAreErrors) {
   TempDir dir;
   Generator gen(13);
