@@ -3,6 +3,7 @@
 // metadata are copied through unchanged. With --shard-size, OUT is a folder that receives a
 // Hugging Face sharded checkpoint (model-0000k-of-0000n.safetensors + index).
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -11,6 +12,25 @@
 #include "kiln/io/sharded.h"
 
 namespace kiln::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Refuses an OUT that would replace a file the conversion reads (the input itself, or, for a
+// sharded OUT, a checkpoint file of the input in that folder): the input would be lost.
+void check_out_spares_input(const std::string& in, const std::string& out, bool sharded) {
+  for (const std::string& f : io::checkpoint_files(in)) {
+    const fs::path file = fs::absolute(f);
+    std::error_code ec;  // equivalent() is false (with ec set) when OUT does not exist yet
+    const bool replaced = sharded ? io::is_sharded_file_name(file.filename().string()) &&
+                                        fs::equivalent(file.parent_path(), out, ec)
+                                  : fs::equivalent(file, out, ec);
+    KILN_CHECK(!replaced, "convert: OUT ", out, sharded ? " holds the input file " : " is the input file ", f,
+               ", which writing would replace; choose another OUT");
+  }
+}
+
+}  // namespace
 
 int run_convert(const Args& args) {
   std::string in, out, shard_size;
@@ -23,6 +43,7 @@ int run_convert(const Args& args) {
   if (!p.parse(args)) return 0;
   io::Metadata metadata;
   io::StoredTensors tensors = io::load_stored(in, &metadata);
+  check_out_spares_input(in, out, p.given("--shard-size"));
   uint64_t total = 0;
   for (const auto& t : tensors) total += t.nbytes();
   if (p.given("--shard-size")) {

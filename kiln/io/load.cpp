@@ -113,6 +113,19 @@ StoredTensors load_stored(const std::string& path, Metadata* metadata) {
   fail(path, ": unreadable");
 }
 
+std::vector<std::string> checkpoint_files(const std::string& path) {
+  switch (sniff_format(path)) {
+    case FileFormat::folder: return checkpoint_files(checkpoint_in_folder(path));
+    case FileFormat::index_json: {
+      ShardIndex idx = read_shard_index(path);
+      std::vector<std::string> files{path};
+      for (const auto& shard : idx.shards) files.push_back((std::filesystem::path(idx.dir) / shard).string());
+      return files;
+    }
+    default: return {path};
+  }
+}
+
 TensorMap load(const std::string& path) { return to_tensor_map(load_stored(path), path); }
 
 }  // namespace kiln::io

@@ -5,6 +5,7 @@
 // kiln::Error saying what the file is and what to do.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "kiln/io/safetensors.h"
 
@@ -18,5 +19,7 @@ FileFormat sniff_format(const std::string& path);
 TensorMap load(const std::string& path);  // format sniffed by content; HF sharded index / folder too
 // Same, keeping raw dtypes (as StoredTensor bytes) and the metadata (safetensors files only).
 StoredTensors load_stored(const std::string& path, Metadata* metadata = nullptr);
+// The files load(path) reads: the file itself, a folder's checkpoint file, an index and its shards.
+std::vector<std::string> checkpoint_files(const std::string& path);
 
 }  // namespace kiln::io

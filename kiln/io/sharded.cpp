@@ -27,6 +27,17 @@ void remove_other_form(const std::string& dir, const char* name) {
 }
 }  // namespace
 
+bool is_sharded_file_name(const std::string& name) {
+  if (name == "model.safetensors" || name == kIndexFile) return true;
+  const std::string pre = "model-", mid = "-of-", suf = ".safetensors";  // model-00001-of-00003.safetensors
+  if (name.size() <= pre.size() + suf.size() || !name.starts_with(pre) || !name.ends_with(suf)) return false;
+  auto digits = [&](size_t b, size_t e) {
+    return e >= b + 5 && std::all_of(name.begin() + b, name.begin() + e, [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const size_t m = name.find(mid, pre.size());
+  return m != std::string::npos && digits(pre.size(), m) && digits(m + mid.size(), name.size() - suf.size());
+}
+
 std::vector<std::string> save_sharded(const std::string& dir, const StoredTensors& tensors, uint64_t max_shard_bytes,
                                       const Metadata& metadata) {
   KILN_CHECK(max_shard_bytes > 0, "save_sharded: max_shard_bytes must be positive");

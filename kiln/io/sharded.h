@@ -23,6 +23,10 @@ std::vector<std::string> save_sharded(const std::string& dir, const TensorMap& t
 std::vector<std::string> save_sharded(const std::string& dir, const StoredTensors& tensors, uint64_t max_shard_bytes,
                                       const Metadata& metadata = {});
 
+// Whether save_sharded writes or removes files of this name: model.safetensors, the index,
+// model-NNNNN-of-NNNNN.safetensors.
+bool is_sharded_file_name(const std::string& name);
+
 struct ShardIndex {
   std::string dir;                                          // folder of the index
   std::vector<std::pair<std::string, std::string>> weight_map;  // name → shard file, sorted by name

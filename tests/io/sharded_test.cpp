@@ -138,5 +138,38 @@ TEST(Cli, InspectAndConvert) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("x.safetensors")));
 }
 
+TEST(Cli, ConvertNeverReplacesItsInput) {
+  TempDir dir;
+  Generator gen(16);
+  const std::string shard = save_sharded(dir.file("ck"), some_tensors(gen), 300).at(0);
+  save_safetensors(dir.file("one.safetensors"), some_tensors(gen));
+  std::filesystem::create_symlink("one.safetensors", dir.file("link.safetensors"));
+  std::filesystem::copy_file(std::string(KILN_SOURCE_DIR) + "/tests/io/fixtures/checkpoint.pt", dir.file("m.pt"));
+  const std::string one = read_bytes(dir.file("one.safetensors")), pt = read_bytes(dir.file("m.pt"));
+  const std::string first = read_bytes(shard);
+  const std::string index = read_bytes(dir.file("ck/model.safetensors.index.json"));
+  auto convert = [&](const std::string& args) {  // in the folder, so that relative paths name its files
+    return std::system(("cd " + dir.path() + " && " + KILN_CLI_PATH + " convert " + args + " > log 2>&1").c_str());
+  };
+  for (const std::string& args : std::vector<std::string>{
+           "one.safetensors " + dir.file("one.safetensors"), "m.pt ./m.pt", "link.safetensors one.safetensors",
+           "ck " + shard, "ck ck/model.safetensors.index.json", shard + " ck --shard-size 100B",
+           "ck " + dir.file("ck/") + " --shard-size 1GB"}) {
+    EXPECT_NE(convert(args), 0) << args;
+    const std::string msg = read_bytes(dir.file("log"));
+    EXPECT_NE(msg.find("the input file"), std::string::npos) << args << ": " << msg;
+    EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 1) << msg;
+  }
+  EXPECT_TRUE(read_bytes(dir.file("one.safetensors")) == one) << "one.safetensors changed";
+  EXPECT_TRUE(read_bytes(dir.file("m.pt")) == pt) << "m.pt changed";
+  EXPECT_TRUE(read_bytes(shard) == first) << shard << " changed";
+  EXPECT_TRUE(read_bytes(dir.file("ck/model.safetensors.index.json")) == index) << "the index changed";
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ck/model.safetensors")));
+  // Next to the input, or into a folder that holds none of its files, is fine.
+  EXPECT_EQ(convert("ck ck/all.safetensors"), 0) << read_bytes(dir.file("log"));
+  EXPECT_EQ(convert("one.safetensors ck2 --shard-size 100B"), 0) << read_bytes(dir.file("log"));
+  EXPECT_EQ(load(dir.file("ck")).size(), load(dir.file("ck/all.safetensors")).size());
+}
+
 }  // namespace
 }  // namespace kiln::io
