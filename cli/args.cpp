@@ -186,6 +186,7 @@ int64_t parse_bytes(const std::string& text) {
   else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
   else fail("unknown size unit '", unit, "' in '", text, "' (expected B, KB, MB, GB, KiB, MiB, GiB)");
   KILN_CHECK(x > 0, "size must be positive, got '", text, "'");
+  KILN_CHECK(x * mult < 0x1p63, "size '", text, "' is too large (at most 2^63 - 1 bytes)");
   return static_cast<int64_t>(x * mult);
 }
 

@@ -136,6 +136,8 @@ TEST(Cli, InspectAndConvert) {
   EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 1) << msg;
   EXPECT_NE(run_cli("convert " + dir.file("bad.safetensors") + " " + dir.file("x.safetensors"), &log), 0);
   EXPECT_FALSE(std::filesystem::exists(dir.file("x.safetensors")));
+  EXPECT_NE(run_cli("convert " + dir.file("one.safetensors") + " o --shard-size inf", &log), 0);
+  EXPECT_NE(read_bytes(log).find("'inf' is too large"), std::string::npos) << read_bytes(log);
 }
 
 TEST(Cli, ConvertNeverReplacesItsInput) {
