@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -53,9 +54,10 @@ bool sleep_until(double deadline) {
   while (!g_interrupted) {
     double left = deadline - monotonic_s();
     if (left <= 0) return true;
+    const double step = std::min(left, 3600.0);  // a long --watch sleeps in steps that time_t holds
     timespec ts;
-    ts.tv_sec = static_cast<time_t>(left);
-    ts.tv_nsec = static_cast<long>((left - static_cast<double>(ts.tv_sec)) * 1e9);
+    ts.tv_sec = static_cast<time_t>(step);
+    ts.tv_nsec = static_cast<long>((step - static_cast<double>(ts.tv_sec)) * 1e9);
     nanosleep(&ts, nullptr);  // returns early (EINTR) on SIGINT
   }
   return false;

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -202,4 +203,22 @@ TEST(TelemetryCli, CtrlCStopsAWatchCleanly) {
   auto ls = lines(c.out());
   ASSERT_GE(ls.size(), 2u);
   for (const auto& l : ls) EXPECT_NO_THROW(json::parse(l)) << l;  // no half-written line
+}
+
+TEST(TelemetryCli, HugeWatchIntervalSleepsInsteadOfSpinning) {
+  auto child_cpu_s = [] {
+    rusage u{};
+    getrusage(RUSAGE_CHILDREN, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  const double before = child_cpu_s();
+  Child c({"telemetry", "--json", "--device", "cpu", "--watch", "1e300", "--count", "2"});
+  std::string first = c.read_stdout_lines(1, 20.0);
+  ASSERT_EQ(std::count(first.begin(), first.end(), '\n'), 1) << "no sample came";
+  usleep(1500 * 1000);  // waiting for the second sample, which never comes
+  c.signal(SIGINT);
+  EXPECT_EQ(c.wait(), 0) << c.err();
+  EXPECT_EQ(lines(c.out()).size(), 1u) << c.out();
+  EXPECT_LT(child_cpu_s() - before, 0.5) << "the wait used the CPU";
 }
