@@ -70,6 +70,9 @@ StoredTensors load_index(const std::string& index_path, Metadata* metadata) {
   std::set<std::string> seen;
   for (const auto& shard : idx.shards) {
     const std::string p = (std::filesystem::path(idx.dir) / shard).string();
+    const FileFormat f = sniff_format(p);  // an index naming an index (itself) would recurse without end
+    KILN_CHECK(f != FileFormat::index_json && f != FileFormat::folder, index_path, ": shard ", shard, " is a ",
+               format_name(f), ", not a checkpoint file");
     StoredTensors part = load_stored(p, out.empty() ? metadata : nullptr);  // metadata of the first shard
     for (auto& s : part) {
       auto it = std::lower_bound(idx.weight_map.begin(), idx.weight_map.end(), std::make_pair(s.name, std::string()));

@@ -101,6 +101,9 @@ TEST(Sharded, InconsistentIndexesAreErrors) {
   json::Value escape = idx;
   escape["weight_map"]["emb"] = "../../etc/passwd";
   expect_error(escape, "not a file name");
+  json::Value self = idx;
+  self["weight_map"]["emb"] = "bad.index.json";  // the index itself: no endless recursion
+  expect_error(self, "shard bad.index.json is a sharded-checkpoint index, not a checkpoint file");
   json::Value no_map = json::Value::object();
   no_map["metadata"] = json::Value::object();
   expect_error(no_map, "weight_map");
