@@ -108,9 +108,7 @@ int run_train(const Args& args) {
     // come from the checkpoint too (and --out defaults to the run directory resumed from).
     std::string ck = train::find_checkpoint(c.resume);
     KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'");
-    std::filesystem::path state = std::filesystem::path(ck) / "trainer_state.json";
-    KILN_CHECK(std::filesystem::exists(state), "--resume: '", ck, "' has no trainer_state.json");
-    const json::Value saved = *train::read_json_file(state.string()).find("config");
+    const json::Value saved = *train::read_trainer_state(ck).find("config");
     for (const char* key : {"steps", "max_time", "eval_every", "ckpt_every", "log_every", "keep_ckpts",
                             "sample_tokens", "prompt"}) {
       std::string flag = std::string("--") + key;

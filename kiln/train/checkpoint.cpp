@@ -40,6 +40,17 @@ json::Value read_json_file(const std::string& path) {
   }
 }
 
+json::Value read_trainer_state(const std::string& ckpt_dir) {
+  const fs::path path = fs::path(ckpt_dir) / "trainer_state.json";
+  KILN_CHECK(fs::exists(path), "resume: '", ckpt_dir,
+             "' has no trainer_state.json (a model-only checkpoint cannot be resumed)");
+  json::Value st = read_json_file(path.string());
+  for (const char* key : {"step", "sampler_position", "tokens_seen", "elapsed_s", "config", "optimizer"})
+    KILN_CHECK(st.contains(key), "resume: ", path.string(), " has no '", key,
+               "' (not a trainer state written by kiln train)");
+  return st;
+}
+
 void write_text_file_synced(const std::string& path, const std::string& text) {
   {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);

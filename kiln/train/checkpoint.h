@@ -52,6 +52,9 @@ std::string find_checkpoint(const std::string& dir);
 void mark_latest(const std::string& run_dir, const std::string& name, int64_t keep);
 
 json::Value read_json_file(const std::string& path);
+// Reads a checkpoint's trainer_state.json for a resume: kiln::Error when it is absent (a
+// model-only checkpoint) or lacks a key kiln writes (e.g. another trainer's file of that name).
+json::Value read_trainer_state(const std::string& ckpt_dir);
 void write_text_file_synced(const std::string& path, const std::string& text);
 
 }  // namespace kiln::train

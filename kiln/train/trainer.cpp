@@ -72,9 +72,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   if (!cfg_in.resume.empty()) {
     resume_dir = find_checkpoint(cfg_in.resume);
     KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'");
-    KILN_CHECK(fs::exists(fs::path(resume_dir) / "trainer_state.json"), "resume: '", resume_dir,
-               "' has no trainer_state.json (a model-only checkpoint cannot be resumed)");
-    resume_state = read_json_file((fs::path(resume_dir) / "trainer_state.json").string());
+    resume_state = read_trainer_state(resume_dir);
     cfg = TrainConfig{};
     apply_config_json(cfg, *resume_state.find("config"));
     cfg.steps = cfg_in.steps;

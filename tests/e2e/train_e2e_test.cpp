@@ -162,6 +162,24 @@ TEST(TrainCli, BadValuesGiveClearMessages) {
     EXPECT_NE(r.output.find(f), std::string::npos) << f;
 }
 
+TEST(TrainCli, ResumeFromAForeignTrainerStateIsAnError) {
+  // A Hugging Face Trainer checkpoint also holds config.json and a trainer_state.json, with
+  // other keys: resuming from it (or from a damaged state) segfaulted on the missing keys.
+  fs::path d = temp_dir("foreign_state");
+  nn::LlamaForCausalLM m(train::preset("tiny").model_config(259), 1);
+  train::CheckpointData cd;
+  cd.model = &m;
+  cd.trainer_state = json::parse(R"({"global_step": 2, "log_history": []})");
+  train::save_checkpoint((d / "ck").string(), cd);
+  CliRun r = run_cli("train --resume " + (d / "ck").string() + " --steps 3 --sample-tokens 0");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("trainer_state.json has no 'step'"), std::string::npos) << r.output;
+  train::TrainConfig c = tiny_run(d / "run", 3);
+  c.resume = (d / "ck").string();
+  EXPECT_THROW(train::run_training(c, quiet()), Error);
+  fs::remove_all(d);
+}
+
 TEST(BenchCli, AttentionScoreModRunsAndRejectsBadValues) {
   CliRun r = run_cli("bench attention --seq 64 --heads 2 --head-dim 16 --mask causal --score-mod softcap:30 "
                      "--impl flex --backward --iters 1 --warmup 0");
