@@ -24,13 +24,15 @@ void on_sigint(int) {
   g_stop.store(true);
 }
 
-// The value of `--name` (or --name=value) in args, if given.
+// The value of `--name` (or --name=value) in args, if given; the last one when repeated, as
+// the parser keeps it.
 std::string prescan(const Args& args, const std::string& name) {
+  std::string value;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == name && i + 1 < args.size()) return args[i + 1];
-    if (args[i].rfind(name + "=", 0) == 0) return args[i].substr(name.size() + 1);
+    if (args[i] == name && i + 1 < args.size()) value = args[++i];
+    else if (args[i].rfind(name + "=", 0) == 0) value = args[i].substr(name.size() + 1);
   }
-  return "";
+  return value;
 }
 
 }  // namespace

@@ -180,6 +180,19 @@ TEST(TrainCli, ResumeFromAForeignTrainerStateIsAnError) {
   fs::remove_all(d);
 }
 
+TEST(TrainCli, RepeatedPresetUsesTheLastOne) {
+  // The model was built on the first --preset while the run was labelled (and saved) with the
+  // last one: here a "tiny model" of the small preset's shape.
+  fs::path out = temp_dir("preset_twice");
+  CliRun r = run_cli("train --preset small --preset tiny --steps 1 --eval-every 0 --sample-tokens 0 --out " +
+                     out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("tiny model"), std::string::npos) << r.output;
+  json::Value cfg = train::read_json_file((out / "step-1" / "config.json").string());
+  EXPECT_EQ(cfg.find("hidden_size")->as_int(), train::preset("tiny").hidden);
+  fs::remove_all(out);
+}
+
 TEST(BenchCli, AttentionScoreModRunsAndRejectsBadValues) {
   CliRun r = run_cli("bench attention --seq 64 --heads 2 --head-dim 16 --mask causal --score-mod softcap:30 "
                      "--impl flex --backward --iters 1 --warmup 0");
