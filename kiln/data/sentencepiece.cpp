@@ -3,6 +3,7 @@
 // kiln::Error that says how to get it.
 #include <filesystem>
 #include <fstream>
+#include <unordered_map>
 
 #include "kiln/core/error.h"
 #include "kiln/data/tokenizer.h"
@@ -87,15 +88,20 @@ void train_sentencepiece(const std::vector<std::string>& files, const SentencePi
   KILN_CHECK(o.vocab_size > 4, "tokenizer train: --vocab ", o.vocab_size, " is too small");
   KILN_CHECK(o.model_type == "bpe" || o.model_type == "unigram", "tokenizer train: --model-type '", o.model_type,
              "' is not one of: bpe, unigram");
+  KILN_CHECK(!o.output_prefix.empty(), "tokenizer train: --out must not be empty");
   std::string input;
   for (const auto& f : files) {
     KILN_CHECK(std::filesystem::is_regular_file(f), "tokenizer train: '", f, "' is not a file");
+    // SentencePiece splits its input list at commas
+    KILN_CHECK(f.find(',') == std::string::npos, "tokenizer train: '", f,
+               "': SentencePiece cannot read a file whose name has a comma (rename or copy it)");
     input += (input.empty() ? "" : ",") + f;
   }
-  std::string args = "--input=" + input + " --model_prefix=" + o.output_prefix +
-                     " --vocab_size=" + std::to_string(o.vocab_size) + " --model_type=" + o.model_type +
-                     " --byte_fallback=true --character_coverage=1.0 --bos_id=1 --eos_id=2 --unk_id=0 --pad_id=-1"
-                     " --minloglevel=2";
+  // As a map, not a command line: SentencePiece splits a command line at every space, paths included.
+  const std::unordered_map<std::string, std::string> args = {
+      {"input", input}, {"model_prefix", o.output_prefix}, {"vocab_size", std::to_string(o.vocab_size)},
+      {"model_type", o.model_type}, {"byte_fallback", "true"}, {"character_coverage", "1.0"},
+      {"bos_id", "1"}, {"eos_id", "2"}, {"unk_id", "0"}, {"pad_id", "-1"}, {"minloglevel", "2"}};
   auto st = sentencepiece::SentencePieceTrainer::Train(args);
   KILN_CHECK(st.ok(), "tokenizer train: SentencePiece failed: ", st.ToString());
 }

@@ -7,6 +7,7 @@
 
 #include "kiln/data/dataset.h"
 #include "kiln/data/default_corpus.h"
+#include "kiln/data/tokenizer.h"
 #include "kiln/train/config.h"
 
 using namespace kiln;
@@ -39,6 +40,26 @@ TEST(Tokenizer, ByteRoundTrip) {
   ids.push_back(t.eos_id());
   EXPECT_EQ(t.decode(ids), s);
   EXPECT_EQ(t.vocab_size(), 259);
+}
+
+TEST(Tokenizer, SentencePieceTrainsOnPathsWithSpaces) {
+  if (!data::sentencepiece_available()) GTEST_SKIP() << "kiln built without SentencePiece";
+  // The options went to SentencePiece as one command line, which it splits at every space:
+  // 'my corpus.txt' or an --out in 'out dir' failed with "unknown field name" (or set options).
+  fs::path d = temp_dir("sp_spaces");
+  fs::create_directories(d / "out dir");
+  std::ofstream(d / "my corpus.txt") << data::default_corpus().substr(0, 20000);
+  data::SentencePieceTrainOptions o;
+  o.vocab_size = 600;
+  o.output_prefix = (d / "out dir" / "sp").string();
+  data::train_sentencepiece({(d / "my corpus.txt").string()}, o);
+  EXPECT_EQ(data::load_tokenizer(o.output_prefix + ".model")->vocab_size(), 600);
+  // SentencePiece splits its input list at commas: a clear error, not "a: No such file"
+  std::ofstream(d / "a,b.txt") << "text";
+  expect_error([&] { data::train_sentencepiece({(d / "a,b.txt").string()}, o); }, "has a comma");
+  o.output_prefix = "";
+  expect_error([&] { data::train_sentencepiece({(d / "my corpus.txt").string()}, o); }, "--out must not be empty");
+  fs::remove_all(d);
 }
 
 TEST(Data, DefaultCorpusIsEmbedded) {
