@@ -26,6 +26,13 @@ int run_generate(const Args& args) {
   if (!p.parse(args)) return 0;
   KILN_CHECK(!ckpt.empty(), "--ckpt is required");
   KILN_CHECK(seed >= 0, "--seed must be >= 0");
+  nn::GenerateOptions o;
+  o.max_new_tokens = max_tokens;
+  o.temperature = temperature;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  o.seed = static_cast<uint64_t>(seed);
+  o.validate();  // before the model loads and the prompt is printed
   const Device dev = Device::parse(device);
   check_device_available(dev, "generate");
   std::string dir = train::find_checkpoint(ckpt);
@@ -36,12 +43,6 @@ int run_generate(const Args& args) {
   std::vector<int32_t> ids;
   if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
   for (int32_t t : tok->encode(prompt)) ids.push_back(t);
-  nn::GenerateOptions o;
-  o.max_new_tokens = max_tokens;
-  o.temperature = temperature;
-  o.top_k = top_k;
-  o.top_p = top_p;
-  o.seed = static_cast<uint64_t>(seed);
   o.eos_id = tok->eos_id();
   std::printf("%s", prompt.c_str());
   std::fflush(stdout);

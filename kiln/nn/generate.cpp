@@ -11,11 +11,17 @@
 
 namespace kiln::nn {
 
+void GenerateOptions::validate() const {
+  KILN_CHECK(max_new_tokens >= 0, "generate: max_new_tokens=", max_new_tokens, " must be >= 0");
+  KILN_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature=", temperature,
+             " must be a number >= 0");
+  KILN_CHECK(top_p > 0 && top_p <= 1, "generate: top_p=", top_p, " must be in (0, 1]");
+  KILN_CHECK(top_k >= 0, "generate: top_k=", top_k, " must be >= 0");
+}
+
 int32_t sample_token(const std::vector<float>& logits, const GenerateOptions& o, uint64_t draw) {
   KILN_CHECK(!logits.empty(), "generate: empty logits");
-  KILN_CHECK(o.temperature >= 0, "generate: temperature=", o.temperature, " must be >= 0");
-  KILN_CHECK(o.top_p > 0 && o.top_p <= 1, "generate: top_p=", o.top_p, " must be in (0, 1]");
-  KILN_CHECK(o.top_k >= 0, "generate: top_k=", o.top_k, " must be >= 0");
+  o.validate();
   if (o.temperature == 0)
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> idx(logits.size());
@@ -51,7 +57,7 @@ std::vector<int32_t> generate(const LlamaForCausalLM& model, const std::vector<i
                               const GenerateOptions& o, const std::function<void(int32_t)>& on_token) {
   NoGradGuard ng;
   KILN_CHECK(!prompt_in.empty(), "generate: the prompt has no tokens");
-  KILN_CHECK(o.max_new_tokens >= 0, "generate: max_new_tokens=", o.max_new_tokens, " must be >= 0");
+  o.validate();
   const int64_t limit = model.config.max_position_embeddings;
   std::vector<int32_t> prompt = prompt_in;
   if (static_cast<int64_t>(prompt.size()) >= limit) prompt.erase(prompt.begin(), prompt.end() - (limit - 1));

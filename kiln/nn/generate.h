@@ -18,6 +18,8 @@ struct GenerateOptions {
   double top_p = 1.0;   // 1: all
   uint64_t seed = 0;
   int64_t eos_id = -1;  // stop when sampled (-1: never)
+  // kiln::Error naming the first option out of range (generate and sample_token call it).
+  void validate() const;
 };
 
 // Returns the new tokens (not the prompt). `on_token` (optional) sees each as it is sampled.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "kiln/autograd/grad_mode.h"
@@ -298,6 +299,25 @@ TEST(Generate, SamplerRespectsTemperatureTopKTopP) {
   EXPECT_EQ(seen.size(), 5u);
   o.top_p = 0;
   EXPECT_THROW(sample_token(logits, o, 0), Error);
+}
+
+TEST(Generate, BadOptionsAreErrorsEvenWithoutSampling) {
+  // Checked only when a token was sampled: with max_new_tokens 0 a bad value passed silently
+  // (and kiln generate reported it after printing the prompt); an infinite temperature
+  // sampled uniformly.
+  LlamaForCausalLM m(tiny_config(), 9);
+  GenerateOptions o;
+  o.max_new_tokens = 0;
+  o.temperature = -1;
+  EXPECT_THROW(generate(m, {1, 2, 3}, o), Error);
+  o.temperature = 0;
+  o.top_p = 2;
+  EXPECT_THROW(generate(m, {1, 2, 3}, o), Error);
+  o.top_p = 1;
+  o.temperature = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(o.validate(), Error);
+  o.temperature = 0.8;
+  EXPECT_NO_THROW(o.validate());
 }
 
 TEST(Generate, SameSeedSameTokens) {
