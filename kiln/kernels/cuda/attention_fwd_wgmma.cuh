@@ -25,7 +25,9 @@
 //   The two consumer warpgroups only meet at the buffers, so one's softmax overlaps the other's
 //   mma. The producer alone reads the block lists: it leaves each tile's step counts and each
 //   stage's first key in shared memory, published by the same barriers (q_full, kv_full[s]),
-//   so the consumers never wait on a global load before their stores.
+//   so the consumers never wait on a global load before their stores. Lane 0 of each consumer
+//   warp reads those slots for its warp (wg::warp_read_slot): it is the lane that arrives on
+//   q_empty / kv_empty, so its arrive orders the read before the producer rewrites the slot.
 // - Per sub-tile a consumer warpgroup computes S = Q·Kᵀ (64 × 128, D / 16 wgmma from shared
 //   memory), applies score_mod (and mask_mod on partial blocks, bounds where the tile crosses L
 //   or S; the identity score_mod with scale > 0 puts its scale into the exponent, so the mask
@@ -258,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t it = 0;
   for (uint32_t tc = 0;; ++tc) {
     wg::mbar_wait(q_full, tc & 1);
-    const int32_t t = tile_slot[0];
+    const int32_t t = wg::warp_read_slot(tile_slot);
     if (t < 0) break;
     const FwdTile tile = fwd_tile(p, t, n_qtiles, heads_fastest);
     const int row0 = static_cast<int>(tile.q0) + 64 * wgi + 16 * wq;
@@ -270,8 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // The walk's length from the producer (it reads the block lists; the consumers never touch
     // global memory before the store).
-    const int n_part = info[0], n_steps = info[1];
-    __syncwarp();  // every lane has read the counts before q_empty may let the producer rewrite them
+    const int n_part = wg::warp_read_slot(info), n_steps = wg::warp_read_slot(info + 1);
     if (n_steps == 0 && lane == 0) wg::mbar_arrive(q_empty);
     float sc[kNt][4];              // S of this step, then its P in f32
     uint32_t pa[kBN / 16][4];      // P of the previous step, 16-bit, as A fragments
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Step 0: S, softmax, nothing to overlap with yet.
       uint32_t stage_prev = it % kStages;
       wg::mbar_wait(kv_full + stage_prev, (it / kStages) & 1);
-      const int kv_tile0 = info[2 + stage_prev];
+      const int kv_tile0 = wg::warp_read_slot(info + 2 + stage_prev);
       wg::fence_operands(sc);
       wg::fence();
       issue_s(k_of(stage_prev));
@@ -362,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int s = 1; s < n_steps; ++s, ++it) {
         const uint32_t stage = it % kStages;
         wg::mbar_wait(kv_full + stage, (it / kStages) & 1);
-        const int kv_tile = info[2 + stage];
+        const int kv_tile = wg::warp_read_slot(info + 2 + stage);
         wg::fence_operands(sc);
         wg::fence_operands(o);
         wg::fence_operands(pa);
