@@ -138,12 +138,12 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   // rows of a (b, h) need not be 16-byte aligned for a copy), so `full` waits for them too.
   constexpr uint32_t kFullArrivals = KV_SIDE ? 1 + 32 : 1;
   // In the other direction every consumer thread arrives on `empty` and `res_empty`: an arrive
-  // releases the arriving thread's own accesses, and each lane reads the stage's slot and, in
-  // dK/dV, its columns' lse and delta (and every tile's slot) before the producer may rewrite them. (One elected lane
-  // after __syncwarp is also ordered under PTX's memory model, but compute-sanitizer's racecheck
-  // credits a thread only with its own arrive and reported those reads as WAR hazards. Measured
-  // on the H200 against one lane per warp: the backward within 1 %, S = 32768 causal 22.25
-  // against 22.40 ms.)
+  // releases the arriving thread's own accesses, and each lane reads the tile's and the stage's
+  // slots and, in dK/dV, its columns' lse and delta before the producer may rewrite them. (One
+  // elected lane after __syncwarp is also ordered under PTX's memory model, but
+  // compute-sanitizer's racecheck credits a thread only with its own arrive and reported those
+  // reads as WAR hazards. Measured on the H200 against one lane per warp: the backward within
+  // 1 %, S = 32768 causal 22.25 against 22.40 ms.)
   constexpr uint32_t kConsumerArrivals = kConsumerWarps * 32;
   if (tid == 0) {
     // res_empty: dQ's consumers once they have their resident rows in registers and delta;
