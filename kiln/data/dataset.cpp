@@ -56,6 +56,8 @@ bool read_cache(const fs::path& p, TokenStream& s) {
   f.read(magic, 8);
   f.read(reinterpret_cast<char*>(&n), 8);
   if (!f.good() || std::memcmp(magic, kMagic, 8) != 0 || n > (uint64_t{1} << 36)) return false;
+  std::error_code ec;  // a count its file does not hold (a damaged cache): rebuilt, never allocated
+  if (fs::file_size(p, ec) != 16 + 8 * n || ec) return false;
   s.tokens.resize(n);
   s.doc.resize(n);
   f.read(reinterpret_cast<char*>(s.tokens.data()), static_cast<std::streamsize>(n * 4));

@@ -2,6 +2,7 @@
 #include "kiln/train/config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -305,6 +306,7 @@ json::Value parse_toml(const std::string& text, const std::string& source) {
 }
 
 void apply_config_file(TrainConfig& c, const std::string& path) {
+  KILN_CHECK(!std::filesystem::is_directory(path), "config: '", path, "' is a directory, not a TOML or JSON file");
   std::ifstream f(path);
   KILN_CHECK(f.good(), "config: cannot open '", path, "'");
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

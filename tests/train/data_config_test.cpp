@@ -84,6 +84,17 @@ TEST(Data, TokenCacheIsWrittenOnceAndReused) {
   EXPECT_TRUE(hit);
   EXPECT_EQ(s1.tokens, s2.tokens);
   EXPECT_EQ(s1.doc, s2.doc);
+  // A damaged cache whose count its file does not hold is rebuilt, not allocated (2^36 tokens
+  // would be 512 GB).
+  for (const auto& f : fs::directory_iterator(d / "out")) {
+    std::fstream cache(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t n = uint64_t{1} << 36;
+    cache.seekp(8);
+    cache.write(reinterpret_cast<const char*>(&n), 8);
+  }
+  data::TokenStream s3 = data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(s1.tokens, s3.tokens);
   std::ofstream(d / "corpus" / "b.txt") << "changed!";  // new contents: a new key
   data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
   EXPECT_FALSE(hit);
@@ -151,6 +162,7 @@ TEST(Config, FileFlagsAndValidation) {
   train::apply_config_file(c, (d / "run.json").string());
   EXPECT_EQ(c.batch, 3);
   EXPECT_EQ(c.layers, 1);
+  expect_error([&] { train::apply_config_file(c, d.string()); }, "is a directory, not a TOML or JSON file");
   expect_error([&] { train::set_config_value(c, "stepz", json::Value(int64_t{1})); }, "unknown key 'stepz'");
   expect_error([&] { train::set_config_value(c, "steps", json::Value("many")); }, "key 'steps'");
   train::TrainConfig bad = train::preset("tiny");
