@@ -39,6 +39,13 @@ int run_eval(const Args& args) {
   check_device_available(dev, "eval");
   std::string dir = train::find_checkpoint(ckpt);
   KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'");
+  if (!logits_out.empty()) {
+    std::error_code ec;  // equivalent() is false (ec set) while --logits-out does not exist
+    for (const auto& file : std::filesystem::directory_iterator(dir))
+      KILN_CHECK(!std::filesystem::equivalent(file.path(), logits_out, ec), "--logits-out ", logits_out,
+                 " is the checkpoint's own ", file.path().filename().string(),
+                 ", which writing would replace; choose another FILE");
+  }
   auto model = train::load_model(dir, dev);
   model->eval();
   NoGradGuard ng;

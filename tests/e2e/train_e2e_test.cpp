@@ -127,6 +127,13 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   CliRun e = run_cli("eval --ckpt " + out.string() + " --ids 1,2,3 --logits-out " + (out / "l.safetensors").string());
   ASSERT_EQ(e.status, 0) << e.output;
   EXPECT_EQ(io::load_safetensors((out / "l.safetensors").string())[0].second.shape(), (Shape{1, 3, 259}));
+  // --logits-out never replaces a file of the checkpoint it reads
+  const fs::path weights = out / "step-6" / "model.safetensors";
+  const auto weights_bytes = fs::file_size(weights);
+  CliRun over = run_cli("eval --ckpt " + out.string() + " --ids 1,2 --logits-out " + weights.string());
+  EXPECT_NE(over.status, 0) << over.output;
+  EXPECT_NE(over.output.find("is the checkpoint's own model.safetensors"), std::string::npos) << over.output;
+  EXPECT_EQ(fs::file_size(weights), weights_bytes);
   std::ofstream(out / "held_out.txt") << "kiln trains language models. kiln trains language models again.";
   CliRun ev = run_cli("eval --json --seq 16 --ckpt " + out.string() + " --data " + (out / "held_out.txt").string());
   ASSERT_EQ(ev.status, 0) << ev.output;
