@@ -35,7 +35,7 @@ class ArgParser {
     bool is_positional = false;
     bool required = false;
     bool seen = false;
-    std::function<void(const std::string&)> set;
+    std::function<void(const std::string&)> set{};
   };
   Spec* find(const std::string& name);
   std::string command_, description_, epilog_;

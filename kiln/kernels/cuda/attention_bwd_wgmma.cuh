@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     const bool partial = c.pass == 0;
     const bool bounds = res_tail || c.start + kBwdStep > limit;
     const float* st_lse = stats + stage * 2 * kBwdStep;
-    const float* st_delta = st_lse + kBwdStep;
+    [[maybe_unused]] const float* st_delta = st_lse + kBwdStep;  // unused by some score mods
     // Which elements count: all of a full in-range tile.
     const bool full_tile = !(partial || bounds);  // the same for the whole CTA
     uint32_t kept = 0xffffffffu;
