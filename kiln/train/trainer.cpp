@@ -93,7 +93,6 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   check_device_available(dev, "train");
   const bool bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && dev.is_cuda());
   Progress progress(hooks.progress, cfg.steps, cfg.log_every);
-  fs::create_directories(cfg.out);
 
   // ---- data ----
   std::unique_ptr<data::Tokenizer> tok =
@@ -149,6 +148,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     KILN_CHECK(step <= cfg.steps, "resume: the checkpoint is at step ", step, ", beyond --steps ", cfg.steps);
   }
   sum.start_step = step;
+  // only now that the data, model and resume state are in place: a run refused for bad input
+  // leaves no run directory behind (the token cache creates it for itself when it writes)
+  fs::create_directories(cfg.out);
   MetricsLog metrics((fs::path(cfg.out) / "metrics.jsonl").string(), resume_dir.empty() ? -1 : step);
   {
     char buf[256];

@@ -162,6 +162,16 @@ TEST(TrainCli, BadValuesGiveClearMessages) {
   EXPECT_NE(r.output.find("preset 'galaxy'"), std::string::npos) << r.output;
   r = run_cli("train --kv-heads 3 --steps 1");
   EXPECT_NE(r.output.find("num_key_value_heads=3"), std::string::npos) << r.output;
+  // input refused before the run starts leaves no run directory behind (it was created first)
+  fs::path d = temp_dir("refused");
+  r = run_cli("train --steps 1 --data " + (d / "missing.txt").string() + " --out " + (d / "run").string());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("missing.txt' does not exist"), std::string::npos) << r.output;
+  r = run_cli("train --steps 1 --tokenizer " + (d / "missing.model").string() + " --out " + (d / "run").string());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("missing.model' is neither"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
   r = run_cli("train --help");
   EXPECT_EQ(r.status, 0);
   for (const char* f : {"--preset", "--data", "--steps", "--out", "--seed", "--deterministic", "--resume", "--device",
