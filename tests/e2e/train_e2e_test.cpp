@@ -139,6 +139,12 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   ASSERT_EQ(ev.status, 0) << ev.output;
   json::Value evj = json::parse(ev.output);
   EXPECT_NEAR(std::exp(evj.find("loss")->as_double()), evj.find("perplexity")->as_double(), 1e-3);
+  // a negative --max-batches is an error, not "the whole text" (0 is)
+  CliRun neg = run_cli("eval --max-batches -3 --seq 16 --ckpt " + out.string() + " --data " +
+                       (out / "held_out.txt").string());
+  EXPECT_EQ(neg.status, 1) << neg.output;
+  EXPECT_NE(neg.output.find("--max-batches must be >= 0 (0: the whole text), got -3"), std::string::npos)
+      << neg.output;
   for (const auto& f : fs::directory_iterator(out))  // eval caches tokens in the temp dir, not next to the text
     EXPECT_NE(f.path().filename().string().rfind("tokens-", 0), 0u) << f.path();
   // resume the run directory (no --out: it continues there) for two more steps
