@@ -75,9 +75,7 @@ int run_eval(const Args& args) {
     return 0;
   }
 
-  auto tok = data::load_tokenizer(!tokenizer.empty() ? tokenizer : dir);
-  KILN_CHECK(tok->vocab_size() <= model->config.vocab_size, "eval: the tokenizer has ", tok->vocab_size(),
-             " ids, the model only ", model->config.vocab_size);
+  auto tok = train::load_tokenizer_for(*model, dir, tokenizer, "eval");
   // the token cache goes to the temporary directory, not next to the user's text
   data::TokenStream stream =
       data::load_corpus(data, *tok, (std::filesystem::temp_directory_path() / "kiln-token-cache").string());

@@ -39,7 +39,7 @@ int run_generate(const Args& args) {
   KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'");
   auto model = train::load_model(dir, dev);
   model->eval();
-  auto tok = data::load_tokenizer(!tokenizer.empty() ? tokenizer : dir);
+  auto tok = train::load_tokenizer_for(*model, dir, tokenizer, "generate");
   std::vector<int32_t> ids;
   if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
   for (int32_t t : tok->encode(prompt)) ids.push_back(t);

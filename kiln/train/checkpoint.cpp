@@ -178,6 +178,14 @@ std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device 
   return model;
 }
 
+std::unique_ptr<data::Tokenizer> load_tokenizer_for(const nn::LlamaForCausalLM& model, const std::string& dir,
+                                                    const std::string& spec, const char* op) {
+  auto tok = data::load_tokenizer(!spec.empty() ? spec : dir);
+  KILN_CHECK(tok->vocab_size() <= model.config.vocab_size, op, ": the tokenizer has ", tok->vocab_size(),
+             " ids, the model only ", model.config.vocab_size);
+  return tok;
+}
+
 std::string find_checkpoint(const std::string& dir) {
   fs::path p(dir);
   if (fs::exists(p / "config.json")) return p.string();

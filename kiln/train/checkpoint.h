@@ -41,6 +41,10 @@ void load_model_state(nn::LlamaForCausalLM& model, const std::vector<std::pair<s
 
 // Reads config.json and the weights (model.safetensors, or model.safetensors.index.json shards).
 std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device device = kCPU);
+// The tokenizer to use with a checkpoint's model: `spec` when given, else the one saved in
+// `dir` (kiln::Error, naming `op`, when it has more ids than the model's vocabulary).
+std::unique_ptr<data::Tokenizer> load_tokenizer_for(const nn::LlamaForCausalLM& model, const std::string& dir,
+                                                    const std::string& spec, const char* op);
 // The weights of a checkpoint directory as named tensors.
 std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& dir);
 

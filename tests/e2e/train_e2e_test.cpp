@@ -203,6 +203,25 @@ TEST(TrainCli, ResumeFromAForeignTrainerStateIsAnError) {
   fs::remove_all(d);
 }
 
+TEST(TrainCli, EvalAndGenerateRefuseATokenizerLargerThanTheVocabulary) {
+  // generate found the mismatch only in the embedding, after printing the prompt
+  fs::path d = temp_dir("vocab_mismatch");
+  nn::LlamaForCausalLM m(train::preset("tiny").model_config(64), 1);
+  train::CheckpointData cd;
+  cd.model = &m;
+  train::save_checkpoint((d / "ck").string(), cd);
+  std::ofstream(d / "text.txt") << "kiln trains language models. kiln trains language models again.";
+  const std::string ck = " --tokenizer byte --ckpt " + (d / "ck").string();
+  CliRun g = run_cli("generate --prompt 'ab' --max-tokens 4" + ck);
+  EXPECT_EQ(g.status, 1) << g.output;
+  EXPECT_EQ(g.output.rfind("kiln generate: error: generate: the tokenizer has 259 ids, the model only 64", 0), 0u)
+      << g.output;
+  CliRun e = run_cli("eval --seq 16 --data " + (d / "text.txt").string() + ck);
+  EXPECT_EQ(e.status, 1) << e.output;
+  EXPECT_NE(e.output.find("eval: the tokenizer has 259 ids, the model only 64"), std::string::npos) << e.output;
+  fs::remove_all(d);
+}
+
 TEST(TrainCli, RepeatedPresetUsesTheLastOne) {
   // The model was built on the first --preset while the run was labelled (and saved) with the
   // last one: here a "tiny model" of the small preset's shape.
