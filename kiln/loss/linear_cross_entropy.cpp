@@ -74,8 +74,11 @@ void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target
   KILN_CHECK(std::isfinite(o.label_smoothing) && o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, kOp,
              ": label_smoothing=", o.label_smoothing, " must be in [0, 1]");
   KILN_CHECK(std::isfinite(o.z_loss) && o.z_loss >= 0.0, kOp, ": z_loss=", o.z_loss, " must be finite and >= 0");
+  check_reduction(o.reduction, kOp);
   KILN_CHECK(std::isfinite(o.softcap) && o.softcap >= 0.0, kOp, ": softcap=", o.softcap,
              " must be finite and >= 0 (0 turns it off)");
+  KILN_CHECK(o.softcap == 0.0 || acc_dtype(hidden.dtype()) == DType::f64 || static_cast<float>(o.softcap) > 0.0f,
+             kOp, ": softcap=", o.softcap, " rounds to 0 in f32, which would turn it off (0 turns it off)");
   KILN_CHECK(std::isfinite(o.num_items) && o.num_items >= 0.0, kOp, ": num_items=", o.num_items,
              " must be finite and > 0 (0: unset)");
   KILN_CHECK(o.num_items == 0.0 || o.reduction != Reduction::none, kOp,

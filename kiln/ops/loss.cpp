@@ -18,8 +18,14 @@ Reduction parse_reduction(const std::string& s) {
   fail("parse_reduction: unknown reduction '", s, "' (expected none, mean or sum)");
 }
 
+void check_reduction(Reduction r, const char* op) {
+  KILN_CHECK(r == Reduction::none || r == Reduction::mean || r == Reduction::sum, op, ": reduction=",
+             static_cast<int>(r), " is not one of: none, mean, sum");
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o) {
   KILN_CHECK(logits.defined() && target.defined(), "cross_entropy: undefined tensor argument");
+  check_reduction(o.reduction, "cross_entropy");
   KILN_CHECK(logits.dim() == 2, "cross_entropy: logits must be 2-D [N, C], got shape ", logits.shape());
   KILN_CHECK(is_floating(logits.dtype()), "cross_entropy: logits must be floating, got ", dtype_name(logits.dtype()));
   KILN_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,

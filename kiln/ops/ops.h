@@ -123,6 +123,8 @@ std::pair<Tensor, Tensor> rotary_tables(int64_t seq_len, int64_t head_dim, doubl
 
 enum class Reduction { none, mean, sum };
 Reduction parse_reduction(const std::string& s);
+// kiln::Error naming `op` unless r is none, mean or sum (an integer cast to Reduction may be neither).
+void check_reduction(Reduction r, const char* op);
 struct CrossEntropyOptions {
   int64_t ignore_index = -100;
   Reduction reduction = Reduction::mean;

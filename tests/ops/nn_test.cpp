@@ -297,6 +297,9 @@ TEST(CrossEntropy, BadInputs) {
     CrossEntropyOptions o;
     o.label_smoothing = 1.5;
     EXPECT_KILN_ERROR(cross_entropy(x, zeros({4}, DType::i64, dev), o), "label_smoothing", "1.5");
+    o = {};
+    o.reduction = static_cast<Reduction>(7);  // was "div: undefined tensor argument"
+    EXPECT_KILN_ERROR(cross_entropy(x, zeros({4}, DType::i64, dev), o), "cross_entropy", "reduction=7");
   }
   if (cuda_device_count() > 0) {
     Device g = cuda(0);
