@@ -115,6 +115,10 @@ void TrainConfig::validate() const {
              "(per-token document ids come from packed documents), got sample='", sample, "'");
   model_config(256).validate();
   KILN_CHECK(seq <= 1 << 20, "config: seq=", seq, " is too large");
+  // a step's micro-batches are held at once: beyond 2^40 tokens their ids alone need 16 TiB
+  // (and the products overflow long before int64 does)
+  KILN_CHECK(batch <= (int64_t{1} << 40) / seq / accum, "config: batch=", batch, " x seq=", seq, " x accum=", accum,
+             " is more than 2^40 tokens per step; use a smaller --batch, --seq or --accum");
 }
 
 json::Value TrainConfig::to_json() const {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 
 #include "kiln/autograd/grad_mode.h"
@@ -203,9 +204,14 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     opt.set_lr(lr);
     std::vector<data::Batch> micro;
     int64_t targets = 0;
-    for (int64_t a = 0; a < cfg.accum; ++a) {
-      micro.push_back(train_sampler.next(dev));
-      targets += micro.back().num_targets;
+    try {
+      for (int64_t a = 0; a < cfg.accum; ++a) {
+        micro.push_back(train_sampler.next(dev));
+        targets += micro.back().num_targets;
+      }
+    } catch (const std::bad_alloc&) {
+      fail("train: a step's batch=", cfg.batch, " x seq=", cfg.seq, " x accum=", cfg.accum,
+           " tokens cannot be allocated (out of host memory); use a smaller --batch, --seq or --accum");
     }
     // The loss stays on the device until the gradient norm has synchronised the host anyway
     // (reading it before the backward would stall the GPU while the backward is enqueued).

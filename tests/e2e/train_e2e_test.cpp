@@ -166,6 +166,12 @@ TEST(TrainCli, BadValuesGiveClearMessages) {
   EXPECT_NE(r.output.find("--steps: expected an integer, got 'many'"), std::string::npos) << r.output;
   r = run_cli("train --preset galaxy");
   EXPECT_NE(r.output.find("preset 'galaxy'"), std::string::npos) << r.output;
+  r = run_cli("train --batch 100000000000 --steps 1");  // was "out of host memory", naming no flag
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("batch=100000000000 x seq=128 x accum=1 is more than 2^40 tokens per step; use a smaller "
+                          "--batch, --seq or --accum"),
+            std::string::npos)
+      << r.output;
   r = run_cli("train --kv-heads 3 --steps 1");
   EXPECT_NE(r.output.find("num_key_value_heads=3"), std::string::npos) << r.output;
   // input refused before the run starts leaves no run directory behind (it was created first)
