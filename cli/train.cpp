@@ -92,7 +92,10 @@ int run_train(const Args& args) {
   p.option("--max-time", &c.max_time, "SECONDS", "stop (with a checkpoint) after this long (0: no limit)");
   p.option("--sample-tokens", &c.sample_tokens, "N", "tokens generated at the end (0: none)");
   p.option("--prompt", &c.prompt, "TEXT", "prompt of the final sample");
-  p.option("--out", &c.out, "DIR", "run directory: checkpoints, metrics.jsonl, loss.svg");
+  p.option("--out", &c.out, "DIR",
+           "run directory: checkpoints, metrics.jsonl, loss.svg (default runs/kiln, or runs/kiln-2, -3, ... "
+           "when it holds an earlier run)");
+  p.flag("--overwrite", &c.overwrite, "a fresh run into an --out holding an earlier run replaces that run");
   p.option("--resume", &c.resume, "DIR", "continue from a checkpoint (or a run directory's latest)");
   p.option("--device", &c.device, "DEV", "cpu, cuda or cuda:N");
   p.option("--dtype", &c.dtype, "DT", "auto (bf16 on CUDA, f32 on CPU), f32, or bf16 (f32 master weights)");
@@ -122,6 +125,14 @@ int run_train(const Args& args) {
       c.out = ck == c.resume || ck == std::filesystem::path(c.resume).lexically_normal().string()
                   ? std::filesystem::path(ck).parent_path().string()
                   : c.resume;
+  }
+
+  // The default run directory never takes over an earlier run: the next free runs/kiln-N does.
+  if (c.resume.empty() && !p.given("--out") && c.out == train::TrainConfig{}.out && !c.overwrite &&
+      !train::earlier_run(c.out).empty()) {
+    const std::string base = c.out;
+    for (int n = 2; !train::earlier_run(c.out).empty(); ++n) c.out = base + "-" + std::to_string(n);
+    std::fprintf(stderr, "%s holds an earlier run: this one goes to %s\n", base.c_str(), c.out.c_str());
   }
 
   g_stop.store(false);

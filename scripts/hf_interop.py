@@ -72,7 +72,7 @@ def main():
                          kiln_logits(a.kiln, d, ids, out, os.path.basename(d)), ref, a.tol)
 
     run = os.path.join(out, "kiln_run")
-    subprocess.run([a.kiln, "train", "--preset", "tiny", "--steps", "20", "--out", run, "--sample-tokens", "0",
+    subprocess.run([a.kiln, "train", "--preset", "tiny", "--steps", "20", "--out", run, "--overwrite", "--sample-tokens", "0",
                     "--eval-every", "0"], check=True, stderr=subprocess.DEVNULL)
     with open(os.path.join(run, "latest")) as f:
         ckpt = os.path.join(run, f.read().strip())

@@ -222,4 +222,40 @@ void mark_latest(const std::string& run_dir, const std::string& name, int64_t ke
   }
 }
 
+namespace {
+bool is_checkpoint_dir(const fs::directory_entry& e) {
+  return e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0;
+}
+}  // namespace
+
+std::string earlier_run(const std::string& run_dir) {
+  const fs::path run(run_dir);
+  std::error_code ec;
+  if (!fs::is_directory(run, ec)) return "";
+  if (fs::exists(run / "latest", ec)) {
+    std::ifstream f(run / "latest");
+    std::string name;
+    std::getline(f, name);
+    return "checkpoint " + name;
+  }
+  for (const auto& e : fs::directory_iterator(run, ec))
+    if (is_checkpoint_dir(e)) return "checkpoint " + e.path().filename().string();
+  const fs::path metrics = run / "metrics.jsonl";
+  if (fs::exists(metrics, ec) && fs::file_size(metrics, ec) > 0) return "metrics.jsonl";
+  return "";
+}
+
+void remove_earlier_run(const std::string& run_dir) {
+  const fs::path run(run_dir);
+  std::vector<fs::path> doomed;
+  for (const auto& e : fs::directory_iterator(run))
+    if (is_checkpoint_dir(e)) doomed.push_back(e.path());
+  for (const char* f : {"latest", "metrics.jsonl", "loss.svg", "profile.json"}) doomed.push_back(run / f);
+  for (const auto& p : doomed) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    KILN_CHECK(!ec, "train: cannot remove ", p.string(), " of the earlier run: ", ec.message());
+  }
+}
+
 }  // namespace kiln::train

@@ -45,6 +45,7 @@ struct TrainConfig {
   bool deterministic = false;
   bool profile = false;  // op-level profile (also env KILN_PROFILE=1): table at the end, DIR/profile.json
   std::string resume;
+  bool overwrite = false;  // a fresh run into an `out` holding an earlier run replaces it (else an error)
 
   // The model config for a tokenizer of `vocab` ids.
   nn::LlamaConfig model_config(int64_t vocab) const;

@@ -89,6 +89,12 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     cfg.profile = cfg_in.profile;
   }
   cfg.validate();
+  if (resume_dir.empty()) {  // a fresh run: an earlier one in `out` would be mixed into it
+    const std::string earlier = earlier_run(cfg.out);
+    KILN_CHECK(earlier.empty() || cfg.overwrite, "train: --out ", cfg.out, " holds an earlier run (", earlier,
+               "); continue it with --resume ", cfg.out, ", choose another --out, or pass --overwrite to replace it");
+    if (!earlier.empty()) remove_earlier_run(cfg.out);
+  }
   set_deterministic(cfg.deterministic);
   const Device dev = Device::parse(cfg.device);
   check_device_available(dev, "train");

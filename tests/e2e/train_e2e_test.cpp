@@ -102,8 +102,9 @@ struct CliRun {
   int status;
   std::string output;
 };
-CliRun run_cli(const std::string& args) {
-  std::string cmd = std::string(KILN_CLI_PATH) + " " + args + " 2>&1";
+// Runs `kiln ARGS` (in `cwd` when given) with stderr folded into the output.
+CliRun run_cli(const std::string& args, const fs::path& cwd = {}) {
+  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + KILN_CLI_PATH + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -226,6 +227,34 @@ TEST(TrainCli, EvalAndGenerateRefuseATokenizerLargerThanTheVocabulary) {
   EXPECT_EQ(e.status, 1) << e.output;
   EXPECT_NE(e.output.find("eval: the tokenizer has 259 ids, the model only 64"), std::string::npos) << e.output;
   fs::remove_all(d);
+}
+
+TEST(TrainCli, AFreshRunNeverMixesIntoAnEarlierOne) {
+  // Before, a second run into a run directory rewrote its metrics and its checkpoint pruning
+  // deleted the first run's step-1 among its own.
+  fs::path out = temp_dir("earlier");
+  const std::string run = "train --preset tiny --eval-every 0 --sample-tokens 0 --ckpt-every 1 --keep-ckpts 2 ";
+  ASSERT_EQ(run_cli(run + "--steps 2 --out " + out.string()).status, 0);
+  CliRun again = run_cli(run + "--steps 1 --out " + out.string());
+  EXPECT_EQ(again.status, 1) << again.output;
+  EXPECT_NE(again.output.find("holds an earlier run (checkpoint step-2); continue it with --resume"), std::string::npos)
+      << again.output;
+  EXPECT_TRUE(fs::exists(out / "step-1") && fs::exists(out / "step-2"));
+  EXPECT_EQ(metric_lines(out, "lr").size(), 2u);
+  // --overwrite replaces the earlier run: only the new one's checkpoint and metrics remain
+  CliRun over = run_cli(run + "--steps 1 --overwrite --out " + out.string());
+  ASSERT_EQ(over.status, 0) << over.output;
+  EXPECT_TRUE(fs::exists(out / "step-1"));
+  EXPECT_FALSE(fs::exists(out / "step-2"));
+  EXPECT_EQ(metric_lines(out, "lr").size(), 1u);
+  // The default directory moves on to runs/kiln-2 (the working directory is `out`).
+  ASSERT_EQ(run_cli(run + "--steps 1", out).status, 0);
+  CliRun next = run_cli(run + "--steps 1", out);
+  ASSERT_EQ(next.status, 0) << next.output;
+  EXPECT_NE(next.output.find("runs/kiln holds an earlier run: this one goes to runs/kiln-2"), std::string::npos)
+      << next.output;
+  EXPECT_TRUE(fs::exists(out / "runs" / "kiln" / "step-1") && fs::exists(out / "runs" / "kiln-2" / "step-1"));
+  fs::remove_all(out);
 }
 
 TEST(TrainCli, RepeatedPresetUsesTheLastOne) {
