@@ -93,7 +93,7 @@ int run_train(const Args& args) {
   p.option("--sample-tokens", &c.sample_tokens, "N", "tokens generated at the end (0: none)");
   p.option("--prompt", &c.prompt, "TEXT", "prompt of the final sample");
   p.option("--out", &c.out, "DIR",
-           "run directory: checkpoints, metrics.jsonl, loss.svg (default runs/kiln, or runs/kiln-2, -3, ... "
+           "run directory: checkpoints, metrics.jsonl, loss.svg (the default moves on to runs/kiln-2, -3, ... "
            "when it holds an earlier run)");
   p.flag("--overwrite", &c.overwrite, "a fresh run into an --out holding an earlier run replaces that run");
   p.option("--resume", &c.resume, "DIR", "continue from a checkpoint (or a run directory's latest)");
