@@ -88,13 +88,21 @@ TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std
   KILN_CHECK(fs::exists(root), "data: '", path, "' does not exist");
   std::vector<fs::path> files;
   if (fs::is_directory(root)) {
-    for (const auto& e : fs::recursive_directory_iterator(root))
-      if (e.is_regular_file() && e.path().filename().string()[0] != '.' &&
-          e.path().filename().string().rfind("tokens-", 0) != 0)
-        files.push_back(e.path());
+    for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+      std::error_code ec;  // the cache directory (a run directory) inside the folder holds no text to train on
+      if (it->is_directory() && !cache_dir.empty() && fs::equivalent(it->path(), cache_dir, ec)) {
+        it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_regular_file() && it->path().filename().string()[0] != '.' &&
+          it->path().filename().string().rfind("tokens-", 0) != 0)
+        files.push_back(it->path());
+    }
     std::sort(files.begin(), files.end());
     KILN_CHECK(!files.empty(), "data: folder '", path, "' holds no files");
   } else {
+    // a device or a pipe (/dev/zero, /dev/stdin) would be read until memory runs out
+    KILN_CHECK(fs::is_regular_file(root), "data: '", path, "' is neither a regular file nor a folder");
     files.push_back(root);
   }
   std::vector<std::string> texts;

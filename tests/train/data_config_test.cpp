@@ -95,6 +95,15 @@ TEST(Data, TokenCacheIsWrittenOnceAndReused) {
   data::TokenStream s3 = data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
   EXPECT_FALSE(hit);
   EXPECT_EQ(s1.tokens, s3.tokens);
+  // A run directory inside the data folder (its cache directory) is not read as text.
+  fs::create_directories(d / "corpus" / "run" / "step-1");
+  std::ofstream(d / "corpus" / "run" / "metrics.jsonl") << "{\"step\": 1}\n";
+  std::ofstream(d / "corpus" / "run" / "step-1" / "config.json") << "{}";
+  data::TokenStream s4 = data::load_corpus((d / "corpus").string(), tok, (d / "corpus" / "run").string(), &hit);
+  EXPECT_EQ(s1.tokens, s4.tokens);
+  fs::remove_all(d / "corpus" / "run");
+  expect_error([&] { data::load_corpus("/dev/zero", tok, (d / "out").string()); },
+               "'/dev/zero' is neither a regular file nor a folder");
   std::ofstream(d / "corpus" / "b.txt") << "changed!";  // new contents: a new key
   data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
   EXPECT_FALSE(hit);
