@@ -91,7 +91,7 @@ int run_bench_lce(const Args& args) {
   check_device_available(dev, "bench lce");
   const DType dtype = parse_dtype(dtype_s);
   KILN_CHECK(is_floating(dtype), "bench lce: --dtype ", dtype_s, " is not a floating dtype");
-  if (impls.empty()) impls = dev.is_cuda() ? "fused,fused_filter,gemm_bound,reference" : "fused,reference";
+  if (!p.given("--impl")) impls = dev.is_cuda() ? "fused,fused_filter,gemm_bound,reference" : "fused,reference";
   const std::vector<std::string> impl_list =
       parse_impls(impls, {"fused", "fused_filter", "gemm_bound", "reference"}, "bench lce");
   profile = profile || env_profile();

@@ -307,7 +307,9 @@ TEST(BenchCli, ImplListsDtypesAndLargeBlocksAreChecked) {
            {attn + "--impl reflex", "bench attention: unknown impl 'reflex' in --impl 'reflex'"},
            {attn + "--impl flex,,reference", "unknown impl '' in --impl 'flex,,reference'"},
            {attn + "--dtype i32", "bench attention: --dtype must be f32, bf16 or f16, got 'i32'"},
-           {"bench lce --tokens 8 --dim 8 --vocab 16 --iters 1 --impl fused,foo", "bench lce: unknown impl 'foo'"}}) {
+           {"bench lce --tokens 8 --dim 8 --vocab 16 --iters 1 --impl fused,foo", "bench lce: unknown impl 'foo'"},
+           // an empty --impl is an empty list, not the defaults
+           {"bench lce --tokens 8 --dim 8 --vocab 16 --iters 1 --impl ''", "bench lce: unknown impl '' in --impl ''"}}) {
     CliRun r = run_cli(args);
     EXPECT_EQ(r.status, 1) << args << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
