@@ -128,11 +128,11 @@ int run_train(const Args& args) {
   }
 
   // The default run directory never takes over an earlier run: the next free runs/kiln-N does.
-  if (c.resume.empty() && !p.given("--out") && c.out == train::TrainConfig{}.out && !c.overwrite &&
-      !train::earlier_run(c.out).empty()) {
+  if (c.resume.empty() && !p.given("--out") && c.out == train::TrainConfig{}.out && !c.overwrite) {
     const std::string base = c.out;
     for (int n = 2; !train::earlier_run(c.out).empty(); ++n) c.out = base + "-" + std::to_string(n);
-    std::fprintf(stderr, "%s holds an earlier run: this one goes to %s\n", base.c_str(), c.out.c_str());
+    if (c.out != base)
+      std::fprintf(stderr, "%s holds an earlier run: this one goes to %s\n", base.c_str(), c.out.c_str());
   }
 
   g_stop.store(false);

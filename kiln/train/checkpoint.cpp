@@ -186,15 +186,24 @@ std::unique_ptr<data::Tokenizer> load_tokenizer_for(const nn::LlamaForCausalLM& 
   return tok;
 }
 
+namespace {
+// The checkpoint name a run directory's `latest` file holds ("" when it has none).
+std::string read_latest(const fs::path& run) {
+  std::ifstream f(run / "latest");
+  std::string name;
+  std::getline(f, name);
+  return name;
+}
+bool is_checkpoint_dir(const fs::directory_entry& e) {
+  return e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0;
+}
+}  // namespace
+
 std::string find_checkpoint(const std::string& dir) {
   fs::path p(dir);
   if (fs::exists(p / "config.json")) return p.string();
-  if (fs::exists(p / "latest")) {
-    std::ifstream f(p / "latest");
-    std::string name;
-    std::getline(f, name);
-    if (!name.empty() && fs::exists(p / name / "config.json")) return (p / name).string();
-  }
+  const std::string name = read_latest(p);
+  if (!name.empty() && fs::exists(p / name / "config.json")) return (p / name).string();
   return "";
 }
 
@@ -207,7 +216,7 @@ void mark_latest(const std::string& run_dir, const std::string& name, int64_t ke
   std::vector<std::pair<int64_t, fs::path>> steps;
   for (const auto& e : fs::directory_iterator(run)) {
     std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step-", 0) == 0 && n != name) {
+    if (is_checkpoint_dir(e) && n != name) {
       try {
         steps.emplace_back(std::stoll(n.substr(5)), e.path());
       } catch (...) {
@@ -222,22 +231,11 @@ void mark_latest(const std::string& run_dir, const std::string& name, int64_t ke
   }
 }
 
-namespace {
-bool is_checkpoint_dir(const fs::directory_entry& e) {
-  return e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0;
-}
-}  // namespace
-
 std::string earlier_run(const std::string& run_dir) {
   const fs::path run(run_dir);
   std::error_code ec;
   if (!fs::is_directory(run, ec)) return "";
-  if (fs::exists(run / "latest", ec)) {
-    std::ifstream f(run / "latest");
-    std::string name;
-    std::getline(f, name);
-    return "checkpoint " + name;
-  }
+  if (fs::exists(run / "latest", ec)) return "checkpoint " + read_latest(run);
   for (const auto& e : fs::directory_iterator(run, ec))
     if (is_checkpoint_dir(e)) return "checkpoint " + e.path().filename().string();
   const fs::path metrics = run / "metrics.jsonl";
