@@ -25,16 +25,37 @@ std::string parent_dir(const std::string& path) {
   if (slash == 0) return "/";
   return path.substr(0, slash);
 }
+
+const char* file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a pipe (FIFO)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a directory";
+  return "not a regular file";
+}
+
+// Opens a regular file for reading, or fails naming what the path is instead. O_NONBLOCK: a pipe
+// with no writer would otherwise block open() itself (no effect on a regular file's reads).
+int open_regular(const std::string& path, struct stat& st) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  KILN_CHECK(fd >= 0, path, ": cannot open: ", errno_text());
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    fail(path, ": cannot stat: ", why);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, ": not a regular file: it is ", file_kind(st.st_mode), " (checkpoints are read from files)");
+  }
+  return fd;
+}
 }  // namespace
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  KILN_CHECK(fd >= 0, path, ": cannot open: ", errno_text());
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, ": not a regular file");
-  }
+  int fd = open_regular(path, st);
   std::shared_ptr<MappedFile> m(new MappedFile());
   m->path_ = path;
   m->size_ = static_cast<uint64_t>(st.st_size);
@@ -136,8 +157,8 @@ void AtomicWriter::commit() {
 }
 
 std::string read_file_prefix(const std::string& path, size_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  KILN_CHECK(fd >= 0, path, ": cannot open: ", errno_text());
+  struct stat st {};
+  int fd = open_regular(path, st);
   std::string out;
   char buf[65536];
   while (out.size() < max_bytes) {

@@ -60,7 +60,8 @@ class AtomicWriter {
   uint64_t written_ = 0;
 };
 
-// Whole small file into a string (index files, sniffing); kiln::Error when it cannot be read.
+// Up to max_bytes of a regular file (index files, sniffing); kiln::Error when it cannot be read
+// or is not a regular file (a pipe or a device is refused at once, never waited on; MappedFile too).
 std::string read_file_prefix(const std::string& path, size_t max_bytes);
 bool is_directory(const std::string& path);
 

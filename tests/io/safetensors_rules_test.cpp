@@ -3,7 +3,10 @@
 // kiln::Error naming the tensor and the rule.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
+#include <functional>
 
 #include "kiln/io/load.h"
 #include "kiln/io/safetensors.h"
@@ -212,6 +215,26 @@ TEST(SafetensorsRules, LoadSniffsByContent) {
     EXPECT_NE(std::string(e.what()).find("legacy PyTorch"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("torch.save"), std::string::npos) << e.what();
   }
+}
+
+// A pipe or a device is refused at once, naming what it is: opening a FIFO with no writer used to
+// block kiln inspect / load forever (open() waits for a writer), and /dev/zero is endless.
+TEST(SafetensorsRules, PipesAndDevicesAreRefusedWithoutWaiting) {
+  TempDir dir;
+  const std::string fifo = dir.file("model.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto expect_refused = [](const std::function<void()>& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file: it is " + what), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([&] { sniff_format(fifo); }, "a pipe (FIFO)");
+  expect_refused([&] { load(fifo); }, "a pipe (FIFO)");
+  expect_refused([&] { load("/dev/zero"); }, "a character device");
+  expect_refused([&] { load_safetensors("/dev/null"); }, "a character device");
 }
 
 }  // namespace

@@ -598,9 +598,10 @@ TEST_P(Lce, BadInputsNameTheProblem) {
   o = {};
   o.softcap = 1e-300;  // positive, but 0 in f32: it turned softcap off
   expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "softcap=1e-300 rounds to 0 in f32");
-  if (!dev().is_cuda())  // f64 (CPU only) holds it: logits capped to ±1e-300, so the loss is log V
+  if (!dev().is_cuda()) {  // f64 (CPU only) holds it: logits capped to ±1e-300, so the loss is log V
     EXPECT_NEAR(linear_cross_entropy(h.to(DType::f64), w.to(DType::f64), in.target, o).loss.item(), std::log(10.0),
                 1e-12);
+  }
   o = {};
   o.reduction = static_cast<Reduction>(7);
   expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o).loss.item(); },
