@@ -723,14 +723,17 @@ std::pair<double, double> mean_error(const Tensor& got, const Tensor& golden, co
 
 // The CUDA kernels that must run a 16-bit or f32 call with head dims E = Ev and BlockMask blocks
 // of `block` (docs/attention.md): hopper for blocks that are multiples of 128, sm80 for multiples
-// of 64, simt otherwise or when a row of q, k or v is not 16-byte aligned. The tests require it
+// of 64, simt otherwise or when a row of q, k or v is not 16-byte aligned; at E = Ev = 256 the
+// forward's sm80 (blocks multiples of 64) and the backward's simt. The tests require it
 // (FlexOptions::backend), so a kernel that silently fell back would fail them.
-FlexBackend backend_for(const Tensor& q, const Tensor& k, const Tensor& v, int64_t block) {
+FlexBackend backend_for(const Tensor& q, const Tensor& k, const Tensor& v, int64_t block, bool forward_only = false) {
   auto aligned = [](const Tensor& t) { return t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0; };
   const int64_t E = q.size(3);
-  if ((q.dtype() != DType::bf16 && q.dtype() != DType::f16) || E != v.size(3) || (E != 64 && E != 128) ||
+  const bool dim_256 = forward_only && E == 256;
+  if ((q.dtype() != DType::bf16 && q.dtype() != DType::f16) || E != v.size(3) || (E != 64 && E != 128 && !dim_256) ||
       !aligned(q) || !aligned(k) || !aligned(v))
     return FlexBackend::simt;
+  if (dim_256) return block % 64 == 0 ? FlexBackend::sm80 : FlexBackend::simt;
   return block % 128 == 0 ? FlexBackend::hopper : block % 64 == 0 ? FlexBackend::sm80 : FlexBackend::simt;
 }
 
@@ -824,7 +827,7 @@ void check_cuda_forward(const Tensor& qg, const Tensor& kg, const Tensor& vg, MM
     auto bm = create_block_mask(host_mm, 1, 1, L, S, block, block);
     const BlockMask<MM> gbm{gpu_mm, bm.layout.to(qg.device())};
     FlexOptions og = o;
-    og.backend = backend_for(qg, kg, vg, block);
+    og.backend = backend_for(qg, kg, vg, block, /*forward_only=*/true);
     const FlexResult g = flex_attention(qg, kg, vg, NoScoreMod{}, gbm, og);
     const Tensor gout = g.out.to(kCPU), glse = g.lse.to(kCPU);
     ASSERT_EQ(gout.shape(), ref.out.shape());
@@ -1073,6 +1076,66 @@ TEST(FlexCuda, HeadMajorTileOrderMatchesCpu) {
     for (size_t i = 0; i < gv.size(); ++i) worst = std::max(worst, std::abs(gv[i] - wv[i]));
     EXPECT_LE(worst, 0.02 * max_abs(golden)) << name << ": worst error " << worst;
   }
+}
+
+// Head dims the tensor-core kernels do not take run on the SIMT kernels (up to 256: Gemma's
+// 256, and E != Ev), forward and backward, against the CPU kernel and the float64 reference, with
+// bitwise equal gradients across runs; past 256 the CUDA path is an error naming the limit.
+TEST(FlexCuda, HeadDimsUpTo256) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::parse("cuda:0");
+  auto check = [&]<class MM>(int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t E, int64_t Ev, DType dt, MM mm) {
+    SCOPED_TRACE(testing::Message() << dtype_name(dt) << " Hq=" << Hq << " Hkv=" << Hkv << " L=" << L << " S=" << S
+                                    << " E=" << E << " Ev=" << Ev);
+    Generator gen(static_cast<uint64_t>(E + Ev + L));
+    const Tensor q = make({1, Hq, L, E}, gen, dt), k = make({1, Hkv, S, E}, gen, dt);
+    const Tensor v = make({1, Hkv, S, Ev}, gen, dt), dout = make({1, Hq, L, Ev}, gen, dt);
+    const Tensor dlse = make({1, Hq, L}, gen, DType::f32);
+    const BlockMask<MM> bm = create_block_mask(mm, 1, 1, L, S);
+    const BlockMask<MM> gbm{mm, bm.layout.to(gpu)};
+    const Grads cpu = run_flex(q, k, v, NoScoreMod{}, bm, dout, dlse, Tensor());
+    auto on_gpu = [&] {  // the SIMT kernels required: the ones that must take these head dims
+      const Grads g = run_flex(q.to(gpu), k.to(gpu), v.to(gpu), NoScoreMod{}, gbm, dout.to(gpu), dlse.to(gpu), Tensor(),
+                               FlexBackend::simt);
+      return Grads{g.out.to(kCPU), g.lse.to(kCPU), g.dq.to(kCPU), g.dk.to(kCPU), g.dv.to(kCPU), {}};
+    };
+    const Grads g = on_gpu(), g2 = on_gpu();
+    const ReferenceResult ref =
+        reference_flex_attention(q, k, v, NoScoreMod{}, mm, 1.0 / std::sqrt(static_cast<double>(E)), dout, dlse);
+    expect_close(g.lse, ref.lse, DType::f32, "gpu lse");
+    for (auto [got, on_cpu, golden, name] : {std::tuple{g.out, cpu.out, ref.out, "out"}, {g.dq, cpu.dq, ref.dq, "dq"},
+                                             {g.dk, cpu.dk, ref.dk, "dk"}, {g.dv, cpu.dv, ref.dv, "dv"}}) {
+      expect_close(got, golden, dt, std::string("gpu ") + name);
+      const auto [e_gpu, mag] = mean_error(got, golden, std::string("gpu ") + name);
+      const double e_cpu = mean_error(on_cpu, golden, std::string("cpu ") + name).first;
+      EXPECT_LE(e_gpu, 1.1 * e_cpu + 2e-3 * mag + 1e-6) << name << ": gpu mean error " << e_gpu << " vs cpu " << e_cpu;
+    }
+    for (auto [x, y, name] : {std::tuple{g.dq, g2.dq, "dq"}, {g.dk, g2.dk, "dk"}, {g.dv, g2.dv, "dv"}})
+      EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << "GPU " << name << " not reproducible";
+  };
+  check(2, 1, 129, 129, 256, 256, DType::bf16, Causal{});
+  check(1, 1, 130, 130, 256, 256, DType::f32, Causal{});
+  check(2, 2, 70, 90, 256, 200, DType::f32, SlidingWindow{37});
+  check(4, 2, 33, 33, 192, 256, DType::f16, NoMask{});
+  // The forward at E = Ev = 256 on the mma.sync kernel (64-row CTAs), blocks of 128 and 64, GQA 2,
+  // lengths that end in partial tiles, a row-strided view.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Generator g(static_cast<uint64_t>(dt == DType::bf16 ? 31 : 32));
+    const Tensor q = make({1, 4, 300, 256}, g, dt).to(gpu), k = make({1, 2, 300, 256}, g, dt).to(gpu),
+                 v = make({1, 2, 300, 256}, g, dt).to(gpu);
+    const std::string dn = dtype_name(dt);
+    check_cuda_forward(q, k, v, Causal{}, Causal{}, {128, 64}, "E=256 causal " + dn);
+    check_cuda_forward(q, k, v, SlidingWindow{70}, SlidingWindow{70}, {64}, "E=256 window " + dn);
+    auto strided = [&](int64_t len) { return make({1, len, 2, 256}, g, dt).to(gpu).transpose(1, 2); };
+    const Tensor qs = strided(129), ks = strided(77), vs = strided(77);
+    check_cuda_forward(qs, ks, vs, NoMask{}, NoMask{}, {128}, "E=256 strided L=129 S=77 " + dn);
+  }
+  Generator gen(3);
+  const Tensor q = make({1, 1, 8, 257}, gen, DType::f32).to(gpu), v = make({1, 1, 8, 16}, gen, DType::f32).to(gpu);
+  const auto bm = create_block_mask(Causal{}, 1, 1, 8, 8);
+  const BlockMask<Causal> gbm{Causal{}, bm.layout.to(gpu)};
+  EXPECT_KILN_ERROR(flex_attention(q, q, v, NoScoreMod{}, gbm), "flex_attention (CUDA): head dims up to 256",
+                    "got E=257, Ev=16");
 }
 
 // FlexOptions::backend on the GPU: a required kernel family that does not apply fails with

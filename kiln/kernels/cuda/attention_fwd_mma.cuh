@@ -1,7 +1,8 @@
 // The tensor-core FlexAttention forward (FlashAttention-2 style, mma.sync m16n8k16) for bf16 /
-// f16 with E = Ev ∈ {64, 128}: flex_forward_mma, which returns false when it does not apply
+// f16 with E = Ev ∈ {64, 128, 256}: flex_forward_mma, which returns false when it does not apply
 // (f32, other head dims, block sizes not multiples of the tiles, rows not 16-byte aligned) so
-// the caller falls back to the SIMT kernel of attention_kernels.cuh.
+// the caller falls back to the SIMT kernel of attention_kernels.cuh. (The Hopper forward takes
+// 64 and 128 first; E = 256 runs here, with 64-row CTAs: O alone is 128 registers a thread.)
 //
 // NOTE [flex forward mma]
 // - A CTA of 4 warps owns 64·MT query rows of one (b, h): MT = 2 (128 rows, warp w owns rows
@@ -48,7 +49,8 @@ inline constexpr int kFwdThreads = 32 * kFwdWarps;
 template <int D, int MT> constexpr int fwd_smem_bytes() { return (16 * MT * kFwdWarps + 4 * kFwdBN) * D * 2; }
 // CTAs per SM the register allocation must allow (smem: 96 / 80 KB at D = 128, 48 / 40 KB at 64;
 // D = 64 with two m16 tiles needs ~250 registers, so 2 CTAs; with one, 3 CTAs at ≤ 168).
-template <int D, int MT> constexpr int fwd_min_blocks() { return D == 128 ? 2 : (MT == 2 ? 2 : 3); }
+// D = 256 (MT = 1 only): 160 KB of shared memory, one CTA an SM.
+template <int D, int MT> constexpr int fwd_min_blocks() { return D == 256 ? 1 : D == 128 ? 2 : (MT == 2 ? 2 : 3); }
 // Keys per online-softmax update within a 64-key sub-tile: 32 where the MT × 16 × 64 f32 score
 // tile would not fit in the registers next to O (D = 128 with two m16 tiles per warp).
 template <int D, int MT> constexpr int fwd_chunk() { return D * MT >= 256 ? 32 : 64; }
@@ -253,12 +255,15 @@ bool flex_forward_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStrea
   if constexpr (std::is_void_v<CT>) {
     return false;
   } else {
-    if (!mma_layout_ok(p, 64, kFwdBN)) return false;
+    if (!mma_layout_ok(p, 64, kFwdBN, /*head_dim_256=*/true)) return false;
+    if (p.E == 256 && current_context().max_shared_per_block < static_cast<size_t>(fwd_smem_bytes<256, 1>()))
+      return false;
     if (p.B == 0 || p.Hq == 0 || p.L == 0) return true;  // nothing to write
     // 128-row CTAs (two m16 tiles per warp) when the BlockMask's q blocks allow it, else 64 rows.
     const bool wide = p.QB % 128 == 0;
     if (p.E == 64) wide ? launch_fwd_mma<CT, 64, 2>(p, sm, mm, st) : launch_fwd_mma<CT, 64, 1>(p, sm, mm, st);
-    else wide ? launch_fwd_mma<CT, 128, 2>(p, sm, mm, st) : launch_fwd_mma<CT, 128, 1>(p, sm, mm, st);
+    else if (p.E == 128) wide ? launch_fwd_mma<CT, 128, 2>(p, sm, mm, st) : launch_fwd_mma<CT, 128, 1>(p, sm, mm, st);
+    else launch_fwd_mma<CT, 256, 1>(p, sm, mm, st);
     return true;
   }
 }

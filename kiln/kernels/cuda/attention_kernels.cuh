@@ -13,7 +13,11 @@
 // rows → 0 / −inf. The backward is bitwise deterministic: each dQ row and each dK/dV row has one
 // owner thread that reduces in a fixed order (no atomics); a learnable score_mod's table
 // gradient is summed per (b, h, q block) by one thread each, then over b and q blocks in order
-// (the CPU kernel's order). They stay the oracle of the tensor-core kernels. Head dims ≤ kMaxDim.
+// (the CPU kernel's order). They stay the oracle of the tensor-core kernels, and the CUDA path of
+// head dims the tensor-core kernels do not take (any E, Ev ≤ kMaxDim = 256: Gemma's 256 among them).
+// A thread's row vectors (q, dO, the accumulators) sit in local memory, sized MAXD: 128 where
+// both head dims fit, else 256, because the driver reserves a thread's frame for every thread
+// the GPU can hold (4 KB × ~270k threads on an H200 for dK/dV at 256, half that at 128).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -34,7 +38,7 @@
 namespace kiln::kernels::cuda {
 namespace {
 
-constexpr int kMaxDim = 128;
+constexpr int kMaxDim = 256;  // the SIMT kernels' largest head dim (E and Ev)
 constexpr int kThreads = 128;
 
 struct Lists {
@@ -46,7 +50,7 @@ __device__ __forceinline__ int64_t mask_row(const FlexParams& p, int64_t b, int6
   return (p.Bm == 1 ? 0 : b) * p.Hm + (p.Hm == 1 ? 0 : h);
 }
 
-template <class T, class SM, class MM>
+template <int MAXD, class T, class SM, class MM>
 __global__ void flex_fwd_kernel(FlexParams p, SM sm, MM mm) {
   const int64_t qb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (p.Hq / p.Hkv);
   const int64_t row = mask_row(p, b, h) * p.nQ + qb;
@@ -54,7 +58,7 @@ __global__ void flex_fwd_kernel(FlexParams p, SM sm, MM mm) {
   const T* k = static_cast<const T*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];
   const T* v = static_cast<const T*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];
   for (int64_t i = qb * p.QB + threadIdx.x; i < min((qb + 1) * p.QB, p.L); i += blockDim.x) {
-    float qr[kMaxDim], acc[kMaxDim];
+    float qr[MAXD], acc[MAXD];
     const T* qi = q + b * p.q_st[0] + h * p.q_st[1] + i * p.q_st[2];
     for (int e = 0; e < p.E; ++e) qr[e] = static_cast<float>(qi[e]);
     for (int e = 0; e < p.Ev; ++e) acc[e] = 0.0f;
@@ -112,14 +116,14 @@ __device__ __forceinline__ bool pair_grad(const FlexParams& p, const SM& sm, flo
   return true;
 }
 
-template <class T, class SM, class MM>
+template <int MAXD, class T, class SM, class MM>
 __global__ void flex_dq_kernel(FlexParams p, SM sm, MM mm) {
   const int64_t qb = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (p.Hq / p.Hkv);
   const int64_t row = mask_row(p, b, h) * p.nQ + qb;
   const T* k = static_cast<const T*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];
   const T* v = static_cast<const T*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];
   for (int64_t i = qb * p.QB + threadIdx.x; i < min((qb + 1) * p.QB, p.L); i += blockDim.x) {
-    float qr[kMaxDim], gr[kMaxDim], dq[kMaxDim];
+    float qr[MAXD], gr[MAXD], dq[MAXD];
     const T* qi = static_cast<const T*>(p.q) + b * p.q_st[0] + h * p.q_st[1] + i * p.q_st[2];
     const int64_t o = (b * p.Hq + h) * p.L + i;
     const T* gi = static_cast<const T*>(p.dout) + o * p.Ev;
@@ -149,11 +153,11 @@ __global__ void flex_dq_kernel(FlexParams p, SM sm, MM mm) {
   }
 }
 
-template <class T, class SM, class MM>
+template <int MAXD, class T, class SM, class MM>
 __global__ void flex_dkdv_kernel(FlexParams p, SM sm, MM mm) {
   const int64_t kb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, G = p.Hq / p.Hkv;
   for (int64_t j = kb * p.KB + threadIdx.x; j < min((kb + 1) * p.KB, p.S); j += blockDim.x) {
-    float kr[kMaxDim], vr[kMaxDim], dk[kMaxDim], dv[kMaxDim];
+    float kr[MAXD], vr[MAXD], dk[MAXD], dv[MAXD];
     const T* kj = static_cast<const T*>(p.k) + b * p.k_st[0] + hk * p.k_st[1] + j * p.k_st[2];
     const T* vj = static_cast<const T*>(p.v) + b * p.v_st[0] + hk * p.v_st[1] + j * p.v_st[2];
     for (int e = 0; e < p.E; ++e) kr[e] = static_cast<float>(kj[e]), dk[e] = 0.0f;
@@ -247,8 +251,15 @@ cudaStream_t flex_stream() { return flex_mma::current_context().stream; }
 
 void check_dims(const FlexParams& p) {
   KILN_CHECK(p.E <= kMaxDim && p.Ev <= kMaxDim, "flex_attention (CUDA): head dims up to ", kMaxDim, ", got E=", p.E,
-             ", Ev=", p.Ev);
+             ", Ev=", p.Ev, " (the tensor-core kernels take 64 and 128, the SIMT ones up to ", kMaxDim, ")");
   KILN_CHECK(p.nQ < 65536 * 32 && p.Hq < 65536 && p.B < 65536, "flex_attention (CUDA): grid too large");
+}
+
+// f.operator()<MAXD>() with the SIMT kernels' vector size for the call's head dims (check_dims).
+template <class F>
+void dispatch_max_dim(const FlexParams& p, F&& f) {
+  if (p.E <= 128 && p.Ev <= 128) return f.template operator()<128>();
+  return f.template operator()<kMaxDim>();
 }
 
 template <class F>
@@ -266,8 +277,8 @@ constexpr const char* kHopperNeeds =
     "strides a TMA tensor map can describe (none zero, as an expand() gives), the device's full shared memory per "
     "block (about 225 KB), and in the backward no learnable score_mod and B*Hq*L < 2^31";
 constexpr const char* kSm80Needs =
-    "sm80: bf16 or f16, E = Ev in {64, 128}, BlockMask blocks that are multiples of 64, 16-byte-aligned rows, and in "
-    "the backward no learnable score_mod";
+    "sm80: bf16 or f16, E = Ev in {64, 128} (the forward also 256), BlockMask blocks that are multiples of 64, "
+    "16-byte-aligned rows, and in the backward no learnable score_mod";
 
 // Runs the first tensor-core kernels that FlexOptions::backend allows and that apply: `hopper`
 // (TMA + wgmma), then `sm80` (mma.sync), each returning false where it does not apply. False:
@@ -296,7 +307,7 @@ void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
                                 [&] { return flex_mma::flex_forward_mma<T>(p, sm, mm, st); }))
       return;
     dim3 grid(static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B));
-    flex_fwd_kernel<T><<<grid, kThreads, 0, st>>>(p, sm, mm);
+    dispatch_max_dim(p, [&]<int MAXD>() { flex_fwd_kernel<MAXD, T><<<grid, kThreads, 0, st>>>(p, sm, mm); });
     KILN_CUDA_CHECK_LAUNCH("flex_fwd_kernel");
   });
 }
@@ -313,11 +324,13 @@ void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
     flex_delta_kernel<T><<<static_cast<unsigned>((rows + 255) / 256), 256, 0, st>>>(p);
     KILN_CUDA_CHECK_LAUNCH("flex_delta_kernel");
     dim3 gq(static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B));
-    flex_dq_kernel<T><<<gq, kThreads, 0, st>>>(p, sm, mm);
-    KILN_CUDA_CHECK_LAUNCH("flex_dq_kernel");
     dim3 gk(static_cast<unsigned>(p.nKV), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(p.B));
-    flex_dkdv_kernel<T><<<gk, kThreads, 0, st>>>(p, sm, mm);
-    KILN_CUDA_CHECK_LAUNCH("flex_dkdv_kernel");
+    dispatch_max_dim(p, [&]<int MAXD>() {
+      flex_dq_kernel<MAXD, T><<<gq, kThreads, 0, st>>>(p, sm, mm);
+      KILN_CUDA_CHECK_LAUNCH("flex_dq_kernel");
+      flex_dkdv_kernel<MAXD, T><<<gk, kThreads, 0, st>>>(p, sm, mm);
+      KILN_CUDA_CHECK_LAUNCH("flex_dkdv_kernel");
+    });
     if constexpr (attention::is_learnable_v<SM>) {
       if (p.dbias != nullptr) {
         const int64_t owners = p.B * p.Hq * p.nQ, cells = p.Hq * p.bias_row;

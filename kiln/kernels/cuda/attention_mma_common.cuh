@@ -79,11 +79,12 @@ template <int STEP> struct KvSteps {
 };
 
 // Host: whether the tensor-core kernels can run this layout with CTA tiles of q_tile query rows
-// and kv_tile keys: E == Ev ∈ {64, 128}; every q/k/v row 16-byte aligned (pointers and all
-// strides multiples of 8 elements); the BlockMask's blocks multiples of the tiles (a tile then
-// never straddles two blocks); lengths and grid dims in range.
-inline bool mma_layout_ok(const FlexParams& p, int64_t q_tile, int64_t kv_tile) {
-  if (p.E != p.Ev || (p.E != 64 && p.E != 128)) return false;
+// and kv_tile keys: E == Ev ∈ {64, 128} (or 256 with head_dim_256: the mma.sync forward); every
+// q/k/v row 16-byte aligned (pointers and all strides multiples of 8 elements); the BlockMask's
+// blocks multiples of the tiles (a tile then never straddles two blocks); lengths and grid dims
+// in range.
+inline bool mma_layout_ok(const FlexParams& p, int64_t q_tile, int64_t kv_tile, bool head_dim_256 = false) {
+  if (p.E != p.Ev || (p.E != 64 && p.E != 128 && !(head_dim_256 && p.E == 256))) return false;
   auto aligned = [](const void* ptr, const int64_t (&st)[3]) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
   };
@@ -105,9 +106,11 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t 
   constexpr int kChunks = COLS / 8;          // 16-byte chunks per row
   static_assert(NT % kChunks == 0 && ROWS % (NT / kChunks) == 0, "tile chunks must divide among the threads");
   constexpr int kRowsPerIt = NT / kChunks;   // rows the CTA copies per iteration
-  static_assert(kRowsPerIt % 8 == 0, "a thread's rows keep their swizzle phase (row % 8)");
   // A thread copies chunk tid % kChunks of rows tid / kChunks + kRowsPerIt·it: one source
-  // pointer and one shared address advanced by constants (few live registers in callers).
+  // pointer and one shared address advanced by constants (few live registers in callers), as
+  // long as its rows keep their swizzle phase (row % 8); with fewer rows an iteration (COLS =
+  // 256: 4) the shared address is swizzled per row.
+  constexpr bool kSamePhase = kRowsPerIt % 8 == 0;
   const int r0 = tid / kChunks, c = (tid % kChunks) * 8;
   const int64_t rem = len - row0 - r0;  // rows of this thread's column still in range
   const T* src = base + (row0 + r0) * stride + c;
@@ -115,7 +118,9 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t 
 #pragma unroll
   for (int it = 0; it < ROWS / kRowsPerIt; ++it) {
     const bool ok = it * kRowsPerIt < rem;
-    cp_async_16(dst + it * kRowsPerIt * COLS * 2, ok ? src : base, ok);  // base: a valid address when unused
+    const uint32_t at =
+        kSamePhase ? dst + it * kRowsPerIt * COLS * 2 : smem_addr(tile + swz<COLS>(r0 + it * kRowsPerIt, c));
+    cp_async_16(at, ok ? src : base, ok);  // base: a valid address when unused
     src += kRowsPerIt * stride;
   }
 }
