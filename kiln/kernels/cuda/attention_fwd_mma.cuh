@@ -17,7 +17,7 @@
 //   shared memory is 32 KB of Q + 2 × (K, V) 64 KB = 96 KB, so 2 CTAs (8 warps) share an SM and
 //   one CTA's softmax overlaps the other's mma.
 // - The CTA walks the KV blocks of its BlockMask row, partial ones first (mask_mod evaluated),
-//   then full ones (mask skipped), each in kFwdBN = 64-key sub-tiles. K and V sub-tiles are
+//   then full ones (mask skipped), each in 64-key sub-tiles (32 at D = 256). K and V sub-tiles are
 //   double-buffered in swizzled shared memory with cp.async; Q and the first sub-tile are
 //   issued together (short prologue for windowed masks with few sub-tiles). One
 //   __syncthreads per sub-tile: at the top of step s the CTA waits for sub-tile s, syncs (which
@@ -41,16 +41,21 @@
 
 namespace kiln::kernels::cuda::flex_mma {
 
-inline constexpr int kFwdBN = 64;      // keys per sub-tile
+// Keys per sub-tile: 64; 32 at D = 256, where 64-key stages take 160 KB of shared memory and
+// leave one CTA an SM; with 32, 96 KB and two CTAs, one's softmax beside the other's mma (H200,
+// bf16, causal, B = 1, H = 16: S = 4096 1.20 → 0.93 ms, S = 16384 16.3 → 11.5 ms).
+template <int D> constexpr int fwd_bn() { return D == 256 ? 32 : 64; }
 inline constexpr int kFwdWarps = 4;    // warps per CTA
 inline constexpr int kFwdThreads = 32 * kFwdWarps;
 
 // MT m16 tiles per warp: the CTA owns 64·MT rows. Shared memory: Q, 2 × (K, V).
-template <int D, int MT> constexpr int fwd_smem_bytes() { return (16 * MT * kFwdWarps + 4 * kFwdBN) * D * 2; }
+template <int D, int MT> constexpr int fwd_smem_bytes() { return (16 * MT * kFwdWarps + 4 * fwd_bn<D>()) * D * 2; }
 // CTAs per SM the register allocation must allow (smem: 96 / 80 KB at D = 128, 48 / 40 KB at 64;
 // D = 64 with two m16 tiles needs ~250 registers, so 2 CTAs; with one, 3 CTAs at ≤ 168).
-// D = 256 (MT = 1 only): 160 KB of shared memory, one CTA an SM.
-template <int D, int MT> constexpr int fwd_min_blocks() { return D == 256 ? 1 : D == 128 ? 2 : (MT == 2 ? 2 : 3); }
+// D = 256 (MT = 1 only, O is 128 registers): two CTAs with 32-key sub-tiles (96 KB each).
+template <int D, int MT> constexpr int fwd_min_blocks() {
+  return D == 256 ? (fwd_bn<D>() == 32 ? 2 : 1) : D == 128 ? 2 : (MT == 2 ? 2 : 3);
+}
 // Keys per online-softmax update within a 64-key sub-tile: 32 where the MT × 16 × 64 f32 score
 // tile would not fit in the registers next to O (D = 128 with two m16 tiles per warp).
 template <int D, int MT> constexpr int fwd_chunk() { return D * MT >= 256 ? 32 : 64; }
@@ -61,6 +66,7 @@ __global__ void __launch_bounds__(kFwdThreads, fwd_min_blocks<D, MT>()) flex_fwd
   constexpr int kBM = 16 * MT * kFwdWarps;
   extern __shared__ __align__(128) unsigned char fwd_smem[];
   T* sQ = reinterpret_cast<T*>(fwd_smem);
+  constexpr int kFwdBN = fwd_bn<D>();  // keys per sub-tile
   T* sK = sQ + kBM * D;          // 2 stages of [kFwdBN × D]
   T* sV = sK + 2 * kFwdBN * D;   // 2 stages of [kFwdBN × D]
   constexpr int kSteps = D / 16;   // k16 steps of Q·Kᵀ
@@ -255,7 +261,7 @@ bool flex_forward_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStrea
   if constexpr (std::is_void_v<CT>) {
     return false;
   } else {
-    if (!mma_layout_ok(p, 64, kFwdBN, /*head_dim_256=*/true)) return false;
+    if (!mma_layout_ok(p, 64, 64, /*head_dim_256=*/true)) return false;  // blocks multiples of 64
     if (p.E == 256 && current_context().max_shared_per_block < static_cast<size_t>(fwd_smem_bytes<256, 1>()))
       return false;
     if (p.B == 0 || p.Hq == 0 || p.L == 0) return true;  // nothing to write
