@@ -393,7 +393,10 @@ class Parser {
     double d = 0;
     auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
     if (p != text.data() + text.size()) error("bad number");
-    (void)ec;
+    // Out of a double's range (1e999, or 1e-999 below the smallest subnormal): an error, not the
+    // 0 that from_chars leaves (a config's clip = 1e999 used to turn clipping off).
+    if (ec == std::errc::result_out_of_range)
+      error("number " + std::string(text) + " is out of the range of a double");
     return Value(d);
   }
 

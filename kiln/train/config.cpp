@@ -1,11 +1,13 @@
 // Presets, config keys, the TOML subset parser and validation for `kiln train`.
 #include "kiln/train/config.h"
 
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "kiln/core/error.h"
 
@@ -229,6 +231,47 @@ void apply_config_json(TrainConfig& c, const json::Value& obj) {
   }
 }
 
+namespace {
+// A TOML number without its '_' separators: a decimal integer (no leading zeros: "010" is not 8
+// nor 10 in TOML), 0x / 0o / 0b integers, or a float (inf and nan included); nullopt when the
+// text is none of these; an error when it is one but does not fit (int64, or double's range).
+std::optional<json::Value> parse_toml_number(const std::string& num, const std::string& where) {
+  if (num.empty()) return std::nullopt;
+  const bool is_float = num.find_first_of(".eE") != std::string::npos || num.find("inf") != std::string::npos ||
+                        num.find("nan") != std::string::npos;
+  if (num.size() > 2 && num[0] == '0' && (num[1] == 'x' || num[1] == 'o' || num[1] == 'b')) {
+    const int base = num[1] == 'x' ? 16 : num[1] == 'o' ? 8 : 2;
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(num.data() + 2, num.data() + num.size(), v, base);
+    if (ec == std::errc::invalid_argument || p != num.data() + num.size()) return std::nullopt;
+    KILN_CHECK(ec == std::errc(), where, ": integer '", num, "' does not fit in 64 bits");
+    return json::Value(v);
+  }
+  if (is_float) {
+    size_t used = 0;
+    double d = 0;
+    try {
+      d = std::stod(num, &used);
+    } catch (const std::out_of_range&) {
+      fail(where, ": number '", num, "' is out of the range of a double");
+    } catch (...) {
+      return std::nullopt;
+    }
+    if (used != num.size()) return std::nullopt;
+    return json::Value(d);
+  }
+  const size_t digits = num[0] == '+' || num[0] == '-' ? 1 : 0;
+  if (num.size() == digits || num.find_first_not_of("0123456789", digits) != std::string::npos) return std::nullopt;
+  KILN_CHECK(!(num.size() > digits + 1 && num[digits] == '0'), where, ": integer '", num,
+             "' has a leading zero, which TOML does not allow (write it without, or 0x / 0o / 0b for other bases)");
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(num.data() + (num[0] == '+' ? 1 : 0), num.data() + num.size(), v);
+  if (ec == std::errc::invalid_argument || p != num.data() + num.size()) return std::nullopt;
+  KILN_CHECK(ec == std::errc(), where, ": integer '", num, "' does not fit in 64 bits");
+  return json::Value(v);
+}
+}  // namespace
+
 json::Value parse_toml(const std::string& text, const std::string& source) {
   json::Value root = json::Value::object();
   json::Value* table = &root;
@@ -290,19 +333,10 @@ json::Value parse_toml(const std::string& text, const std::string& source) {
       std::string num;
       for (char ch : val)
         if (ch != '_') num.push_back(ch);
-      size_t used = 0;
-      bool is_int = num.find_first_of(".eE") == std::string::npos || num.rfind("0x", 0) == 0;
-      try {
-        if (is_int) {
-          v = static_cast<int64_t>(std::stoll(num, &used, 0));
-        } else {
-          v = std::stod(num, &used);
-        }
-      } catch (...) {
-        used = 0;
-      }
-      KILN_CHECK(used == num.size() && used > 0, where(), ": value '", val,
+      std::optional<json::Value> n = parse_toml_number(num, where());
+      KILN_CHECK(n.has_value(), where(), ": value '", val,
                  "' is not a string, number or boolean (kiln reads a TOML subset)");
+      v = std::move(*n);
     }
     (*table)[key] = std::move(v);
   }
@@ -315,7 +349,17 @@ void apply_config_file(TrainConfig& c, const std::string& path) {
   KILN_CHECK(f.good(), "config: cannot open '", path, "'");
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   bool is_json = path.size() >= 5 && path.substr(path.size() - 5) == ".json";
-  apply_config_json(c, is_json ? json::parse(text) : parse_toml(text, path));
+  json::Value doc;
+  if (is_json) {
+    try {
+      doc = json::parse(text);
+    } catch (const Error& e) {
+      fail("config: ", path, ": ", e.what());  // the parser knows the byte, not the file
+    }
+  } else {
+    doc = parse_toml(text, path);
+  }
+  apply_config_json(c, doc);
 }
 
 }  // namespace kiln::train

@@ -172,4 +172,16 @@ TEST(Json, ParsesStrictlyAndWrites) {
   EXPECT_THROW(json::parse("\"\xff\""), Error);
   EXPECT_THROW(json::parse(std::string(100, '[') + std::string(100, ']')), Error);
   EXPECT_THROW(json::parse("{} x"), Error);
+  // Numbers past a double's range are errors, not the 0 that from_chars leaves in place (a
+  // config's "clip": 1e999 used to turn clipping off); int64's overflow still becomes a double.
+  for (const char* text : {R"({"clip": 1e999})", "-1e999", "1e-999"}) {
+    try {
+      json::parse(text);
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is out of the range of a double"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_DOUBLE_EQ(json::parse("1e308").as_double(), 1e308);
+  EXPECT_DOUBLE_EQ(json::parse("18446744073709551616").as_double(), 18446744073709551616.0);
 }

@@ -2,6 +2,8 @@
 // and resumption, the TOML subset, presets and clear errors for bad values.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 
@@ -157,6 +159,25 @@ TEST(Config, TomlSubset) {
   expect_error([] { train::parse_toml("a = [1, 2]"); }, "config:1");
   expect_error([] { train::parse_toml("x = 1\nx = 2"); }, "defined twice");
   expect_error([] { train::parse_toml("just text"); }, "expected 'key = value'");
+  // Integers as TOML has them: decimal without leading zeros ("010" was read as octal 8), the
+  // 0x / 0o / 0b bases, signs; out-of-range numbers are errors, not 0 or a wrapped value.
+  json::Value n = train::parse_toml("a = 0x1F\nb = 0o17\nc = 0b101\nd = -42\ne = +7\nf = 0\ng = -0\nh = inf\n");
+  EXPECT_EQ(n.find("a")->as_int(), 31);
+  EXPECT_EQ(n.find("b")->as_int(), 15);
+  EXPECT_EQ(n.find("c")->as_int(), 5);
+  EXPECT_EQ(n.find("d")->as_int(), -42);
+  EXPECT_EQ(n.find("e")->as_int(), 7);
+  EXPECT_EQ(n.find("f")->as_int(), 0);
+  EXPECT_EQ(n.find("g")->as_int(), 0);
+  EXPECT_TRUE(std::isinf(n.find("h")->as_double()));
+  expect_error([] { train::parse_toml("steps = 010"); }, "config:1: integer '010' has a leading zero");
+  expect_error([] { train::parse_toml("steps = -007"); }, "leading zero");
+  expect_error([] { train::parse_toml("steps = 9223372036854775808"); }, "does not fit in 64 bits");
+  expect_error([] { train::parse_toml("x = 0xFFFFFFFFFFFFFFFFF"); }, "does not fit in 64 bits");
+  expect_error([] { train::parse_toml("clip = 1e999"); }, "number '1e999' is out of the range of a double");
+  expect_error([] { train::parse_toml("x = 0x"); }, "is not a string, number or boolean");
+  expect_error([] { train::parse_toml("x = 12abc"); }, "is not a string, number or boolean");
+  expect_error([] { train::parse_toml("x = +"); }, "is not a string, number or boolean");
 }
 
 TEST(Config, FileFlagsAndValidation) {
@@ -172,6 +193,9 @@ TEST(Config, FileFlagsAndValidation) {
   EXPECT_EQ(c.batch, 3);
   EXPECT_EQ(c.layers, 1);
   expect_error([&] { train::apply_config_file(c, d.string()); }, "is a directory, not a TOML or JSON file");
+  std::ofstream(d / "huge.json") << R"({"clip": 1e999})";  // was read as clip = 0: clipping off
+  expect_error([&] { train::apply_config_file(c, (d / "huge.json").string()); },
+               "huge.json: JSON: number 1e999 is out of the range of a double");
   expect_error([&] { train::set_config_value(c, "stepz", json::Value(int64_t{1})); }, "unknown key 'stepz'");
   expect_error([&] { train::set_config_value(c, "steps", json::Value("many")); }, "key 'steps'");
   train::TrainConfig bad = train::preset("tiny");
