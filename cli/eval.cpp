@@ -35,6 +35,11 @@ int run_eval(const Args& args) {
   KILN_CHECK(!ckpt.empty(), "--ckpt is required");
   KILN_CHECK(data.empty() != ids_text.empty(), "give exactly one of --data and --ids");
   KILN_CHECK(ids_text.empty() || !logits_out.empty(), "--ids needs --logits-out FILE");
+  KILN_CHECK(logits_out.empty() || !ids_text.empty(),
+             "--logits-out writes the logits of --ids; with --data it has nothing to write (give --ids instead, "
+             "or leave --logits-out out)");
+  KILN_CHECK(ids_text.empty() || (ids_text.back() != ',' && ids_text.front() != ','),
+             "--ids: an empty item in '", ids_text, "' (a comma at its start or end)");
   KILN_CHECK(max_batches >= 0, "--max-batches must be >= 0 (0: the whole text), got ", max_batches);
   const Device dev = Device::parse(device);
   check_device_available(dev, "eval");

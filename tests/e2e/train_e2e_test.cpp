@@ -136,6 +136,14 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   EXPECT_NE(over.output.find("is the checkpoint's own model.safetensors"), std::string::npos) << over.output;
   EXPECT_EQ(fs::file_size(weights), weights_bytes);
   std::ofstream(out / "held_out.txt") << "kiln trains language models. kiln trains language models again.";
+  // --logits-out with --data was accepted and wrote nothing; an --ids list ending in a comma was taken
+  CliRun lo = run_cli("eval --seq 16 --ckpt " + out.string() + " --data " + (out / "held_out.txt").string() +
+                      " --logits-out " + (out / "lo.safetensors").string());
+  EXPECT_EQ(lo.status, 1) << lo.output;
+  EXPECT_NE(lo.output.find("--logits-out writes the logits of --ids"), std::string::npos) << lo.output;
+  CliRun comma = run_cli("eval --ckpt " + out.string() + " --ids 1,2, --logits-out " + (out / "c.safetensors").string());
+  EXPECT_EQ(comma.status, 1) << comma.output;
+  EXPECT_NE(comma.output.find("--ids: an empty item in '1,2,'"), std::string::npos) << comma.output;
   CliRun ev = run_cli("eval --json --seq 16 --ckpt " + out.string() + " --data " + (out / "held_out.txt").string());
   ASSERT_EQ(ev.status, 0) << ev.output;
   json::Value evj = json::parse(ev.output);
