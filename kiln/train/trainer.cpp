@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <new>
 #include <optional>
 
@@ -205,6 +206,19 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   int64_t window_tokens = 0;
   double tps = 0;
   model.train();
+  // A run whose loss is no longer finite has diverged (--lr far too high, bad data): after
+  // kMaxNonFiniteSteps skipped steps in a row it stops with an error, saving nothing more (the
+  // parameters may no longer be finite; the last interval checkpoint stays), and a run whose
+  // last step is not finite ends with an error after its checkpoint, instead of "done".
+  constexpr int kMaxNonFiniteSteps = 10;
+  int non_finite_steps = 0;
+  auto diverged = [&](const char* what, double loss) {
+    std::ostringstream m;
+    m << "train: " << what << " (loss " << loss << ", " << non_finite_steps
+      << " non-finite step(s) in a row up to step " << step << "): training diverged; lower --lr (it is " << cfg.lr
+      << ") or check the data";
+    return m.str();
+  };
   while (step < cfg.steps) {
     const double lr = sched.lr_at(step);
     opt.set_lr(lr);
@@ -287,6 +301,11 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     const double eta = (cfg.steps - step) * run_s / std::max<int64_t>(step - sum.start_step, 1);
     progress.update(step, loss, tps, eta, mem, eval_loss);
     if (skipped) progress.message("warning: non-finite gradient norm at step " + std::to_string(step) + ", step skipped");
+    non_finite_steps = skipped || !std::isfinite(loss) ? non_finite_steps + 1 : 0;
+    if (non_finite_steps >= kMaxNonFiniteSteps) {
+      progress.finish();
+      fail(diverged("stopped: no step has had a finite gradient norm for a while", loss));
+    }
     if (prof && step == sum.start_step + 1 && cfg.steps > step) {
       prof->reset();
       prof_from = step;
@@ -321,6 +340,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     std::ofstream svg(fs::path(cfg.out) / "loss.svg");
     svg << loss_curve_svg(curves_from_metrics(metrics.path()), "kiln train: " + cfg.preset + " preset");
   }
+  KILN_CHECK(non_finite_steps == 0, diverged("the last step was not finite; its checkpoint was saved anyway",
+                                             sum.final_loss));
   if (cfg.sample_tokens > 0 && !sum.interrupted) {
     model.eval();
     std::string prompt = cfg.prompt.empty() ? "kiln " : cfg.prompt;

@@ -40,6 +40,29 @@ TEST(Train, StopFlagCheckpointsAndExits) {
   fs::remove_all(out);
 }
 
+// A diverged run (an absurd --lr) is an error, not "done" with loss nan and exit status 0: a
+// short run ends with one after its checkpoint, a long one stops after 10 non-finite steps.
+TEST(Train, DivergedRunIsAnError) {
+  for (int64_t steps : {3, 40}) {
+    SCOPED_TRACE(testing::Message() << "steps=" << steps);
+    fs::path out = temp_dir("diverge");
+    train::TrainConfig c = tiny_run(out, steps);
+    c.lr = 1e30;
+    try {
+      train::run_training(c, quiet());
+      ADD_FAILURE() << "a diverged run returned normally";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("training diverged; lower --lr"), std::string::npos) << m;
+      EXPECT_NE(m.find(steps == 3 ? "the last step was not finite" : "10 non-finite step(s) in a row"),
+                std::string::npos)
+          << m;
+    }
+    if (steps == 3) EXPECT_EQ(train::find_checkpoint(out.string()), (out / "step-3").string());
+    fs::remove_all(out);
+  }
+}
+
 TEST(Checkpoint, RoundTripInHuggingFaceLayout) {
   fs::path d = temp_dir("ckpt");
   nn::LlamaConfig c = train::preset("tiny").model_config(259);
