@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <vector>
 
 #include "kiln/core/error.h"
 #include "kiln/io/file.h"
@@ -77,6 +78,7 @@ class TorchReader {
       }
     }
     KILN_CHECK(pkl != nullptr, path_, ": zip archive without a data.pkl: not a PyTorch checkpoint written by torch.save");
+    verify_checksums();
     prefix_ = pkl->name.substr(0, pkl->name.size() - 8);  // "archive/" (or "")
     if (const ZipEntry* bo = find(prefix_ + "byteorder")) {
       std::string_view order = entry_bytes(*bo);
@@ -96,6 +98,22 @@ class TorchReader {
   }
 
  private:
+  // Every stored entry's bytes against the CRC-32 its directory records, as Python's zipfile
+  // does: a flipped bit in a tensor's data is an error naming the entry, not a silently wrong
+  // value. In parallel over the entries (each read once, ~2 GB/s a core).
+  void verify_checksums() const {
+    std::vector<std::pair<const ZipEntry*, std::string_view>> stored;
+    for (const auto& e : entries_)
+      if (e.method == 0 && e.compressed_size == e.size) stored.emplace_back(&e, file_->bytes(e.data_offset, e.size));
+    std::vector<uint32_t> computed(stored.size());
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t i = 0; i < static_cast<int64_t>(stored.size()); ++i)
+      computed[static_cast<size_t>(i)] = crc32(stored[static_cast<size_t>(i)].second);
+    for (size_t i = 0; i < stored.size(); ++i)
+      KILN_CHECK(computed[i] == stored[i].first->crc32, path_, ": zip entry '", stored[i].first->name,
+                 "' fails its CRC-32 check (the directory records ", stored[i].first->crc32, ", its bytes give ",
+                 computed[i], "): the file is damaged");
+  }
   const ZipEntry* find(const std::string& name) const {
     for (const auto& e : entries_)
       if (e.name == name) return &e;

@@ -3,6 +3,7 @@
 #include "kiln/io/zip.h"
 
 #include <algorithm>
+#include <array>
 
 #include "kiln/core/error.h"
 
@@ -71,6 +72,7 @@ std::vector<ZipEntry> read_zip_directory(std::string_view bytes, std::string_vie
     KILN_CHECK(c.le(at, 4, "directory entry") == kCentral, what, ": zip directory entry ", k, " has a bad signature");
     ZipEntry e;
     e.method = static_cast<uint16_t>(c.le(at + 10, 2, "method"));
+    e.crc32 = static_cast<uint32_t>(c.le(at + 16, 4, "crc-32"));
     e.compressed_size = c.le(at + 20, 4, "compressed size");
     e.size = c.le(at + 24, 4, "size");
     const uint64_t name_len = c.le(at + 28, 2, "name length"), extra_len = c.le(at + 30, 2, "extra length"),
@@ -106,6 +108,32 @@ std::vector<ZipEntry> read_zip_directory(std::string_view bytes, std::string_vie
     at += 46 + name_len + extra_len + comment_len;
   }
   return out;
+}
+
+uint32_t crc32(std::string_view bytes, uint32_t crc) {
+  // Slicing by 8: table[k][b] is the CRC of byte b followed by k zero bytes (~2 GB/s a core).
+  static const auto tables = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
+    for (uint32_t b = 0; b < 256; ++b) {
+      uint32_t c = b;
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+      t[0][b] = c;
+    }
+    for (uint32_t b = 0; b < 256; ++b)
+      for (size_t k = 1; k < 8; ++k) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFF];
+    return t;
+  }();
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  size_t n = bytes.size();
+  crc = ~crc;
+  while (n >= 8) {
+    const uint32_t lo = crc ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
+    crc = tables[7][lo & 0xFF] ^ tables[6][(lo >> 8) & 0xFF] ^ tables[5][(lo >> 16) & 0xFF] ^ tables[4][lo >> 24] ^
+          tables[3][p[4]] ^ tables[2][p[5]] ^ tables[1][p[6]] ^ tables[0][p[7]];
+    p += 8, n -= 8;
+  }
+  while (n--) crc = (crc >> 8) ^ tables[0][(crc ^ *p++) & 0xFF];
+  return ~crc;
 }
 
 }  // namespace kiln::io

@@ -7,6 +7,7 @@
 
 #include "kiln/io/load.h"
 #include "kiln/io/torch_pt.h"
+#include "kiln/io/zip.h"
 #include "tests/io/io_test_util.h"
 
 namespace kiln::io {
@@ -29,7 +30,7 @@ std::string make_zip(const std::vector<std::pair<std::string, std::string>>& ent
     extra.append(pad, 'Z');
     put_le(out, 0x04034b50, 4);
     put_le(out, 20, 2); put_le(out, 0, 2); put_le(out, 0, 2); put_le(out, 0, 4);
-    put_le(out, 0, 4); put_le(out, data.size(), 4); put_le(out, data.size(), 4);
+    put_le(out, crc32(data), 4); put_le(out, data.size(), 4); put_le(out, data.size(), 4);
     put_le(out, name.size(), 2); put_le(out, extra.size(), 2);
     out += name + extra + data;
     std::string cextra;
@@ -38,7 +39,8 @@ std::string make_zip(const std::vector<std::pair<std::string, std::string>>& ent
       put_le(cextra, data.size(), 8); put_le(cextra, data.size(), 8); put_le(cextra, local, 8);
     }
     put_le(cd, 0x02014b50, 4);
-    put_le(cd, 45, 2); put_le(cd, 45, 2); put_le(cd, 0, 2); put_le(cd, 0, 2); put_le(cd, 0, 4); put_le(cd, 0, 4);
+    put_le(cd, 45, 2); put_le(cd, 45, 2); put_le(cd, 0, 2); put_le(cd, 0, 2); put_le(cd, 0, 4);
+    put_le(cd, crc32(data), 4);
     put_le(cd, zip64 ? 0xFFFFFFFF : data.size(), 4); put_le(cd, zip64 ? 0xFFFFFFFF : data.size(), 4);
     put_le(cd, name.size(), 2); put_le(cd, cextra.size(), 2); put_le(cd, 0, 2);
     put_le(cd, 0, 2); put_le(cd, 0, 2); put_le(cd, 0, 4); put_le(cd, zip64 ? 0xFFFFFFFF : local, 4);
@@ -209,6 +211,20 @@ TEST(TorchPt, MalformedArchivesAreErrors) {
   // A zip that is not a torch checkpoint.
   write_bytes(dir.file("z.pt"), make_zip({{"readme.txt", "hi"}}, false));
   expect_refused(dir.file("z.pt"), "without a data.pkl");
+  // A flipped bit in a tensor's data (or in the pickle) fails the entry's CRC-32, naming it;
+  // it used to load (and convert) silently with the wrong value.
+  {
+    const std::string data0 = "archive/data/0";
+    std::string flipped = good;
+    const size_t at = flipped.find(f32_bytes({1.0f}));  // the first stored value of archive/data/0
+    ASSERT_NE(at, std::string::npos);
+    flipped[at + 3] = static_cast<char>(flipped[at + 3] ^ 0x01);
+    write_bytes(dir.file("flip.pt"), flipped);
+    expect_refused(dir.file("flip.pt"), "zip entry '" + data0 + "' fails its CRC-32 check");
+    EXPECT_EQ(crc32("123456789"), 0xCBF43926u);  // the standard check value of CRC-32 (IEEE)
+    EXPECT_EQ(crc32(""), 0u);
+    EXPECT_EQ(crc32("56789", crc32("1234")), 0xCBF43926u);  // continued
+  }
   // Every truncation of a good file is an error or a valid load, never a crash.
   for (size_t n = 0; n < good.size(); n += 37) {
     write_bytes(dir.file("cut.pt"), good.substr(0, n));
