@@ -1,6 +1,7 @@
 // `kiln train`: builds a TrainConfig from a preset, an optional config file and flags, runs
 // the training loop with a Ctrl-C handler (the first Ctrl-C asks the loop to checkpoint and
 // stop; a second one exits at once), and prints a summary and a generated sample.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -114,13 +115,35 @@ int run_train(const Args& args) {
     std::string ck = train::find_checkpoint(c.resume);
     KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'");
     const json::Value saved = *train::read_trainer_state(ck).find("config");
-    for (const char* key : {"steps", "max_time", "eval_every", "ckpt_every", "log_every", "keep_ckpts",
-                            "sample_tokens", "prompt"}) {
-      std::string flag = std::string("--") + key;
+    auto flag_of = [](const std::string& key) {
+      std::string flag = "--" + (key == "sample" ? std::string("sample-mode") : key);
       for (char& ch : flag)
         if (ch == '_') ch = '-';
-      if (!p.given(flag) && saved.find(key)) train::set_config_value(c, key, *saved.find(key));
+      return flag;
+    };
+    const std::vector<std::string> may_change = {"steps",     "max_time",   "eval_every",    "ckpt_every",
+                                                 "log_every", "keep_ckpts", "sample_tokens", "prompt"};
+    for (const auto& key : may_change)
+      if (!p.given(flag_of(key)) && saved.find(key)) train::set_config_value(c, key, *saved.find(key));
+    // The other settings are the run's: a flag that would change one was dropped without a word
+    // (--lr 0.5 trained on at the saved lr). Flags that repeat the saved value are fine.
+    KILN_CHECK(!p.given("--config"), "--resume continues a run with its saved settings, so --config does not apply; "
+               "give the settings a resumed run may change as flags");
+    std::string differ;
+    for (const auto& [key, value] : c.to_json().as_object()) {
+      const std::string flag = flag_of(key);
+      if (key == "out" || !p.given(flag) || std::find(may_change.begin(), may_change.end(), key) != may_change.end())
+        continue;
+      const json::Value* was = saved.find(key);
+      if (was && was->dump() == value.dump()) continue;
+      differ += (differ.empty() ? "" : ", ") + flag + " " + value.dump() + " (the run has " +
+                (was ? was->dump() : std::string("none")) + ")";
     }
+    std::string changeable;
+    for (const auto& key : may_change) changeable += (changeable.empty() ? "" : ", ") + flag_of(key);
+    KILN_CHECK(differ.empty(), "--resume continues a run with its saved settings, which these flags would change: ",
+               differ, ". Drop them, or start a new run with another --out; a resumed run may change ", changeable,
+               " and --out");
     if (!p.given("--out"))
       c.out = ck == c.resume || ck == std::filesystem::path(c.resume).lexically_normal().string()
                   ? std::filesystem::path(ck).parent_path().string()

@@ -156,8 +156,22 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
       << neg.output;
   for (const auto& f : fs::directory_iterator(out))  // eval caches tokens in the temp dir, not next to the text
     EXPECT_NE(f.path().filename().string().rfind("tokens-", 0), 0u) << f.path();
-  // resume the run directory (no --out: it continues there) for two more steps
-  CliRun rr = run_cli("train --resume " + out.string() + " --steps 8 --sample-tokens 0");
+  // a flag that would change a saved setting is an error (it was dropped without a word);
+  // one that repeats it is fine
+  CliRun lr = run_cli("train --resume " + out.string() + " --steps 8 --lr 0.5 --hidden 128 --sample-tokens 0");
+  EXPECT_EQ(lr.status, 1) << lr.output;
+  EXPECT_NE(lr.output.find("which these flags would change: --hidden 128 (the run has 64), --lr 0.5 (the run has "
+                           "0.003)"),
+            std::string::npos)
+      << lr.output;
+  std::ofstream(out / "more.toml") << "lr = 0.1\n";
+  CliRun cfg = run_cli("train --resume " + out.string() + " --config " + (out / "more.toml").string());
+  EXPECT_EQ(cfg.status, 1) << cfg.output;
+  EXPECT_NE(cfg.output.find("so --config does not apply"), std::string::npos) << cfg.output;
+  EXPECT_EQ(metric_lines(out, "lr").size(), 6u);  // neither ran a step
+  // resume the run directory (no --out: it continues there) for two more steps, repeating a
+  // saved setting
+  CliRun rr = run_cli("train --resume " + out.string() + " --steps 8 --sample-tokens 0 --preset tiny");
   ASSERT_EQ(rr.status, 0) << rr.output;
   EXPECT_EQ(metric_lines(out, "lr").size(), 8u);
   EXPECT_EQ(train::find_checkpoint(out.string()), (out / "step-8").string());
