@@ -44,11 +44,16 @@ int run_generate(const Args& args) {
   if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
   for (int32_t t : tok->encode(prompt)) ids.push_back(t);
   o.eos_id = tok->eos_id();
+  const int64_t context = model->config.max_position_embeddings;
+  if (static_cast<int64_t>(ids.size()) >= context && context >= 2)
+    std::fprintf(stderr, "note: the prompt's %zu tokens do not fit the model's context of %lld positions; "
+                 "generating from its last %lld\n", ids.size(), static_cast<long long>(context),
+                 static_cast<long long>(context - 1));
   std::printf("%s", prompt.c_str());
   std::fflush(stdout);
   // Decode the growing suffix so multi-byte characters and pieces print whole.
   std::vector<int32_t> pending;
-  nn::generate(*model, ids, o, [&](int32_t t) {
+  const std::vector<int32_t> out = nn::generate(*model, ids, o, [&](int32_t t) {
     if (t == tok->eos_id()) return;
     pending.push_back(t);
     std::string s = tok->decode(pending);
@@ -59,6 +64,9 @@ int run_generate(const Args& args) {
   });
   if (!pending.empty()) std::printf("%s", tok->decode(pending).c_str());
   std::printf("\n");
+  if (static_cast<int64_t>(out.size()) < max_tokens && (out.empty() || out.back() != tok->eos_id()))
+    std::fprintf(stderr, "note: stopped after %zu of --max-tokens %lld: the model's context of %lld positions is full\n",
+                 out.size(), static_cast<long long>(max_tokens), static_cast<long long>(context));
   return 0;
 }
 

@@ -59,6 +59,8 @@ std::vector<int32_t> generate(const LlamaForCausalLM& model, const std::vector<i
   KILN_CHECK(!prompt_in.empty(), "generate: the prompt has no tokens");
   o.validate();
   const int64_t limit = model.config.max_position_embeddings;
+  KILN_CHECK(limit >= 2, "generate: the model's context (max_position_embeddings=", limit,
+             ") leaves no position for a new token after the prompt");
   std::vector<int32_t> prompt = prompt_in;
   if (static_cast<int64_t>(prompt.size()) >= limit) prompt.erase(prompt.begin(), prompt.end() - (limit - 1));
   const Device dev = model.lm_head_weight().device();

@@ -23,6 +23,8 @@ struct GenerateOptions {
 };
 
 // Returns the new tokens (not the prompt). `on_token` (optional) sees each as it is sampled.
+// A prompt of max_position_embeddings tokens or more keeps its last max_position_embeddings − 1;
+// generation stops early when the context is full (fewer than max_new_tokens come back).
 std::vector<int32_t> generate(const LlamaForCausalLM& model, const std::vector<int32_t>& prompt,
                               const GenerateOptions& options, const std::function<void(int32_t)>& on_token = nullptr);
 

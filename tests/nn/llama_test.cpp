@@ -335,6 +335,32 @@ TEST(Generate, SameSeedSameTokens) {
   EXPECT_EQ(c, streamed);
 }
 
+// The context bounds generation: a prompt longer than it keeps its last max_position − 1 tokens,
+// generation stops when the context is full (the last token sampled from a full one), and a context of 1 (no room after any prompt) is an
+// error that says so (it was "select: index -1 out of range").
+TEST(Generate, TheContextBoundsPromptAndOutput) {
+  LlamaConfig c = tiny_config();
+  c.max_position_embeddings = 8;
+  LlamaForCausalLM m(c, 9);
+  GenerateOptions o;
+  o.max_new_tokens = 100;
+  o.temperature = 0;
+  // 3 prompt positions + 5 fed back = 8; the 6th token is sampled from a full context
+  EXPECT_EQ(generate(m, {1, 2, 3}, o).size(), 6u);
+  EXPECT_EQ(generate(m, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, o).size(), 2u);  // its last 7, then 1 fed back
+  EXPECT_EQ(generate(m, {4, 5, 6, 7, 8, 9, 10}, o), generate(m, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, o));
+  c.max_position_embeddings = 1;
+  LlamaForCausalLM one(c, 9);
+  try {
+    generate(one, {1}, o);
+    ADD_FAILURE() << "no error for a context of 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_position_embeddings=1) leaves no position for a new token"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(MixedPrecision, Bf16LinearMatchesF32) {
   // bf16 forward copies of f32 weights (kiln train --dtype bf16) need bf16 linear/matmul with
   // transposed operands to agree with f32 (this caught a CPU gemm layout bug).
