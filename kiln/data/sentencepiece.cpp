@@ -24,7 +24,9 @@ class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
     auto st = sp_.Load(path);
-    KILN_CHECK(st.ok(), "tokenizer: cannot load SentencePiece model '", path, "': ", st.ToString());
+    KILN_CHECK(st.ok(), "tokenizer: '", path,
+               "' is not a SentencePiece model (a .model file from kiln tokenizer train or SentencePiece); "
+               "SentencePiece says: ", st.ToString());
     std::ifstream f(path, std::ios::binary);
     bytes_.assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   }
@@ -89,6 +91,15 @@ void train_sentencepiece(const std::vector<std::string>& files, const SentencePi
   KILN_CHECK(o.model_type == "bpe" || o.model_type == "unigram", "tokenizer train: --model-type '", o.model_type,
              "' is not one of: bpe, unigram");
   KILN_CHECK(!o.output_prefix.empty(), "tokenizer train: --out must not be empty");
+  {  // the prefix names files PREFIX.model and PREFIX.vocab: it must have a name, in a folder that exists
+    const std::filesystem::path prefix(o.output_prefix);
+    KILN_CHECK(!prefix.filename().empty() && !std::filesystem::is_directory(prefix), "tokenizer train: --out '",
+               o.output_prefix, "' is a folder; give a file prefix in it, e.g. '",
+               (prefix / "tokenizer").lexically_normal().string(), "' (writes tokenizer.model and tokenizer.vocab)");
+    const std::filesystem::path parent = prefix.parent_path().empty() ? "." : prefix.parent_path();
+    KILN_CHECK(std::filesystem::is_directory(parent), "tokenizer train: --out '", o.output_prefix, "': folder '",
+               parent.string(), "' does not exist");
+  }
   std::string input;
   for (const auto& f : files) {
     KILN_CHECK(std::filesystem::is_regular_file(f), "tokenizer train: '", f, "' is not a file");
@@ -103,6 +114,10 @@ void train_sentencepiece(const std::vector<std::string>& files, const SentencePi
       {"model_type", o.model_type}, {"byte_fallback", "true"}, {"character_coverage", "1.0"},
       {"bos_id", "1"}, {"eos_id", "2"}, {"unk_id", "0"}, {"pad_id", "-1"}, {"minloglevel", "2"}};
   auto st = sentencepiece::SentencePieceTrainer::Train(args);
+  // Its one common failure, said in kiln's words (its message is a source line and an assertion).
+  KILN_CHECK(st.ok() || st.ToString().find("sentences_.empty()") == std::string::npos,
+             "tokenizer train: the text has no line SentencePiece can learn from: it skips empty lines and lines "
+             "longer than 4192 bytes (split long lines)");
   KILN_CHECK(st.ok(), "tokenizer train: SentencePiece failed: ", st.ToString());
 }
 

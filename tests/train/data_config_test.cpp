@@ -61,6 +61,21 @@ TEST(Tokenizer, SentencePieceTrainsOnPathsWithSpaces) {
   expect_error([&] { data::train_sentencepiece({(d / "a,b.txt").string()}, o); }, "has a comma");
   o.output_prefix = "";
   expect_error([&] { data::train_sentencepiece({(d / "my corpus.txt").string()}, o); }, "--out must not be empty");
+  // SentencePiece's own messages were a source line and an assertion, or the wrong label
+  // ("Permission denied" for a missing folder); an --out folder wrote hidden '.model' / '.vocab'.
+  const std::string corpus = (d / "my corpus.txt").string();
+  o.output_prefix = (d / "no such dir" / "sp").string();
+  expect_error([&] { data::train_sentencepiece({corpus}, o); }, "sp': folder '");
+  expect_error([&] { data::train_sentencepiece({corpus}, o); }, "' does not exist");
+  o.output_prefix = (d / "out dir").string() + "/";
+  expect_error([&] { data::train_sentencepiece({corpus}, o); }, "is a folder; give a file prefix in it");
+  o.output_prefix = (d / "out dir").string();
+  expect_error([&] { data::train_sentencepiece({corpus}, o); }, "is a folder; give a file prefix in it");
+  o.output_prefix = (d / "out dir" / "sp2").string();
+  std::ofstream(d / "empty.txt") << "";
+  expect_error([&] { data::train_sentencepiece({(d / "empty.txt").string()}, o); },
+               "the text has no line SentencePiece can learn from");
+  expect_error([&] { data::load_tokenizer(corpus); }, "is not a SentencePiece model");
   fs::remove_all(d);
 }
 
