@@ -71,7 +71,10 @@ int run_bench_attention(const Args& args) {
               "flex's CUDA kernels: auto (the fastest that applies), hopper, sm80 or simt (an error where they do not apply)")
       .flag("--backward", &backward, "time forward + backward, and the backward alone (bwd_ms_median)");
   if (!p.parse(args)) return 0;
-  KILN_CHECK(B >= 1 && H >= 1 && S >= 1 && D >= 1 && iters >= 1 && warmup >= 0, "bench attention: sizes must be positive");
+  KILN_CHECK(B >= 1 && H >= 1 && S >= 1 && D >= 1, "bench attention: --batch, --heads, --seq and --head-dim must be "
+             "positive, got ", B, ", ", H, ", ", S, ", ", D);
+  KILN_CHECK(iters >= 1 && warmup >= 0, "bench attention: --iters must be >= 1 and --warmup >= 0, got ", iters, " and ",
+             warmup);
   const Device dev = Device::parse(device_s);
   check_device_available(dev, "bench attention");
   const DType dt = parse_dtype(dtype_s);

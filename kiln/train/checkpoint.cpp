@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -48,6 +49,19 @@ json::Value read_trainer_state(const std::string& ckpt_dir) {
   for (const char* key : {"step", "sampler_position", "tokens_seen", "elapsed_s", "config", "optimizer"})
     KILN_CHECK(st.contains(key), "resume: ", path.string(), " has no '", key,
                "' (not a trainer state written by kiln train)");
+  // The counters a resume restores: non-negative integers (elapsed_s a non-negative number), so
+  // that a damaged file is named here instead of as "value: expected an integer" mid-resume or,
+  // for a negative sampler position, taken.
+  for (const char* key : {"step", "sampler_position", "tokens_seen"}) {
+    const json::Value* v = st.find(key);
+    KILN_CHECK(v->is_integer() && v->as_int() >= 0, "resume: ", path.string(), ": '", key, "' is ", v->dump(),
+               ", not a count (a non-negative integer)");
+  }
+  const json::Value* e = st.find("elapsed_s");
+  KILN_CHECK(e->is_number() && e->as_double() >= 0 && std::isfinite(e->as_double()), "resume: ", path.string(),
+             ": 'elapsed_s' is ", e->dump(), ", not a number of seconds >= 0");
+  KILN_CHECK(st.find("config")->is_object() && st.find("optimizer")->is_object(), "resume: ", path.string(),
+             ": 'config' and 'optimizer' must be objects");
   return st;
 }
 

@@ -82,6 +82,7 @@ void TrainConfig::validate() const {
   pos("accum", accum);
   pos("log_every", log_every);
   KILN_CHECK(eval_every >= 0, "config: eval_every=", eval_every, " must be >= 0 (0: never)");
+  KILN_CHECK(telemetry_every >= 0, "config: telemetry_every=", telemetry_every, " must be >= 0 (0: never)");
   KILN_CHECK(ckpt_every >= 0, "config: ckpt_every=", ckpt_every, " must be >= 0 (0: only at the end)");
   KILN_CHECK(eval_batches > 0, "config: eval_batches=", eval_batches, " must be positive");
   KILN_CHECK(keep_ckpts >= 1, "config: keep_ckpts=", keep_ckpts, " must be at least 1");
@@ -323,7 +324,11 @@ json::Value parse_toml(const std::string& text, const std::string& source) {
     json::Value v;
     if (val.front() == '"') {
       KILN_CHECK(val.size() >= 2 && val.back() == '"', where(), ": unterminated string");
-      v = json::parse(val);  // TOML basic strings use JSON's escapes
+      try {
+        v = json::parse(val);  // TOML basic strings use JSON's escapes
+      } catch (const Error& e) {
+        fail(where(), ": string value of '", key, "': ", e.what());
+      }
     } else if (val.front() == '\'') {
       KILN_CHECK(val.size() >= 2 && val.back() == '\'', where(), ": unterminated string");
       v = val.substr(1, val.size() - 2);

@@ -169,6 +169,12 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
                   : ("resumed at step " + std::to_string(step)).c_str());
     progress.message(buf);
   }
+  if (!val_sampler && cfg.eval_every > 0) {  // --eval-every asked for evals that cannot run
+    std::ostringstream m;
+    m << "note: no validation text (--val-fraction " << cfg.val_fraction << " of this text), so no eval runs: "
+      << "--eval-every " << cfg.eval_every << " is ignored";
+    progress.message(m.str());
+  }
 
   const auto t0 = Clock::now();
   auto save = [&](const std::string& why) {

@@ -29,14 +29,14 @@ namespace {
 using test::temp_dir;
 using test::tiny_run;
 
+// "step:value" of `key` for each metrics line that has it.
 std::vector<std::string> metric_lines(const fs::path& out, const std::string& key) {
   std::vector<std::string> v;
   std::ifstream f(out / "metrics.jsonl");
   std::string line;
   while (std::getline(f, line)) {
     json::Value j = json::parse(line);
-    std::string s = std::to_string(j.find("step")->as_int()) + ":" + j.find(key)->dump();
-    v.push_back(s);
+    if (const json::Value* x = j.find(key)) v.push_back(std::to_string(j.find("step")->as_int()) + ":" + x->dump());
   }
   return v;
 }
@@ -185,6 +185,21 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   fs::remove_all(out);
 }
 
+TEST(TrainCli, EvalWithoutValidationTextSaysSo) {
+  // --val-fraction 0 with --eval-every 1 ran no eval and said nothing
+  fs::path out = temp_dir("noval");
+  CliRun r = run_cli("train --preset tiny --steps 2 --val-fraction 0 --eval-every 1 --sample-tokens 0 --out " +
+                     out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("note: no validation text (--val-fraction 0 of this text), so no eval runs: --eval-every 1 "
+                          "is ignored"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(metric_lines(out, "loss").size(), 2u);
+  EXPECT_EQ(metric_lines(out, "eval_loss").size(), 0u);
+  fs::remove_all(out);
+}
+
 TEST(TrainCli, BadValuesGiveClearMessages) {
   CliRun r = run_cli("train --lr -1 --steps 1 --out /nonexistent/x");
   EXPECT_EQ(r.status, 1);
@@ -233,6 +248,21 @@ TEST(TrainCli, ResumeFromAForeignTrainerStateIsAnError) {
   train::TrainConfig c = tiny_run(d / "run", 3);
   c.resume = (d / "ck").string();
   EXPECT_THROW(train::run_training(c, quiet()), Error);
+  // kiln's keys with damaged values: named with the file, not "value: expected an integer"
+  // (a string) or taken (a negative sampler position)
+  for (const auto& [state, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"step": 2, "sampler_position": 0, "tokens_seen": "x", "elapsed_s": 1, "config": {}, "optimizer": {}})",
+            "'tokens_seen' is \"x\", not a count"},
+           {R"({"step": 2, "sampler_position": -1, "tokens_seen": 0, "elapsed_s": 1, "config": {}, "optimizer": {}})",
+            "'sampler_position' is -1, not a count"},
+           {R"({"step": 2, "sampler_position": 0, "tokens_seen": 0, "elapsed_s": -1e300, "config": {}, "optimizer": {}})",
+            "'elapsed_s' is -1e+300, not a number of seconds"}}) {
+    cd.trainer_state = json::parse(state);
+    train::save_checkpoint((d / "ck").string(), cd);
+    CliRun bad = run_cli("train --resume " + (d / "ck").string() + " --steps 3 --sample-tokens 0");
+    EXPECT_EQ(bad.status, 1) << bad.output;
+    EXPECT_NE(bad.output.find("trainer_state.json: " + needle), std::string::npos) << bad.output;
+  }
   fs::remove_all(d);
 }
 
@@ -333,6 +363,8 @@ TEST(BenchCli, ImplListsDtypesAndLargeBlocksAreChecked) {
            {attn + "--impl reflex", "bench attention: unknown impl 'reflex' in --impl 'reflex'"},
            {attn + "--impl flex,,reference", "unknown impl '' in --impl 'flex,,reference'"},
            {attn + "--dtype i32", "bench attention: --dtype must be f32, bf16 or f16, got 'i32'"},
+           {"bench attention --seq 64 --heads 2 --head-dim 16 --iters 0", "--iters must be >= 1 and --warmup >= 0, got 0"},
+           {"bench attention --seq 0 --heads 2 --head-dim 16", "--seq and --head-dim must be positive, got 1, 2, 0, 16"},
            {"bench lce --tokens 8 --dim 8 --vocab 16 --iters 1 --impl fused,foo", "bench lce: unknown impl 'foo'"},
            // an empty --impl is an empty list, not the defaults
            {"bench lce --tokens 8 --dim 8 --vocab 16 --iters 1 --impl ''", "bench lce: unknown impl '' in --impl ''"}}) {

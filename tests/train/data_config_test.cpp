@@ -193,6 +193,7 @@ TEST(Config, TomlSubset) {
   expect_error([] { train::parse_toml("x = 0x"); }, "is not a string, number or boolean");
   expect_error([] { train::parse_toml("x = 12abc"); }, "is not a string, number or boolean");
   expect_error([] { train::parse_toml("x = +"); }, "is not a string, number or boolean");
+  expect_error([] { train::parse_toml("a = 1\nprompt = \"\\ud800\""); }, "config:2: string value of 'prompt': JSON:");
 }
 
 TEST(Config, FileFlagsAndValidation) {
@@ -216,6 +217,9 @@ TEST(Config, FileFlagsAndValidation) {
   train::TrainConfig bad = train::preset("tiny");
   bad.lr = -1;
   expect_error([&] { bad.validate(); }, "lr=-1");
+  bad = train::preset("tiny");
+  bad.telemetry_every = -5;  // was accepted
+  expect_error([&] { bad.validate(); }, "telemetry_every=-5 must be >= 0");
   bad = train::preset("tiny");
   bad.heads = 5;
   expect_error([&] { bad.validate(); }, "hidden_size=64 is not divisible by num_attention_heads=5");
