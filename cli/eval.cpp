@@ -44,7 +44,7 @@ int run_eval(const Args& args) {
   const Device dev = Device::parse(device);
   check_device_available(dev, "eval");
   std::string dir = train::find_checkpoint(ckpt);
-  KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'");
+  KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'", train::why_no_checkpoint(ckpt));
   if (!logits_out.empty()) {
     std::error_code ec;  // equivalent() is false (ec set) while --logits-out does not exist
     for (const auto& file : std::filesystem::directory_iterator(dir))

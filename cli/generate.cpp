@@ -36,7 +36,7 @@ int run_generate(const Args& args) {
   const Device dev = Device::parse(device);
   check_device_available(dev, "generate");
   std::string dir = train::find_checkpoint(ckpt);
-  KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'");
+  KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'", train::why_no_checkpoint(ckpt));
   auto model = train::load_model(dir, dev);
   model->eval();
   auto tok = train::load_tokenizer_for(*model, dir, tokenizer, "generate");

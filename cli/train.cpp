@@ -113,7 +113,7 @@ int run_train(const Args& args) {
     // A resumed run keeps its saved settings; of those a run may change, the flags not given
     // come from the checkpoint too (and --out defaults to the run directory resumed from).
     std::string ck = train::find_checkpoint(c.resume);
-    KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'");
+    KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'", train::why_no_checkpoint(c.resume));
     const json::Value saved = *train::read_trainer_state(ck).find("config");
     auto flag_of = [](const std::string& key) {
       std::string flag = "--" + (key == "sample" ? std::string("sample-mode") : key);

@@ -221,6 +221,27 @@ std::string find_checkpoint(const std::string& dir) {
   return "";
 }
 
+std::string why_no_checkpoint(const std::string& dir) {
+  const fs::path p(dir);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return " (no such folder)";
+  if (!fs::is_directory(p, ec)) return " (not a folder)";
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(p, ec))
+    if (is_checkpoint_dir(e) && fs::exists(e.path() / "config.json")) steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end(), [](const std::string& a, const std::string& b) {  // step-9 before step-10
+    return a.size() != b.size() ? a.size() < b.size() : a < b;
+  });
+  std::string listed;
+  for (const auto& s : steps) listed += (listed.empty() ? "" : ", ") + s;
+  if (steps.empty()) return " (no config.json, no 'latest' naming a checkpoint, no step-* checkpoint)";
+  const std::string name = read_latest(p);
+  const std::string latest = !fs::exists(p / "latest") ? "it has no 'latest' file"
+                             : name.empty()            ? "its 'latest' file is empty"
+                                                       : "its 'latest' names '" + name + "', which has no config.json";
+  return " (" + latest + "; checkpoints there: " + listed + "; pass one, e.g. " + (p / steps.back()).string() + ")";
+}
+
 void mark_latest(const std::string& run_dir, const std::string& name, int64_t keep) {
   fs::path run(run_dir);
   fs::path tmp = run / ".latest.tmp";

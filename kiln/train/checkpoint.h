@@ -51,6 +51,9 @@ std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& dir)
 // The newest checkpoint under a run directory (its `latest` file), or `dir` itself when it
 // is a checkpoint; "" when there is none.
 std::string find_checkpoint(const std::string& dir);
+// Why find_checkpoint(dir) found none, for an error message: " (no such folder)", " (its 'latest'
+// file is empty; checkpoints there: step-2, step-4)", ...; "" when there is nothing to add.
+std::string why_no_checkpoint(const std::string& dir);
 // Updates `run_dir/latest` (atomically) to name checkpoint `name`, and deletes the oldest
 // step-* checkpoints beyond `keep`.
 void mark_latest(const std::string& run_dir, const std::string& name, int64_t keep);

@@ -73,7 +73,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   json::Value resume_state;
   if (!cfg_in.resume.empty()) {
     resume_dir = find_checkpoint(cfg_in.resume);
-    KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'");
+    KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'", why_no_checkpoint(cfg_in.resume));
     resume_state = read_trainer_state(resume_dir);
     cfg = TrainConfig{};
     apply_config_json(cfg, *resume_state.find("config"));

@@ -156,6 +156,19 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
       << neg.output;
   for (const auto& f : fs::directory_iterator(out))  // eval caches tokens in the temp dir, not next to the text
     EXPECT_NE(f.path().filename().string().rfind("tokens-", 0), 0u) << f.path();
+  // a run directory whose 'latest' is damaged: the error lists the checkpoints there
+  {
+    const fs::path copy = out.string() + "-latest";
+    fs::create_directories(copy);
+    fs::copy(out / "step-6", copy / "step-6", fs::copy_options::recursive);
+    std::ofstream(copy / "latest") << "";
+    CliRun empty = run_cli("train --resume " + copy.string() + " --steps 8");
+    EXPECT_EQ(empty.status, 1) << empty.output;
+    EXPECT_NE(empty.output.find("(its 'latest' file is empty; checkpoints there: step-6; pass one, e.g. "),
+              std::string::npos)
+        << empty.output;
+    fs::remove_all(copy);
+  }
   // a flag that would change a saved setting is an error (it was dropped without a word);
   // one that repeats it is fine
   CliRun lr = run_cli("train --resume " + out.string() + " --steps 8 --lr 0.5 --hidden 128 --sample-tokens 0");
