@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <sstream>
+#include <stdexcept>
 
 #include "kiln/core/error.h"
 
@@ -57,6 +58,8 @@ ArgParser& ArgParser::option(const std::string& name, double* out, const std::st
     double x = 0;
     try {
       x = std::stod(v, &used);
+    } catch (const std::out_of_range&) {  // past a double's range, or below its smallest normal (1e-320)
+      fail(name, ": '", v, "' is out of the range of a double");
     } catch (...) {
       used = 0;
     }
@@ -186,7 +189,7 @@ int64_t parse_bytes(const std::string& text) {
   else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
   else fail("unknown size unit '", unit, "' in '", text, "' (expected B, KB, MB, GB, KiB, MiB, GiB)");
   KILN_CHECK(x > 0, "size must be positive, got '", text, "'");
-  KILN_CHECK(x * mult < 0x1p63, "size '", text, "' is too large (at most 2^63 - 1 bytes)");
+  KILN_CHECK(x * mult < 0x1p63, "size '", text, "' is too large (a size must be below 2^63 bytes)");
   return static_cast<int64_t>(x * mult);
 }
 

@@ -219,6 +219,9 @@ TEST(TrainCli, BadValuesGiveClearMessages) {
   EXPECT_NE(r.output.find("lr=-1"), std::string::npos) << r.output;
   r = run_cli("train --steps many");
   EXPECT_NE(r.output.find("--steps: expected an integer, got 'many'"), std::string::npos) << r.output;
+  r = run_cli("train --lr 1e-320 --steps 1");  // a subnormal: was "expected a number"
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("--lr: '1e-320' is out of the range of a double"), std::string::npos) << r.output;
   r = run_cli("train --preset galaxy");
   EXPECT_NE(r.output.find("preset 'galaxy'"), std::string::npos) << r.output;
   r = run_cli("train --batch 100000000000 --steps 1");  // was "out of host memory", naming no flag
