@@ -191,7 +191,7 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   CliRun g = run_cli("generate --ckpt " + out.string() + " --prompt 'ab' --max-tokens 10 --seed 3");
   ASSERT_EQ(g.status, 0) << g.output;
   EXPECT_EQ(g.output, run_cli("generate --ckpt " + out.string() + " --prompt 'ab' --max-tokens 10 --seed 3").output);
-  // past the context (64 positions here) generation stops, and says so
+  // past the context (256 positions here) generation stops, and says so
   CliRun full = run_cli("generate --ckpt " + out.string() + " --prompt 'ab' --max-tokens 500 --seed 3");
   ASSERT_EQ(full.status, 0) << full.output;
   EXPECT_NE(full.output.find("of --max-tokens 500: the model's context of"), std::string::npos) << full.output;
