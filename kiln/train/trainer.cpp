@@ -5,9 +5,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <new>
 #include <optional>
+#include <sstream>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/core/allocator.h"
@@ -310,7 +310,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     non_finite_steps = skipped || !std::isfinite(loss) ? non_finite_steps + 1 : 0;
     if (non_finite_steps >= kMaxNonFiniteSteps) {
       progress.finish();
-      fail(diverged("stopped: no step has had a finite gradient norm for a while", loss));
+      fail(diverged("stopped: no recent step had a finite gradient norm", loss));
     }
     if (prof && step == sum.start_step + 1 && cfg.steps > step) {
       prof->reset();
