@@ -107,6 +107,7 @@ BlockMask<M> create_block_mask(M mask_mod, int64_t batch, int64_t heads, int64_t
   KILN_CHECK(q_len < (int64_t{1} << 31) && kv_len < (int64_t{1} << 31), "create_block_mask: lengths must fit int32");
   detail::check_mask_mod(mask_mod);
   const int64_t nq = (q_len + q_block - 1) / q_block, nk = (kv_len + kv_block - 1) / kv_block;
+  shape_numel({batch, heads, nq, nk});  // an error naming the shape where the product overflows (it was UB here)
   std::vector<uint8_t> cls(static_cast<size_t>(batch * heads * nq * nk));
   kernels::cpu::parallel_for(batch * heads * nq, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {

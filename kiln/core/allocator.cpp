@@ -1,6 +1,7 @@
 // The CPU allocator (64-byte aligned, counted) and the per-device allocator registry.
 #include "kiln/core/allocator.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -16,6 +17,7 @@ constexpr size_t kCpuAlignment = 64;
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes) override {
+    KILN_CHECK(nbytes <= SIZE_MAX - kCpuAlignment, "cpu allocator: ", nbytes, " bytes cannot be allocated");  // no wrap below
     size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     if (rounded == 0) rounded = kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, rounded);

@@ -153,6 +153,9 @@ Sampler::Sampler(const TokenStream& stream, size_t begin, size_t end, int64_t ba
   KILN_CHECK(batch > 0 && seq > 0, "Sampler: batch=", batch, " and seq=", seq, " must be positive");
   KILN_CHECK(end <= stream.size() && begin + static_cast<size_t>(seq) + 1 <= end, "Sampler: range [", begin, ", ",
              end, ") is too short for sequence length ", seq);
+  // Packed batches read a document id per token: a shorter doc list was read past its end.
+  KILN_CHECK(mode != SampleMode::packed || stream.doc.size() == stream.tokens.size(), "Sampler: packed sampling needs ",
+             "a document id per token, the stream has ", stream.doc.size(), " ids for ", stream.tokens.size(), " tokens");
 }
 
 int64_t Sampler::window_start(uint64_t sample) const {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kiln/core/macros.h"
 #include "kiln/core/tensor.h"
@@ -69,7 +70,15 @@ KILN_HD auto binary_math(A a, A b) {
   if constexpr (Op == BinaryOp::add) return a + b;
   else if constexpr (Op == BinaryOp::sub) return a - b;
   else if constexpr (Op == BinaryOp::mul) return a * b;
-  else if constexpr (Op == BinaryOp::div) return a / b;
+  else if constexpr (Op == BinaryOp::div) {
+    using R = decltype(a / b);
+    if constexpr (std::is_integral_v<A>) {  // no trap: 0 divisors are refused by ops::div first
+      if (b == A(0)) return R(0);
+      if constexpr (std::is_signed_v<A>)
+        if (b == A(-1)) return static_cast<R>(R(0) - static_cast<std::make_unsigned_t<R>>(a));  // MIN / -1 wraps
+    }
+    return a / b;
+  }
   else if constexpr (Op == BinaryOp::maximum) return (a != a) ? a : (a > b ? a : b);  // NaN propagates
   else if constexpr (Op == BinaryOp::minimum) return (a != a) ? a : (a < b ? a : b);
   else if constexpr (Op == BinaryOp::eq) return a == b;

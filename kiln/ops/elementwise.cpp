@@ -1,4 +1,5 @@
 // Elementwise ops with broadcasting: argument checks, autograd formulas, dispatch.
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/autograd/grad_mode.h"
@@ -115,6 +116,16 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  // Integer division by zero is an error, as PyTorch's on the CPU (the hardware trapped: SIGFPE
+  // killed the process). The check reads the divisor's zeros back (a sync on a GPU; integer
+  // division is not on a training path). INT_MIN / -1 wraps, as two's complement does.
+  if (a.defined() && b.defined() && is_integral(a.dtype()) && a.dtype() == b.dtype() && b.numel() > 0) {
+    const Tensor zero = binary_raw(BinaryOp::eq, b, zeros({}, b.dtype(), b.device()), "div").to(kCPU);
+    const auto* z = static_cast<const uint8_t*>(zero.contiguous().data_ptr());
+    KILN_CHECK(std::find(z, z + zero.numel(), uint8_t{1}) == z + zero.numel(),
+               "div: integer division by zero (the divisor, ", dtype_name(b.dtype()), " ", shape_str(b.shape()),
+               ", holds a 0)");
+  }
   Tensor y = binary_raw(BinaryOp::div, a, b, "div");
   if (any_requires_grad({a, b})) {
     SavedTensor sa(a), sb(b);

@@ -240,6 +240,8 @@ TEST(BlockMask, BadBlockSizesTablesAndLayoutsNamed) {
   EXPECT_KILN_ERROR(create_block_mask(Causal{}, 1, 1, 37, 37, INT64_MAX, 16), "block sizes must be in [1, 2^31)",
                     "9223372036854775807");
   EXPECT_KILN_ERROR(create_block_mask(Causal{}, 1, 1, 10, 10, 16, -4), "block sizes must be in [1, 2^31)", "-4");
+  // batch · heads · blocks overflowing int64 (undefined behaviour in the size product before)
+  EXPECT_KILN_ERROR(create_block_mask(NoMask{}, int64_t{1} << 40, int64_t{1} << 40, 8, 8), "has too many elements");
   EXPECT_KILN_ERROR(layout_from_classes({}, 1, 1, 10, 10, 0, 16), "layout_from_classes: block sizes");
   EXPECT_KILN_ERROR(create_block_mask(Document{}, 1, 1, 8, 8), "Document mask", "null pointer");
   std::vector<int32_t> ids(8, 0);

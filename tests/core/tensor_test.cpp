@@ -161,6 +161,22 @@ TEST(Device, ParsesAndRejects) {
   }
 }
 
+// A shape whose bytes overflow is an error: {2^61} f64 wrapped to a 0-byte buffer (and
+// {INT64_MAX} f32 to a small block in the allocator's rounding) that the first write ran past.
+TEST(Tensor, ShapesWhoseBytesOverflowAreErrors) {
+  for (auto [shape, dt] : std::vector<std::pair<Shape, DType>>{
+           {{int64_t{1} << 61}, DType::f64}, {{INT64_MAX}, DType::f32}, {{int64_t{1} << 31, int64_t{1} << 31}, DType::f32}}) {
+    try {
+      Tensor t = Tensor::empty(shape, dt);
+      ADD_FAILURE() << "no error for " << shape_str(shape) << ", nbytes " << t.nbytes();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("needs more than 2^62 bytes"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(zeros(shape, dt), Error);
+  }
+  EXPECT_THROW(Tensor::from_storage(nullptr, {4}, {1}, 0, DType::f32), Error);  // segfaulted
+}
+
 TEST(Json, ParsesStrictlyAndWrites) {
   auto v = json::parse(R"({"a": [1, 2.5, "x\u00e9"], "b": {"c": null, "d": true}})");
   EXPECT_EQ(v.find("a")->as_array()[0].as_int(), 1);

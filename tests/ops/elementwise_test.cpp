@@ -200,6 +200,19 @@ TEST(ElementwiseErrors, NameOpAndValues) {
   EXPECT_KILN_ERROR(add(a, Tensor()), "add", "undefined");
   if (cuda_device_count() > 0)
     EXPECT_KILN_ERROR(add(a, zeros({2, 3}, DType::f32, cuda(0))), "add", "device mismatch", "cpu", "cuda:0");
+  // Integer division by zero is an error (the hardware trap, SIGFPE, killed the process), and
+  // INT_MIN / -1 wraps instead of trapping.
+  for (DType dt : {DType::i64, DType::i32, DType::i8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor num = full({3}, 7, dt), den = from_vector(std::vector<double>{1, 0, 2}, {3}).to(dt);
+    EXPECT_KILN_ERROR(div(num, den), "div: integer division by zero", "holds a 0");
+    EXPECT_EQ(div(num, full({3}, 2, dt)).to(DType::f64).to_vector<double>(), (std::vector<double>{3, 3, 3}));
+  }
+  EXPECT_EQ(div(full({1}, static_cast<double>(INT32_MIN), DType::i32), full({1}, -1, DType::i32)).to_vector<int32_t>(),
+            std::vector<int32_t>{INT32_MIN});
+  EXPECT_EQ(div(full({1}, -128, DType::i8), full({1}, -1, DType::i8)).to(DType::i32).to_vector<int32_t>(),
+            std::vector<int32_t>{-128});
+  EXPECT_EQ(div(full({2}, 1.0), zeros({2})).to_vector<float>()[0], INFINITY);  // floats divide by zero as IEEE says
 }
 
 // The vectorised f32 SiLU (contiguous f32 on CPU: kernels/cpu/vec_math.cpp) and its derivative

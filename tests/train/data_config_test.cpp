@@ -159,6 +159,11 @@ TEST(Data, SamplerIsReproducibleAndResumable) {
     }
   }
   expect_error([&] { data::split_stream(s, 0.1, 100000); }, "too few for sequence length 100000");
+  data::TokenStream short_docs;  // a doc id list shorter than the tokens was read past its end
+  short_docs.tokens.assign(10, 1);
+  short_docs.doc = {0};
+  expect_error([&] { data::Sampler(short_docs, 0, 10, 1, 3, 1, data::SampleMode::packed); },
+               "packed sampling needs a document id per token, the stream has 1 ids for 10 tokens");
 }
 
 TEST(Config, TomlSubset) {
