@@ -2,12 +2,60 @@
 // (MaskSpec / AnyBlockMask) and the explicit instantiations for the library's masks.
 #include "kiln/attention/flex_attention.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
 
 namespace kiln::attention {
 namespace detail {
+
+namespace {
+// The layout's block tables as the kernels read them (raw pointers, no bounds checks there): i32,
+// contiguous, shaped [Bm, Hm, n] (counts) and [Bm, Hm, n, ≥ 1] (indices) on the layout's device;
+// on the CPU also their values (counts within the row, partial + full at most the other side's
+// blocks, indices in range: O(blocks)). A hand-edited layout segfaulted the kernels or gave
+// silent zeros. (A GPU layout's values would need a copy back; they come from the builders.)
+void check_block_tables(const BlockLayout& l) {
+  struct Side {
+    const char* name;
+    const Tensor &num, &idx, &full_num, &full_idx;
+    int64_t rows, other;
+  };
+  for (const Side& sd : {Side{"kv", l.kv_num_blocks, l.kv_indices, l.full_kv_num_blocks, l.full_kv_indices,
+                              l.num_q_blocks, l.num_kv_blocks},
+                         Side{"q", l.q_num_blocks, l.q_indices, l.full_q_num_blocks, l.full_q_indices,
+                              l.num_kv_blocks, l.num_q_blocks}}) {
+    for (const Tensor* t : {&sd.num, &sd.idx, &sd.full_num, &sd.full_idx}) {
+      KILN_CHECK(t->defined() && t->dtype() == DType::i32 && t->is_contiguous() && t->device() == l.device(),
+                 "flex_attention: block mask's ", sd.name, " tables must be contiguous i32 tensors on ",
+                 l.device().str());
+    }
+    const Shape counts{l.batch, l.heads, sd.rows};
+    KILN_CHECK(sd.num.shape() == counts && sd.full_num.shape() == counts, "flex_attention: block mask's ", sd.name,
+               " counts are ", shape_str(sd.num.shape()), " and ", shape_str(sd.full_num.shape()), ", expected ",
+               shape_str(counts));
+    const int64_t width = sd.idx.dim() == 4 ? sd.idx.size(3) : 0;
+    const Shape idx{l.batch, l.heads, sd.rows, width};
+    KILN_CHECK(width >= std::max<int64_t>(sd.other, 1) && sd.idx.shape() == idx && sd.full_idx.shape() == idx,
+               "flex_attention: block mask's ", sd.name, " indices are ", shape_str(sd.idx.shape()), " and ",
+               shape_str(sd.full_idx.shape()), ", expected [", l.batch, ", ", l.heads, ", ", sd.rows, ", >= ",
+               std::max<int64_t>(sd.other, 1), "]");
+    if (!l.device().is_cpu()) continue;
+    const int32_t *n = sd.num.data<int32_t>(), *fn = sd.full_num.data<int32_t>();
+    const int32_t *ix = sd.idx.data<int32_t>(), *fix = sd.full_idx.data<int32_t>();
+    for (int64_t r = 0; r < l.batch * l.heads * sd.rows; ++r) {
+      KILN_CHECK(n[r] >= 0 && fn[r] >= 0 && n[r] + int64_t{fn[r]} <= sd.other, "flex_attention: block mask's ",
+                 sd.name, " row ", r, " counts ", n[r], " partial + ", fn[r], " full blocks of ", sd.other);
+      for (int32_t c = 0; c < n[r] + fn[r]; ++c) {
+        const int32_t j = c < n[r] ? ix[r * width + c] : fix[r * width + (c - n[r])];
+        KILN_CHECK(j >= 0 && j < sd.other, "flex_attention: block mask's ", sd.name, " row ", r, " lists block ", j,
+                   ", outside [0, ", sd.other, ")");
+      }
+    }
+  }
+}
+}  // namespace
 
 void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& layout) {
   KILN_CHECK(q.defined() && k.defined() && v.defined(), "flex_attention: q, k and v must be defined");
@@ -47,6 +95,7 @@ void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const 
   KILN_CHECK(layout.heads == 1 || layout.heads == Hq, "flex_attention: block mask heads ", layout.heads,
              " must be 1 or ", Hq);
   KILN_CHECK(L < (int64_t{1} << 31) && S < (int64_t{1} << 31), "flex_attention: lengths must fit int32");
+  check_block_tables(layout);
 }
 
 double resolve_scale(const std::optional<double>& scale, int64_t E) {

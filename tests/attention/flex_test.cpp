@@ -253,6 +253,21 @@ TEST(BlockMask, BadBlockSizesTablesAndLayoutsNamed) {
   auto bm = create_block_mask(Causal{}, 1, 1, 64, 64, 16, 16);
   bm.layout.q_block = 8;  // 4 blocks of 8 rows would leave rows 32..63 unwritten
   EXPECT_KILN_ERROR(flex_attention(q, q, q, NoScoreMod{}, bm), "4 x 4 blocks of 8 x 16", "L=64, S=64");
+  // Hand-edited block tables: the kernels read them through raw pointers (segfaults, or silent
+  // zeros for indices past the blocks); every edit below is an error naming the table.
+  auto edited = [&](const std::function<void(BlockMask<Causal>&)>& edit, const char* needle) {
+    auto m = create_block_mask(Causal{}, 1, 1, 64, 64, 16, 16);
+    edit(m);
+    EXPECT_KILN_ERROR(flex_attention(q, q, q, NoScoreMod{}, m), "flex_attention: block mask's", needle);
+  };
+  edited([](BlockMask<Causal>& m) { m.layout.kv_num_blocks.fill_(100000); }, "partial + ");
+  edited([](BlockMask<Causal>& m) { m.layout.full_kv_num_blocks.fill_(-5); }, "partial + ");
+  edited([](BlockMask<Causal>& m) { m.layout.kv_indices.fill_(1000000); }, "lists block 1000000, outside [0, 4)");
+  edited([](BlockMask<Causal>& m) { m.layout.full_q_indices.fill_(-1); }, "q row");
+  edited([](BlockMask<Causal>& m) { m.layout.q_num_blocks = zeros({1, 4, 4}, DType::i32); }, "q counts are [1, 4, 4]");
+  edited([](BlockMask<Causal>& m) { m.layout.kv_indices = zeros({1, 1, 4, 2}, DType::i32); },
+         "kv indices are [1, 1, 4, 2]");
+  edited([](BlockMask<Causal>& m) { m.layout.kv_indices = m.layout.kv_indices.to(DType::i64); }, "contiguous i32");
 }
 
 // ---------------- the float64 reference vs finite differences ----------------
