@@ -329,6 +329,21 @@ Tensor LlamaModel::forward(const Tensor& ids, const Tensor& doc_ids, KVCache* ca
   KILN_CHECK(ids.dim() == 2, "LlamaModel: ids must be [batch, seq], got shape ", ids.shape());
   const int64_t B = ids.size(0), T = ids.size(1);
   const int64_t past = cache ? cache->length() : 0;
+  if (cache && !(cache->k.empty() && cache->v.empty())) {
+    // A cache from an earlier call of this model: every layer's K and V [B, Hkv, past, head_dim]
+    // (an inconsistent one segfaulted in the attention's concatenation).
+    const Shape want{B, config.num_key_value_heads, past, config.head_dim()};
+    KILN_CHECK(cache->k.size() == layers.size() && cache->v.size() == layers.size(), "LlamaModel: the KV cache has ",
+               cache->k.size(), " K and ", cache->v.size(), " V entries for ", layers.size(), " layers");
+    auto desc = [](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("(none)"); };
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Tensor &ck = cache->k[i], &cv = cache->v[i];
+      KILN_CHECK(ck.defined() && cv.defined() && ck.shape() == want && cv.shape() == want &&
+                     ck.device() == ids.device() && cv.device() == ids.device(),
+                 "LlamaModel: KV cache layer ", i, " holds K ", desc(ck), " and V ", desc(cv), ", expected ",
+                 shape_str(want), " on ", ids.device().str());
+    }
+  }
   KILN_CHECK(past + T <= config.max_position_embeddings, "LlamaModel: sequence length ", past + T,
              " exceeds max_position_embeddings=", config.max_position_embeddings);
   auto [cos_all, sin_all] = rotary_tables(past + T, config.head_dim(), config.rope_theta, ids.device());

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 
@@ -359,6 +360,30 @@ TEST(Generate, TheContextBoundsPromptAndOutput) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A KV cache that does not match the model (edited, or from another model) is an error naming
+// the layer: a wrong head dim, K without V and different K/V lengths segfaulted.
+TEST(Generate, AnInconsistentKvCacheIsAnError) {
+  LlamaForCausalLM m(tiny_config(), 9);
+  const Tensor ids = from_vector(std::vector<int64_t>{1, 2, 3}, {1, 3});
+  KVCache good = m.make_cache();
+  m.logits(ids, Tensor(), &good);  // fills every layer
+  auto expect_refused = [&](const std::function<void(KVCache&)>& edit, const char* needle) {
+    KVCache c = good;
+    edit(c);
+    try {
+      m.logits(ids, Tensor(), &c);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([](KVCache& c) { c.k[0] = zeros({1, 1, 3, 3}); }, "KV cache layer 0 holds K [1, 1, 3, 3]");
+  expect_refused([](KVCache& c) { c.v.pop_back(); }, "V entries for");
+  expect_refused([](KVCache& c) { c.v[1] = c.v[1].narrow(2, 0, 2); }, "KV cache layer 1 holds");
+  KVCache again = good;
+  EXPECT_NO_THROW(m.logits(from_vector(std::vector<int64_t>{4}, {1, 1}), Tensor(), &again));
 }
 
 TEST(MixedPrecision, Bf16LinearMatchesF32) {
