@@ -80,6 +80,7 @@ json::Value LlamaConfig::to_json() const {
 }
 
 LlamaConfig LlamaConfig::from_json(const json::Value& v) {
+  KILN_CHECK(v.is_object(), "config.json: expected a JSON object, got ", v.dump().substr(0, 40));
   LlamaConfig c;
   auto geti = [&](const char* k, int64_t& out) {
     if (const json::Value* x = v.find(k); x && !x->is_null()) out = x->as_int(k);
@@ -108,6 +109,14 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v) {
   if (const json::Value* x = v.find("kiln_attention_backend")) c.attention_backend = x->as_string("kiln_attention_backend");
   if (const json::Value* x = v.find("kiln_fused_loss")) c.fused_loss = x->as_bool("kiln_fused_loss");
   geti("kiln_sliding_window", c.sliding_window);
+  // Llama variants kiln does not implement: computing them as plain Llama gives wrong logits.
+  if (const json::Value* x = v.find("hidden_act"); x && !x->is_null())
+    KILN_CHECK(x->is_string() && x->as_string() == "silu", "config.json: hidden_act=", x->dump(),
+               " is not supported (kiln's Llama MLP is SwiGLU with silu)");
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (const json::Value* x = v.find(key); x && !x->is_null())
+      KILN_CHECK(x->is_bool() && !x->as_bool(), "config.json: ", key, "=", x->dump(),
+                 " is not supported (kiln's Llama has no bias terms)");
   if (const json::Value* x = v.find("head_dim"); x && x->is_integer())
     KILN_CHECK(x->as_int() * c.num_attention_heads == c.hidden_size, "config.json: head_dim=", x->as_int(),
                " differs from hidden_size/num_attention_heads (not supported)");

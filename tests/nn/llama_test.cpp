@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/nn/generate.h"
@@ -276,6 +277,25 @@ TEST(Llama, ConfigJsonRoundTrip) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("llama3"), std::string::npos) << e.what();
   }
+  // Llama variants kiln does not compute were taken as plain Llama (wrong logits, no error);
+  // Hugging Face's defaults (silu, no biases) load.
+  json::Value hf = json::parse(v.dump());
+  hf["hidden_act"] = "silu", hf["attention_bias"] = false, hf["mlp_bias"] = false;
+  EXPECT_NO_THROW(LlamaConfig::from_json(hf));
+  for (const auto& [key, value, needle] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"hidden_act", R"("gelu")", "hidden_act=\"gelu\" is not supported"},
+           {"attention_bias", "true", "attention_bias=true is not supported"},
+           {"mlp_bias", "true", "mlp_bias=true is not supported"}}) {
+    json::Value x = json::parse(v.dump());
+    x[key] = json::parse(value);
+    try {
+      LlamaConfig::from_json(x);
+      ADD_FAILURE() << key;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(LlamaConfig::from_json(json::parse("[1, 2]")), Error);  // was the default config
 }
 
 TEST(Generate, SamplerRespectsTemperatureTopKTopP) {
