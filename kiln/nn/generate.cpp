@@ -22,6 +22,15 @@ void GenerateOptions::validate() const {
 int32_t sample_token(const std::vector<float>& logits, const GenerateOptions& o, uint64_t draw) {
   KILN_CHECK(!logits.empty(), "generate: empty logits");
   o.validate();
+  // Non-finite logits have no distribution (as torch.multinomial refuses them): NaN or +inf
+  // picked a fixed token, and all -inf the last one.
+  bool any_finite = false;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    KILN_CHECK(!std::isnan(logits[i]) && logits[i] != INFINITY, "generate: logit ", i, " is ", logits[i],
+               ": the model's output is not finite");
+    any_finite = any_finite || logits[i] != -INFINITY;
+  }
+  KILN_CHECK(any_finite, "generate: every logit is -inf: no token can be sampled");
   if (o.temperature == 0)
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> idx(logits.size());

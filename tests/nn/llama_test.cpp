@@ -322,6 +322,27 @@ TEST(Generate, SamplerRespectsTemperatureTopKTopP) {
   EXPECT_THROW(sample_token(logits, o, 0), Error);
 }
 
+TEST(Generate, NonFiniteLogitsAreErrors) {
+  // {inf, 1, inf} sampled token 1 every time, {0, nan, 0} token 2, all -inf token 1
+  GenerateOptions o;
+  o.temperature = 1.0;
+  for (const auto& [logits, needle] : std::vector<std::pair<std::vector<float>, std::string>>{
+           {{INFINITY, 1, INFINITY}, "logit 0 is inf"}, {{0, NAN, 0}, "logit 1 is nan"},
+           {{-INFINITY, -INFINITY}, "every logit is -inf"}}) {
+    for (double t : {1.0, 0.0}) {
+      o.temperature = t;
+      try {
+        sample_token(logits, o, 0);
+        ADD_FAILURE() << needle;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    }
+  }
+  o.temperature = 1.0;
+  EXPECT_EQ(sample_token({-INFINITY, 0.5f, -INFINITY}, o, 3), 1);  // -inf masks a token
+}
+
 TEST(Generate, BadOptionsAreErrorsEvenWithoutSampling) {
   // Checked only when a token was sampled: with max_new_tokens 0 a bad value passed silently
   // (and kiln generate reported it after printing the prompt); an infinite temperature
