@@ -1,6 +1,8 @@
 // Names of the dtypes and their parsing.
 #include "kiln/core/dtype.h"
 
+#include "kiln/core/error.h"
+
 namespace kiln {
 
 const char* dtype_name(DType t) {
@@ -35,6 +37,19 @@ DType parse_dtype(std::string_view s) {
   for (const auto& a : kAliases)
     if (a.name == s) return a.t;
   fail("unknown dtype '", std::string(s), "' (expected one of f64, f32, f16, bf16, i64, i32, i16, i8, u8, bool)");
+}
+
+void check_value_fits(double value, DType t, const char* op) {
+  if (!is_integral(t) || t == DType::boolean) return;
+  double lo = 0, hi = 0;  // the dtype's range, [lo, hi)
+  switch (t) {
+    case DType::i64: lo = -0x1p63, hi = 0x1p63; break;
+    case DType::i32: lo = -0x1p31, hi = 0x1p31; break;
+    case DType::i16: lo = -0x1p15, hi = 0x1p15; break;
+    case DType::i8: lo = -0x1p7, hi = 0x1p7; break;
+    default: lo = 0, hi = 0x1p8; break;  // u8
+  }
+  KILN_CHECK(value >= lo && value < hi, op, ": value ", value, " does not fit dtype ", dtype_name(t));
 }
 
 }  // namespace kiln

@@ -89,6 +89,11 @@ decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
   }
 }
 
+// A value that an integer dtype can hold (finite, within its range; bool takes any value):
+// otherwise an error naming `op`, the value and the dtype (the cast was undefined behaviour,
+// INT_MIN-like garbage for NaN or 1e30).
+void check_value_fits(double value, DType t, const char* op);
+
 // Integer index dtypes (i64, i32).
 template <class F>
 decltype(auto) dispatch_index(DType t, const char* op, F&& f) {

@@ -80,6 +80,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
+  check_value_fits(value, dtype(), "fill_");
   KILN_DEVICE_CALL(device(), fill, *this, value);
   return *this;
 }

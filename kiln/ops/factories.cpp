@@ -9,6 +9,7 @@
 namespace kiln {
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  check_value_fits(value, dtype, "full");
   Tensor t = Tensor::empty(shape, dtype, device);
   KILN_DEVICE_CALL(device, fill, t, value);
   return t;
@@ -21,9 +22,15 @@ Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), 
 Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
 
 Tensor arange(double start, double end, double step, DType dtype, Device device) {
-  KILN_CHECK(step != 0, "arange: step must be non-zero");
+  KILN_CHECK(step != 0 && std::isfinite(step) && std::isfinite(start) && std::isfinite(end),
+             "arange: start, end and step must be finite and step non-zero, got ", start, ", ", end, ", ", step);
   double count = std::ceil((end - start) / step);
+  KILN_CHECK(count < 0x1p62, "arange: ", count, " elements are too many");
   int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
+  if (n > 0) {  // the first and last values (the others lie between)
+    check_value_fits(start, dtype, "arange");
+    check_value_fits(start + static_cast<double>(n - 1) * step, dtype, "arange");
+  }
   Tensor t = Tensor::empty({n}, dtype, device);
   KILN_DEVICE_CALL(device, arange, t, start, step);
   return t;

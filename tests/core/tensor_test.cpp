@@ -177,6 +177,25 @@ TEST(Tensor, ShapesWhoseBytesOverflowAreErrors) {
   EXPECT_THROW(Tensor::from_storage(nullptr, {4}, {1}, 0, DType::f32), Error);  // segfaulted
 }
 
+// Values an integer dtype cannot hold are errors (the float-to-int cast was undefined behaviour:
+// INT_MIN-like garbage for NaN or 1e30); bool takes any value, floats any.
+TEST(Tensor, FillValuesMustFitIntegerDtypes) {
+  for (auto [value, dt] : std::vector<std::pair<double, DType>>{
+           {NAN, DType::i64}, {1e30, DType::i32}, {128, DType::i8}, {-1, DType::u8}, {0x1p63, DType::i64}}) {
+    SCOPED_TRACE(std::to_string(value) + " " + dtype_name(dt));
+    EXPECT_THROW(full({2}, value, dt), Error);
+    Tensor t = zeros({2}, dt);
+    EXPECT_THROW(t.fill_(value), Error);
+    EXPECT_THROW(masked_fill(t, ones({2}, DType::boolean), value), Error);
+  }
+  EXPECT_THROW(arange(1e19, 1e19 + 4096, 1024, DType::i64), Error);
+  EXPECT_THROW(arange(0, INFINITY, 1, DType::f32), Error);
+  EXPECT_EQ(full({1}, -128, DType::i8).to(DType::i32).to_vector<int32_t>(), std::vector<int32_t>{-128});
+  EXPECT_EQ(full({1}, 255, DType::u8).to(DType::i32).to_vector<int32_t>(), std::vector<int32_t>{255});
+  EXPECT_NO_THROW(full({1}, NAN, DType::f32));
+  EXPECT_EQ(arange(0, 5, 2, DType::i64).to_vector<int64_t>(), (std::vector<int64_t>{0, 2, 4}));
+}
+
 TEST(Json, ParsesStrictlyAndWrites) {
   auto v = json::parse(R"({"a": [1, 2.5, "x\u00e9"], "b": {"c": null, "d": true}})");
   EXPECT_EQ(v.find("a")->as_array()[0].as_int(), 1);
