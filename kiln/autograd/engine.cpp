@@ -241,7 +241,16 @@ void Tensor::set_grad(const Tensor& g) {
     return;
   }
   KILN_CHECK(g.shape() == shape(), "set_grad: gradient shape ", g.shape(), " differs from tensor shape ", shape());
-  m->grad = std::make_shared<Tensor>(g);
+  // Any floating dtype (bf16 gradients of f32 weights are the optimizers' mixed precision), on
+  // the tensor's device.
+  KILN_CHECK(is_floating(g.dtype()) && g.device() == device(), "set_grad: gradient ", dtype_name(g.dtype()), " on ",
+             g.device().str(), " for a tensor on ", device().str(), " (a gradient is floating, on the tensor's device)");
+  // A gradient is updated in place (accumulation, clipping): an expanded or overlapping view would
+  // have one element scaled once per alias (clip_grad_norm_ reported 5.657 for a 4-filled
+  // expand and left 0.125 instead of 0.707), so such a view is stored as a copy.
+  bool dense = true;
+  for (int64_t d = 0; d < g.dim(); ++d) dense = dense && (g.size(d) <= 1 || g.stride(d) != 0);
+  m->grad = std::make_shared<Tensor>(dense ? g : g.contiguous());
 }
 
 Tensor Tensor::detach() const {

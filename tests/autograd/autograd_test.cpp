@@ -5,6 +5,7 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
+#include "kiln/optim/clip.h"
 #include "tests/ops/harness.h"
 
 using namespace kiln;
@@ -52,6 +53,17 @@ TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
     sum(x).backward();
     EXPECT_EQ(vals(x.grad()), (std::vector<double>{1, 1, 1}));
   }
+}
+
+// set_grad takes only a gradient of the tensor's shape, dtype and device, and stores an expanded
+// view as a copy: clip_grad_norm_ scaled the one stored element of a 4-filled expand twice.
+TEST(Autograd, SetGradChecksAndCopiesExpandedViews) {
+  Tensor a = zeros({2}).requires_grad_();
+  EXPECT_THROW(a.set_grad(ones({2}, DType::i64)), Error);
+  EXPECT_THROW(a.set_grad(ones({3})), Error);
+  a.set_grad(full({1}, 4.0).expand({2}));
+  EXPECT_NEAR(optim::clip_grad_norm_(std::vector<Tensor>{a}, 1.0), std::sqrt(32.0), 1e-5);
+  for (double g : vals(a.grad())) EXPECT_NEAR(g, 1 / std::sqrt(2.0), 1e-5);
 }
 
 TEST(Autograd, NoGradGuardAndDetach) {
