@@ -238,6 +238,11 @@ BlockLayout build_on_gpu(const MM& mm, int64_t L, int64_t S, int64_t bs, Device 
 }  // namespace
 
 AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_len, Device device) {
+  using K = MaskSpec::Kind;  // a kind out of range fell through every switch: an empty layout
+  KILN_CHECK(spec.kind == K::none || spec.kind == K::causal || spec.kind == K::sliding_window ||
+                 spec.kind == K::document,
+             "create_block_mask: MaskSpec kind=", static_cast<int>(spec.kind),
+             " is not one of: none, causal, sliding_window, document");
   // Before either builder divides by the block size or narrows the window to int.
   check_block_sizes(spec.block_size, spec.block_size, "create_block_mask");
   if (spec.kind == MaskSpec::Kind::sliding_window)

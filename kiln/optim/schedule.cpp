@@ -40,6 +40,8 @@ double cosine_decay_lr(double max_lr, double min_lr, int64_t step, int64_t decay
 }
 
 void LrSchedule::validate() const {
+  KILN_CHECK(kind == ScheduleKind::constant || kind == ScheduleKind::cosine || kind == ScheduleKind::linear,
+             "lr schedule: kind=", static_cast<int>(kind), " is not one of: constant, cosine, linear");
   const char* name = schedule_kind_name(kind);
   KILN_CHECK(std::isfinite(max_lr) && max_lr >= 0.0, "lr schedule (", name, "): max_lr=", max_lr,
              " must be finite and >= 0");

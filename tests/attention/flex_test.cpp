@@ -612,6 +612,9 @@ TEST(FlexCpu, BackwardChecksTheGradientShapes) {
 // another shape or length, floating (truncated: 0.5 and 0.7 were one document) or i64 past
 // int32 (wrapped into another document). i64 ids in range still work.
 TEST(FlexCpu, RuntimeMaskSpecBadInputNamed) {
+  MaskSpec odd;
+  odd.kind = static_cast<MaskSpec::Kind>(9);  // fell through every switch: an empty layout
+  EXPECT_KILN_ERROR(create_block_mask(odd, 10, 10), "MaskSpec kind=9 is not one of: none, causal");
   EXPECT_KILN_ERROR(parse_mask_spec("window:99999999999999999999", 10), "window:99999999999999999999", "out of range");
   EXPECT_KILN_ERROR(parse_mask_spec("document:4", -1), "seq_len must be in [0, 2^31)", "-1");
   EXPECT_KILN_ERROR(create_block_mask(parse_mask_spec("window:3000000000", 10), 10, 10),

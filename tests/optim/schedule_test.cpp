@@ -24,6 +24,12 @@ TEST(LrSchedule, CosineAtKnownPoints) {
   for (int64_t t = 10; t < 110; ++t) EXPECT_GE(s.lr_at(t), s.lr_at(t + 1)) << t;  // monotone decay
 }
 
+TEST(LrSchedule, AKindOutOfRangeIsAnError) {  // ScheduleKind(9) gave lr 3e-4 without a word
+  LrSchedule s{static_cast<ScheduleKind>(9), 6e-4, 6e-5, 10, 110};
+  EXPECT_THROW(s.lr_at(50), Error);
+  EXPECT_THROW(s.validate(), Error);
+}
+
 TEST(LrSchedule, CosineWithoutWarmup) {
   LrSchedule s{ScheduleKind::cosine, 1.0, 0.0, 0, 4};
   EXPECT_DOUBLE_EQ(s.lr_at(0), 1.0);
