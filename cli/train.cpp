@@ -121,8 +121,7 @@ int run_train(const Args& args) {
         if (ch == '_') ch = '-';
       return flag;
     };
-    const std::vector<std::string> may_change = {"steps",     "max_time",   "eval_every",    "ckpt_every",
-                                                 "log_every", "keep_ckpts", "sample_tokens", "prompt"};
+    const std::vector<std::string>& may_change = train::changeable_on_resume();
     for (const auto& key : may_change)
       if (!p.given(flag_of(key)) && saved.find(key)) train::set_config_value(c, key, *saved.find(key));
     // The other settings are the run's: a flag that would change one was dropped without a word

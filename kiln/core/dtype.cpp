@@ -40,7 +40,7 @@ DType parse_dtype(std::string_view s) {
 }
 
 void check_value_fits(double value, DType t, const char* op) {
-  if (!is_integral(t) || t == DType::boolean) return;
+  if (!is_integral(t)) return;  // floating, storage-only and bool take any value
   double lo = 0, hi = 0;  // the dtype's range, [lo, hi)
   switch (t) {
     case DType::i64: lo = -0x1p63, hi = 0x1p63; break;

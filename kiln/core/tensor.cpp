@@ -40,8 +40,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   int64_t n = shape_numel(shape);
   // In bytes too (shape_numel bounds the element count): {2^61} f64 wrapped to a 0-byte buffer
   // that the first write ran past.
-  KILN_CHECK(itemsize(dtype) == 0 || static_cast<uint64_t>(n) <= (uint64_t{1} << 62) / itemsize(dtype), "empty: shape ",
-             shape, " of ", dtype_name(dtype), " needs more than 2^62 bytes");
+  KILN_CHECK(static_cast<uint64_t>(n) <= (uint64_t{1} << 62) / itemsize(dtype), "empty: shape ", shape, " of ",
+             dtype_name(dtype), " needs more than 2^62 bytes");
   const size_t nbytes = static_cast<size_t>(n) * itemsize(dtype);
   impl->storage = std::make_shared<Storage>(nbytes, device);
   if (nbytes > 0 && fill_uninitialized_memory())

@@ -121,7 +121,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   // division is not on a training path). INT_MIN / -1 wraps, as two's complement does.
   if (a.defined() && b.defined() && is_integral(a.dtype()) && a.dtype() == b.dtype() && b.numel() > 0) {
     const Tensor zero = binary_raw(BinaryOp::eq, b, zeros({}, b.dtype(), b.device()), "div").to(kCPU);
-    const auto* z = static_cast<const uint8_t*>(zero.contiguous().data_ptr());
+    const auto* z = static_cast<const uint8_t*>(zero.data_ptr());  // a new, contiguous tensor
     KILN_CHECK(std::find(z, z + zero.numel(), uint8_t{1}) == z + zero.numel(),
                "div: integer division by zero (the divisor, ", dtype_name(b.dtype()), " ", shape_str(b.shape()),
                ", holds a 0)");

@@ -211,6 +211,20 @@ std::string read_latest(const fs::path& run) {
 bool is_checkpoint_dir(const fs::directory_entry& e) {
   return e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0;
 }
+// The run directory's step-N folders by N, oldest first (a step-* name whose N is no number is
+// skipped).
+std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& run) {
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (const auto& e : fs::directory_iterator(run)) {
+    if (!is_checkpoint_dir(e)) continue;
+    try {
+      steps.emplace_back(std::stoll(e.path().filename().string().substr(5)), e.path());
+    } catch (...) {
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
 }  // namespace
 
 std::string find_checkpoint(const std::string& dir) {
@@ -226,20 +240,17 @@ std::string why_no_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(p, ec)) return " (no such folder)";
   if (!fs::is_directory(p, ec)) return " (not a folder)";
-  std::vector<std::string> steps;
-  for (const auto& e : fs::directory_iterator(p, ec))
-    if (is_checkpoint_dir(e) && fs::exists(e.path() / "config.json")) steps.push_back(e.path().filename().string());
-  std::sort(steps.begin(), steps.end(), [](const std::string& a, const std::string& b) {  // step-9 before step-10
-    return a.size() != b.size() ? a.size() < b.size() : a < b;
-  });
+  std::vector<fs::path> steps;
+  for (const auto& [n, path] : step_dirs(p))
+    if (fs::exists(path / "config.json")) steps.push_back(path);
   std::string listed;
-  for (const auto& s : steps) listed += (listed.empty() ? "" : ", ") + s;
+  for (const auto& s : steps) listed += (listed.empty() ? "" : ", ") + s.filename().string();
   if (steps.empty()) return " (no config.json, no 'latest' naming a checkpoint, no step-* checkpoint)";
   const std::string name = read_latest(p);
   const std::string latest = !fs::exists(p / "latest") ? "it has no 'latest' file"
                              : name.empty()            ? "its 'latest' file is empty"
                                                        : "its 'latest' names '" + name + "', which has no config.json";
-  return " (" + latest + "; checkpoints there: " + listed + "; pass one, e.g. " + (p / steps.back()).string() + ")";
+  return " (" + latest + "; checkpoints there: " + listed + "; pass one, e.g. " + steps.back().string() + ")";
 }
 
 void mark_latest(const std::string& run_dir, const std::string& name, int64_t keep) {
@@ -248,17 +259,8 @@ void mark_latest(const std::string& run_dir, const std::string& name, int64_t ke
   write_text_file_synced(tmp.string(), name + "\n");
   fs::rename(tmp, run / "latest");
   fsync_path(run);
-  std::vector<std::pair<int64_t, fs::path>> steps;
-  for (const auto& e : fs::directory_iterator(run)) {
-    std::string n = e.path().filename().string();
-    if (is_checkpoint_dir(e) && n != name) {
-      try {
-        steps.emplace_back(std::stoll(n.substr(5)), e.path());
-      } catch (...) {
-      }
-    }
-  }
-  std::sort(steps.begin(), steps.end());
+  std::vector<std::pair<int64_t, fs::path>> steps = step_dirs(run);
+  std::erase_if(steps, [&](const auto& s) { return s.second.filename() == name; });
   while (static_cast<int64_t>(steps.size()) + 1 > keep) {
     std::error_code ec;
     fs::remove_all(steps.front().second, ec);

@@ -172,6 +172,12 @@ json::Value TrainConfig::to_json() const {
   return v;
 }
 
+const std::vector<std::string>& changeable_on_resume() {
+  static const std::vector<std::string> kKeys = {"steps",     "max_time",   "eval_every",    "ckpt_every",
+                                                 "log_every", "keep_ckpts", "sample_tokens", "prompt"};
+  return kKeys;
+}
+
 void set_config_value(TrainConfig& c, const std::string& key_in, const json::Value& v) {
   std::string key = key_in;
   for (char& ch : key)

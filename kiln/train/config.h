@@ -61,6 +61,11 @@ struct TrainConfig {
 const std::vector<std::string>& preset_names();
 TrainConfig preset(const std::string& name);
 
+// The settings (config keys) a resumed run takes from the new command instead of its checkpoint:
+// its length, its eval / checkpoint / log intervals and the final sample (and, outside this
+// list, where it goes: `out`). Every other setting is the run's own.
+const std::vector<std::string>& changeable_on_resume();
+
 // Sets one key from a JSON value (kiln::Error naming the key for unknown keys or bad types).
 void set_config_value(TrainConfig& c, const std::string& key, const json::Value& v);
 // Applies every key of a JSON object (nested objects flattened).

@@ -77,15 +77,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     resume_state = read_trainer_state(resume_dir);
     cfg = TrainConfig{};
     apply_config_json(cfg, *resume_state.find("config"));
-    cfg.steps = cfg_in.steps;
+    const json::Value given = cfg_in.to_json();
+    for (const auto& key : changeable_on_resume()) set_config_value(cfg, key, *given.find(key));
     cfg.out = cfg_in.out;
-    cfg.max_time = cfg_in.max_time;
-    cfg.eval_every = cfg_in.eval_every;
-    cfg.ckpt_every = cfg_in.ckpt_every;
-    cfg.log_every = cfg_in.log_every;
-    cfg.keep_ckpts = cfg_in.keep_ckpts;
-    cfg.sample_tokens = cfg_in.sample_tokens;
-    cfg.prompt = cfg_in.prompt;
     cfg.resume = cfg_in.resume;
     cfg.profile = cfg_in.profile;
   }

@@ -58,7 +58,9 @@ TEST(Train, DivergedRunIsAnError) {
                 std::string::npos)
           << m;
     }
-    if (steps == 3) EXPECT_EQ(train::find_checkpoint(out.string()), (out / "step-3").string());
+    if (steps == 3) {
+      EXPECT_EQ(train::find_checkpoint(out.string()), (out / "step-3").string());
+    }
     fs::remove_all(out);
   }
 }

@@ -53,9 +53,7 @@ template <int D, int MT> constexpr int fwd_smem_bytes() { return (16 * MT * kFwd
 // CTAs per SM the register allocation must allow (smem: 96 / 80 KB at D = 128, 48 / 40 KB at 64;
 // D = 64 with two m16 tiles needs ~250 registers, so 2 CTAs; with one, 3 CTAs at ≤ 168).
 // D = 256 (MT = 1 only, O is 128 registers): two CTAs with 32-key sub-tiles (96 KB each).
-template <int D, int MT> constexpr int fwd_min_blocks() {
-  return D == 256 ? (fwd_bn<D>() == 32 ? 2 : 1) : D == 128 ? 2 : (MT == 2 ? 2 : 3);
-}
+template <int D, int MT> constexpr int fwd_min_blocks() { return D == 128 || D == 256 ? 2 : (MT == 2 ? 2 : 3); }
 // Keys per online-softmax update within a 64-key sub-tile: 32 where the MT × 16 × 64 f32 score
 // tile would not fit in the registers next to O (D = 128 with two m16 tiles per warp).
 template <int D, int MT> constexpr int fwd_chunk() { return D * MT >= 256 ? 32 : 64; }
