@@ -50,3 +50,13 @@ TEST(Harness, StridedCopyIsNonContiguousWithSameValues) {
     EXPECT_TRUE(all_close(v, t, {0, 0}, "strided copy"));
   }
 }
+
+TEST(Harness, FiniteDifferencesTakeOneSideOnlyAtAKink) {
+  // abs at x within h of 0: the slopes right and left are +1 and -1, their mean 0. An analytic
+  // gradient of either side passes; anything else is compared with the mean and fails.
+  EXPECT_EQ(fd_at_kink_or_central(1.0, 1.0, -1.0), 1.0);
+  EXPECT_EQ(fd_at_kink_or_central(-1.0, 1.0, -1.0), -1.0);
+  EXPECT_EQ(fd_at_kink_or_central(0.5, 1.0, -1.0), 0.0);
+  // A smooth point: the central difference, whatever the analytic gradient says.
+  EXPECT_DOUBLE_EQ(fd_at_kink_or_central(7.0, 2.0 + 1e-7, 2.0 - 1e-7), 2.0);
+}
