@@ -59,7 +59,7 @@ ReferenceResult reference_flex_attention(const Tensor& q_in, const Tensor& k_in,
           raw[j] = scale * d;
           keep[j] = mm(int(b), int(h), int(i), int(j));
           x[j] = keep[j] ? static_cast<double>(sm(raw[j], int(b), int(h), int(i), int(j))) : ninf;
-          mx = std::max(mx, x[j]);
+          mx = std::isnan(x[j]) ? x[j] : std::max(mx, x[j]);  // NaN kept: the row's output and lse are NaN
         }
         const size_t row = static_cast<size_t>((b * Hq + h) * L + i);
         if (mx == ninf) continue;  // fully masked: out 0, lse −inf, gradients 0

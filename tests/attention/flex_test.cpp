@@ -386,6 +386,48 @@ TEST(FlexCpu, Length1000) {
   check_case(c, NoScoreMod{}, and_masks(Causal{}, SlidingWindow{200}));
 }
 
+// NaN in the inputs reaches the outputs of the rows whose kept scores it touches, as in PyTorch:
+// a NaN query row (every score of the row NaN) gives that row NaN output and lse, a NaN key row
+// the rows that keep it (causal: the rows at and after it); every other row is unchanged. (Before,
+// such rows gave 0, as if fully masked, on CUDA and a finite value on the CPU, whose fast exp
+// clamped NaN to 88.) The forward only: a NaN also spreads through the masked entries of a tile's
+// gradient products (0 · NaN), on every path, as in PyTorch.
+void check_nan_rows(Device dev, DType dt, int64_t E, int64_t block, FlexBackend backend) {
+  SCOPED_TRACE(testing::Message() << dev.str() << " " << dtype_name(dt) << " E=" << E << " block=" << block);
+  constexpr int64_t H = 2, L = 300, kNanQuery = 5, kNanKey = 200;  // query: head 1; key: head 0
+  Generator gen(static_cast<uint64_t>(E + block));
+  const Tensor q0 = make({1, H, L, E}, gen, DType::f32), k0 = make({1, H, L, E}, gen, DType::f32);
+  const Tensor v = make({1, H, L, E}, gen, dt).to(dev);
+  std::vector<float> qv = q0.to_vector<float>(), kv = k0.to_vector<float>();
+  for (int64_t e = 0; e < E; ++e)
+    qv[static_cast<size_t>((L + kNanQuery) * E + e)] = NAN, kv[static_cast<size_t>(kNanKey * E + e)] = NAN;
+  const Tensor q = from_vector(qv, q0.shape()).to(dt).to(dev), k = from_vector(kv, k0.shape()).to(dt).to(dev);
+  const auto bm = create_block_mask(Causal{}, 1, 1, L, L, block, block);
+  const BlockMask<Causal> dbm{Causal{}, bm.layout.to(dev)};
+  FlexOptions o;
+  o.return_lse = true;
+  o.backend = backend;
+  const FlexResult r = flex_attention(q, k, v, NoScoreMod{}, dbm, o);
+  const FlexResult clean = flex_attention(q0.to(dt).to(dev), k0.to(dt).to(dev), v, NoScoreMod{}, dbm, o);
+  const std::vector<float> out = r.out.to(kCPU).to(DType::f32).to_vector<float>();
+  const std::vector<float> lse = r.lse.to(kCPU).to_vector<float>();
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < L; ++i) {
+      const bool nan_row = h == 0 ? i >= kNanKey : i == kNanQuery;
+      const size_t row = static_cast<size_t>(h * L + i);
+      ASSERT_EQ(std::isnan(lse[row]), nan_row) << "lse of head " << h << " row " << i << ": " << lse[row];
+      for (int64_t e = 0; e < E; ++e)
+        ASSERT_EQ(std::isnan(out[row * static_cast<size_t>(E) + static_cast<size_t>(e)]), nan_row)
+            << "out of head " << h << " row " << i << " column " << e;
+    }
+  // The other rows as without the NaN inputs (the NaN key is masked for head 0's rows before it).
+  auto rows = [](const Tensor& t, int64_t h, int64_t i0, int64_t i1) {
+    return t.slice(1, h, h + 1).slice(2, i0, i1).to(kCPU).to(DType::f64).contiguous();
+  };
+  expect_close(rows(r.out, 0, 0, kNanKey), rows(clean.out, 0, 0, kNanKey), dt, "head 0 rows before the NaN key");
+  expect_close(rows(r.out, 1, kNanQuery + 1, L), rows(clean.out, 1, kNanQuery + 1, L), dt, "head 1 rows after it");
+}
+
 TEST(FlexCpu, FullyMaskedRowsGiveZeroAndNoNaN) {
   Case c;
   c.L = 20, c.S = 20, c.qblock = 4, c.kvblock = 8;
@@ -414,6 +456,10 @@ TEST(FlexCpu, FullyMaskedRowsGiveZeroAndNoNaN) {
   EXPECT_EQ(max_abs(z.out), 0.0);
   EXPECT_EQ(max_abs(z.dk), 0.0);
   EXPECT_EQ(max_abs(z.dv), 0.0);
+}
+
+TEST(FlexCpu, NaNScoresGiveNaNRows) {
+  for (DType dt : {DType::f32, DType::bf16}) check_nan_rows(kCPU, dt, 16, 64, FlexBackend::automatic);
 }
 
 TEST(FlexCpu, Bf16AndF16) {
@@ -1156,6 +1202,18 @@ TEST(FlexCuda, HeadDimsUpTo256) {
   const BlockMask<Causal> gbm{Causal{}, bm.layout.to(gpu)};
   EXPECT_KILN_ERROR(flex_attention(q, q, v, NoScoreMod{}, gbm), "flex_attention (CUDA): head dims up to 256",
                     "got E=257, Ev=16");
+}
+
+// check_nan_rows on each CUDA forward: the Hopper one (bf16, E = 64 and 128, blocks of 128), the
+// mma.sync one (blocks of 64, and E = 256) and the SIMT one (f32).
+TEST(FlexCuda, NaNScoresGiveNaNRows) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::parse("cuda:0");
+  check_nan_rows(gpu, DType::bf16, 64, 128, FlexBackend::hopper);
+  check_nan_rows(gpu, DType::bf16, 128, 128, FlexBackend::hopper);
+  check_nan_rows(gpu, DType::f16, 128, 64, FlexBackend::sm80);
+  check_nan_rows(gpu, DType::bf16, 256, 128, FlexBackend::sm80);
+  check_nan_rows(gpu, DType::f32, 64, 128, FlexBackend::simt);
 }
 
 // FlexOptions::backend on the GPU: a required kernel family that does not apply fails with

@@ -144,9 +144,10 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
             float* si = &s[i * KT];
             const float mx = row_max(si, nk);
             const float mnew = std::max(m[i], mx);
-            if (mnew == kNegInf) {  // everything masked so far
-#pragma omp simd
-              for (int64_t j = 0; j < nk; ++j) si[j] = 0.0f;
+            if (mnew == kNegInf) {  // everything masked so far, or NaN (row_max skips NaN)
+              bool nan = false;
+              for (int64_t j = 0; j < nk; ++j) nan = nan || std::isnan(si[j]), si[j] = 0.0f;
+              if (nan) m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();  // the row's output and lse
               continue;
             }
             const float alpha = fast_expf(m[i] - mnew);
@@ -165,7 +166,7 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t o = (b * p.Hq + h) * p.L + i0 + i;
         float* ai = &acc[i * Ev];
-        if (l[i] > 0.0f) {
+        if (l[i] != 0.0f) {  // NaN in a kept score makes l NaN: so are the row's output and lse
           const float inv = 1.0f / l[i];
           for (int64_t e = 0; e < Ev; ++e) ai[e] *= inv;
           p.lse[o] = m[i] + std::log(l[i]);

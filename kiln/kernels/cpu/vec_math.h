@@ -17,9 +17,10 @@ namespace kiln::kernels::cpu {
 
 // exp(x) for x <= ~88 with ~2 ulp error; exactly 0 for x < -87.3 (and for -inf). Branch-free
 // (a multiplier instead of a select), so loops over it vectorise where FP traps are off
-// (files using it in hot loops are compiled with no-trapping-math). NaN in gives a number out:
-// callers that must propagate NaN do it through another term.
+// (files using it in hot loops are compiled with no-trapping-math). NaN in gives NaN out (the
+// clamps below would make it exp(88); a select at the end keeps it).
 inline float fast_expf(float x) {
+  const float in = x;
   const float keep = x < -87.3f ? 0.0f : 1.0f;
   x = x < 88.0f ? x : 88.0f;
   x = x > -87.3f ? x : -87.3f;
@@ -36,7 +37,8 @@ inline float fast_expf(float x) {
   p = p * r * r + r + 1.0f;
   int32_t e = (static_cast<int32_t>(n) + 127) << 23;
   float s = std::bit_cast<float>(e);
-  return p * s * keep;
+  const float y = p * s * keep;
+  return in == in ? y : in;
 }
 
 // y[i] = silu(x[i]) = x·σ(x), or (deriv) σ(x)·(1 + x·(1 − σ(x))), for i < n (f32, contiguous;

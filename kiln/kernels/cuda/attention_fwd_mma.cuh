@@ -226,10 +226,10 @@ __global__ void __launch_bounds__(kFwdThreads, fwd_min_blocks<D, MT>()) flex_fwd
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float lt = quad_sum(l[mt][r]);
-      inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
+      inv[r] = lt != 0.0f ? 1.0f / lt : 0.0f;  // 0: nothing kept; NaN (a NaN score) stays NaN
       const int64_t i = row0 + 16 * mt + g + 8 * r;
       if (t == 0 && i < p.L)
-        p.lse[(static_cast<int64_t>(b) * p.Hq + h) * p.L + i] = lt > 0.0f ? m[mt][r] + logf(lt) : -INFINITY;
+        p.lse[(static_cast<int64_t>(b) * p.Hq + h) * p.L + i] = lt != 0.0f ? m[mt][r] + logf(lt) : -INFINITY;
     }
 #pragma unroll
     for (int j = 0; j < kOt; ++j) {

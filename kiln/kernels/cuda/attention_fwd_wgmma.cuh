@@ -400,10 +400,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float lt = quad_sum(l[r]);
-      inv[r] = lt > 0.0f ? 1.0f / lt : 0.0f;
+      inv[r] = lt != 0.0f ? 1.0f / lt : 0.0f;  // 0: nothing kept; NaN (a NaN score) stays NaN
       const int64_t i = row0 + g + 8 * r;
       if (t4 == 0 && i < p.L)
-        p.lse[(static_cast<int64_t>(tile.b) * p.Hq + tile.h) * p.L + i] = lt > 0.0f ? m[r] + logf(lt) : -INFINITY;
+        p.lse[(static_cast<int64_t>(tile.b) * p.Hq + tile.h) * p.L + i] = lt != 0.0f ? m[r] + logf(lt) : -INFINITY;
     }
 #pragma unroll
     for (int j = 0; j < kOt; ++j) o[j][0] *= inv[0], o[j][1] *= inv[0], o[j][2] *= inv[1], o[j][3] *= inv[1];

@@ -86,9 +86,9 @@ __global__ void flex_fwd_kernel(FlexParams p, SM sm, MM mm) {
     }
     const int64_t o = (b * p.Hq + h) * p.L + i;
     T* out = static_cast<T*>(p.out) + o * p.Ev;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // 0: nothing kept; NaN (a NaN score) stays NaN
     for (int e = 0; e < p.Ev; ++e) out[e] = static_cast<T>(acc[e] * inv);
-    p.lse[o] = l > 0.0f ? m + logf(l) : -INFINITY;
+    p.lse[o] = l != 0.0f ? m + logf(l) : -INFINITY;
   }
 }
 
