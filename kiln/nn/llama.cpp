@@ -316,8 +316,9 @@ AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tenso
              window, " with document ids); use attention=reference");
   // Documents: a block mask per batch row, classified on the host from the row's ids.
   for (int64_t b = 0; b < B; ++b) {
-    std::vector<int32_t> row(static_cast<size_t>(T));
-    for (int64_t i = 0; i < T; ++i) row[static_cast<size_t>(i)] = static_cast<int32_t>(d[static_cast<size_t>(b * T + i)]);
+    // i64 as given: create_block_mask narrows the ids to i32 and refuses ids past its range
+    // (a cast here merged documents whose ids differ by a multiple of 2^32).
+    const std::vector<int64_t> row(d.begin() + b * T, d.begin() + (b + 1) * T);
     MaskSpec spec;
     spec.kind = MaskSpec::Kind::document;
     spec.document_ids = from_vector(row, {T});

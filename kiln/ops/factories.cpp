@@ -24,6 +24,7 @@ Tensor scalar_tensor(double value, DType dtype, Device device) { return full({},
 Tensor arange(double start, double end, double step, DType dtype, Device device) {
   KILN_CHECK(step != 0 && std::isfinite(step) && std::isfinite(start) && std::isfinite(end),
              "arange: start, end and step must be finite and step non-zero, got ", start, ", ", end, ", ", step);
+  KILN_CHECK(dtype != DType::boolean, "arange: dtype bool is not supported (as in PyTorch): 0, 1, 2, ... has no bool");
   double count = std::ceil((end - start) / step);
   KILN_CHECK(count < 0x1p62, "arange: ", count, " elements are too many");
   int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;

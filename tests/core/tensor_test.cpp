@@ -190,6 +190,7 @@ TEST(Tensor, FillValuesMustFitIntegerDtypes) {
   }
   EXPECT_THROW(arange(1e19, 1e19 + 4096, 1024, DType::i64), Error);
   EXPECT_THROW(arange(0, INFINITY, 1, DType::f32), Error);
+  EXPECT_THROW(arange(0, 3, 1, DType::boolean), Error);  // was accepted
   EXPECT_EQ(full({1}, -128, DType::i8).to(DType::i32).to_vector<int32_t>(), std::vector<int32_t>{-128});
   EXPECT_EQ(full({1}, 255, DType::u8).to(DType::i32).to_vector<int32_t>(), std::vector<int32_t>{255});
   EXPECT_NO_THROW(full({1}, NAN, DType::f32));

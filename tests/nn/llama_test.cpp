@@ -545,6 +545,23 @@ TEST(Llama, FlexMasksMatchTheReferencePath) {
   }
 }
 
+TEST(Llama, FlexDocumentIdsPastInt32AreAnError) {
+  // The flex path narrows document ids to i32: 0 and 2^32 would be one document there (and two
+  // on the reference path), so ids past i32 are refused with the id named.
+  LlamaConfig c = tiny_config();
+  c.attention_backend = "flex";
+  LlamaForCausalLM m(c, 3);
+  const int64_t T = 6;
+  const Tensor docs = from_vector(std::vector<int64_t>{0, 0, 0, int64_t{1} << 32, int64_t{1} << 32, int64_t{1} << 32}, {1, T});
+  NoGradGuard ng;
+  try {
+    m.logits(random_ids(1, T, c.vocab_size, 4), docs);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("document id 4294967296 does not fit i32"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Llama, SlidingWindowLimitsHowFarBackAQuerySees) {
   // Changing token p changes the logits of query q only when 0 <= q - p < window (through
   // one layer; with two layers the reach doubles), on both backends.
