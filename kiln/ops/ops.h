@@ -85,6 +85,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 Tensor sum_to(const Tensor& grad, const Shape& shape);
 
 // ---- reductions (kiln/ops/reduce.cpp); dims may be negative; empty dims = all ----
+// sum: integer and bool inputs give i64 (as in PyTorch).
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);

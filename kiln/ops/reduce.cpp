@@ -63,7 +63,9 @@ Tensor reduce_raw(kernels::ReduceOp op, const Tensor& a, const ReducePlan& p) {
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   KILN_CHECK(a.defined(), "sum: undefined tensor");
   ReducePlan p = plan_reduce(a, dims, "sum");
-  Tensor y = reduce_raw(kernels::ReduceOp::sum, a, p).view(keepdim ? p.keep_shape : p.out_shape);
+  // Integer and bool sums are i64, as in PyTorch (in the input's dtype, i32 or u8 counts wrapped).
+  const Tensor src = is_floating(a.dtype()) || a.dtype() == DType::i64 ? a : a.to(DType::i64);
+  Tensor y = reduce_raw(kernels::ReduceOp::sum, src, p).view(keepdim ? p.keep_shape : p.out_shape);
   Shape in_shape = a.shape(), keep = p.keep_shape;
   record("sum", {a}, y, [in_shape, keep](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{g[0].reshape(keep).expand(in_shape).contiguous()};

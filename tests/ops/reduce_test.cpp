@@ -105,6 +105,14 @@ TEST(Reduce, IntegerSum) {
     Tensor x = arange(0, 12, 1, DType::i64, dev).view({3, 4});
     EXPECT_EQ(sum(x, {1}).to_vector<int64_t>(), (std::vector<int64_t>{6, 22, 38}));
     EXPECT_EQ(sum(x.t(), {-1}).to_vector<int64_t>(), (std::vector<int64_t>{12, 15, 18, 21}));
+    // Narrower integers and bool sum into i64, as in PyTorch (they wrapped in their own dtype).
+    const Tensor big = from_vector(std::vector<int32_t>{INT32_MAX, INT32_MAX, 2}, {3}).to(dev);
+    EXPECT_EQ(sum(big).dtype(), DType::i64);
+    EXPECT_EQ(sum(big).item(), 2.0 * INT32_MAX + 2);
+    const Tensor flags = lt(arange(0, 300, 1, DType::f32, dev), full({}, 290.0, DType::f32, dev));
+    EXPECT_EQ(sum(flags).dtype(), DType::i64);
+    EXPECT_EQ(sum(flags).item(), 290.0);
+    EXPECT_EQ(sum(full({2, 200}, 1.0, DType::u8, dev), {1}).to_vector<int64_t>(), (std::vector<int64_t>{200, 200}));
   }
 }
 
