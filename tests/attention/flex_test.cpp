@@ -792,10 +792,10 @@ std::pair<double, double> mean_error(const Tensor& got, const Tensor& golden, co
 // of 64, simt otherwise or when a row of q, k or v is not 16-byte aligned; at E = Ev = 256 the
 // forward's sm80 (blocks multiples of 64) and the backward's simt. The tests require it
 // (FlexOptions::backend), so a kernel that silently fell back would fail them.
-FlexBackend backend_for(const Tensor& q, const Tensor& k, const Tensor& v, int64_t block, bool forward_only = false) {
+FlexBackend backend_for(const Tensor& q, const Tensor& k, const Tensor& v, int64_t block) {
   auto aligned = [](const Tensor& t) { return t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0; };
   const int64_t E = q.size(3);
-  const bool dim_256 = forward_only && E == 256;
+  const bool dim_256 = E == 256;  // the mma.sync kernels only
   if ((q.dtype() != DType::bf16 && q.dtype() != DType::f16) || E != v.size(3) || (E != 64 && E != 128 && !dim_256) ||
       !aligned(q) || !aligned(k) || !aligned(v))
     return FlexBackend::simt;
@@ -803,8 +803,8 @@ FlexBackend backend_for(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return block % 128 == 0 ? FlexBackend::hopper : block % 64 == 0 ? FlexBackend::sm80 : FlexBackend::simt;
 }
 
-// One backward case on the GPU (the tensor-core path applies: 16-bit, E = Ev ∈ {64, 128}, blocks
-// of 64 or 128, aligned rows) against the CPU kernels (same dtype) and the float64 reference:
+// One backward case on the GPU (the tensor-core path applies: 16-bit, E = Ev ∈ {64, 128, 256},
+// blocks of 64 or 128, aligned rows) against the CPU kernels (same dtype) and the float64 reference:
 // mean |golden − gpu| ≤ 1.1 × mean |golden − cpu| + 2e-3 × mean |golden|; rows the mask empties
 // give dq = 0 and lse = −inf; two GPU runs give bitwise equal dq / dk / dv. host_mm evaluates on
 // the CPU, dev_mm is the same mask with device pointers. strided: q/k/v are [B, L, H, E] storage
@@ -893,7 +893,7 @@ void check_cuda_forward(const Tensor& qg, const Tensor& kg, const Tensor& vg, MM
     auto bm = create_block_mask(host_mm, 1, 1, L, S, block, block);
     const BlockMask<MM> gbm{gpu_mm, bm.layout.to(qg.device())};
     FlexOptions og = o;
-    og.backend = backend_for(qg, kg, vg, block, /*forward_only=*/true);
+    og.backend = backend_for(qg, kg, vg, block);
     const FlexResult g = flex_attention(qg, kg, vg, NoScoreMod{}, gbm, og);
     const Tensor gout = g.out.to(kCPU), glse = g.lse.to(kCPU);
     ASSERT_EQ(gout.shape(), ref.out.shape());
@@ -1144,9 +1144,10 @@ TEST(FlexCuda, HeadMajorTileOrderMatchesCpu) {
   }
 }
 
-// Head dims the tensor-core kernels do not take run on the SIMT kernels (up to 256: Gemma's
-// 256, and E != Ev), forward and backward, against the CPU kernel and the float64 reference, with
-// bitwise equal gradients across runs; past 256 the CUDA path is an error naming the limit.
+// Head dims up to 256 (Gemma's 256, and E != Ev) on the SIMT kernels, forward and backward, and
+// E = Ev = 256 on the mma.sync ones (the forward, and the backward with its two column CTAs per
+// tile), against the CPU kernel and the float64 reference, with bitwise equal gradients across
+// runs; past 256 the CUDA path is an error naming the limit.
 TEST(FlexCuda, HeadDimsUpTo256) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::parse("cuda:0");
@@ -1196,6 +1197,12 @@ TEST(FlexCuda, HeadDimsUpTo256) {
     const Tensor qs = strided(129), ks = strided(77), vs = strided(77);
     check_cuda_forward(qs, ks, vs, NoMask{}, NoMask{}, {128}, "E=256 strided L=129 S=77 " + dn);
   }
+  // The mma.sync backward at E = 256: GQA 2 with causal blocks of 128, a window with blocks of
+  // 64 and L != S, rows in [B, L, H, E] storage; lengths that end in partial tiles.
+  const DType bf = DType::bf16, hf = DType::f16;
+  EXPECT_EQ(check_backward_mma(1, 4, 2, 300, 300, 256, 128, bf, Causal{}, Causal{}, false, 51), 0);
+  EXPECT_EQ(check_backward_mma(2, 2, 2, 200, 333, 256, 64, hf, SlidingWindow{70}, SlidingWindow{70}, false, 52), 0);
+  EXPECT_EQ(check_backward_mma(1, 2, 1, 129, 77, 256, 64, bf, NoMask{}, NoMask{}, true, 53), 0);
   Generator gen(3);
   const Tensor q = make({1, 1, 8, 257}, gen, DType::f32).to(gpu), v = make({1, 1, 8, 16}, gen, DType::f32).to(gpu);
   const auto bm = create_block_mask(Causal{}, 1, 1, 8, 8);

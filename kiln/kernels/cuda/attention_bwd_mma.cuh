@@ -1,5 +1,6 @@
-// The tensor-core (mma.sync m16n8k16) FlexAttention backward for 16-bit q/k/v, head dims 64 and
-// 128, bitwise deterministic: flex_backward_mma() launches
+// The tensor-core (mma.sync m16n8k16) FlexAttention backward for 16-bit q/k/v, head dims 64, 128
+// and 256 (two CTAs of 128 columns each per tile, see launch below), bitwise deterministic:
+// flex_backward_mma() launches
 //   1. delta = rowsum(dO ∘ O) − dlse (16-byte vector loads, a fixed shuffle tree per row);
 //   2. the dK/dV kernel: a CTA (4 warps × 16 keys) owns 64 keys of one (b, kv head); for each
 //      query head of the GQA group it walks the q_blocks lists of its KV block (partial tiles
@@ -145,12 +146,12 @@ __device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, boo
   dp_to_ds = pv != 0.0f ? pv * (dp_to_ds - delta) * dscore * p.scale : 0.0f;
 }
 
-// acc[16·MT rows × N] += A[16·MT × K] · Tile[K][N] where A is given as f32 C fragments
-// c[MT][K/8][4] (converted to 16-bit A fragments in registers) and the tile [k][n] is swizzled in
-// shared memory; each B fragment read from shared memory feeds MT mma.
-template <class NT, int K, int N, int MT>
+// acc[16·MT rows × N] += A[16·MT × K] · Tile[K][col0 .. col0 + N) where A is given as f32 C
+// fragments c[MT][K/8][4] (converted to 16-bit A fragments in registers) and the tile [k][LD] is
+// swizzled in shared memory; each B fragment read from shared memory feeds MT mma.
+template <class NT, int K, int N, int MT, int LD = N>
 __device__ __forceinline__ void acc_c_times_tile(float (&acc)[MT][N / 8][4], const float (&c)[MT][K / 8][4],
-                                                 const NT* tile, int lane) {
+                                                 const NT* tile, int lane, int col0 = 0) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     uint32_t a[MT][4];
@@ -159,7 +160,7 @@ __device__ __forceinline__ void acc_c_times_tile(float (&acc)[MT][N / 8][4], con
 #pragma unroll
     for (int np = 0; np < N / 16; ++np) {
       uint32_t bb[2][2];
-      ldmatrix_b_trans<N>(bb, tile, kk * 16, np * 16, lane);
+      ldmatrix_b_trans<LD>(bb, tile, kk * 16, col0 + np * 16, lane);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16816<NT>(acc[mt][2 * np], a[mt], bb[0]);
@@ -197,14 +198,15 @@ __device__ __forceinline__ void rows_times_tile_t(float (&c)[MT][N / 8][4], cons
   }
 }
 
-// Writes a warp's 16·MT × N f32 accumulators (rows row0 ..) as 16-bit rows of length N.
-template <class NT, int N, int MT>
+// Writes a warp's 16·MT × N f32 accumulators (rows row0 ..) as 16-bit values in columns
+// col0 .. col0 + N of rows of length LD.
+template <class NT, int N, int MT, int LD = N>
 __device__ __forceinline__ void store_rows(const float (&acc)[MT][N / 8][4], NT* out, int64_t row0, int64_t nrows,
-                                           int lane) {
+                                           int lane, int col0 = 0) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nf = 0; nf < N / 8; ++nf) store_c<NT>(out, N, acc[mt][nf], row0 + 16 * mt, nf * 8, nrows, lane);
+    for (int nf = 0; nf < N / 8; ++nf) store_c<NT>(out, LD, acc[mt][nf], row0 + 16 * mt, col0 + nf * 8, nrows, lane);
 }
 
 // d += the dot product of 8 16-bit values with 8 others (16 bytes each), in f32, in element
@@ -234,10 +236,14 @@ __global__ void __launch_bounds__(256) delta_kernel(FlexParams p) {
   if (r < rows && part == 0) p.delta[r] = d - (p.dlse ? p.dlse[r] : 0.0f);
 }
 
-// dK/dV: grid (ceil(S / (64·MT)), Hkv, B); warp w owns keys 16·MT·w ..; BQ queries per step.
-template <class NT, int E, int BQ, int MT, class SM, class MM>
+// dK/dV: grid (ceil(S / (64·MT)) · E / EC, Hkv, B); warp w owns keys 16·MT·w ..; BQ queries per
+// step. A CTA writes EC of the E columns of dK and dV (EC < E: the key tile's CTAs split the
+// columns, each computing the tile's Sᵀ and dPᵀ over all of E).
+template <class NT, int E, int BQ, int MT, class SM, class MM, int EC = E>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM mm) {
   constexpr int kRows = 16 * MT * kWarps;  // keys per CTA
+  constexpr int kParts = E / EC;
+  static_assert(E % EC == 0 && EC % 16 == 0, "column parts of 16-column multiples");
   extern __shared__ __align__(128) unsigned char kiln_flex_bwd_smem[];
   NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
   NT* Ks = smem;
@@ -245,7 +251,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
   NT* Qs = Vs + kRows * E;                                  // [2][BQ][E]
   NT* Gs = Qs + 2 * BQ * E;                                 // dO, [2][BQ][E]
   float* stat = reinterpret_cast<float*>(Gs + 2 * BQ * E);  // [2][2][BQ]: lse, delta
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows, hk = blockIdx.y, b = blockIdx.z;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x / kParts) * kRows, hk = blockIdx.y, b = blockIdx.z;
+  const int col0 = static_cast<int>(blockIdx.x % kParts) * EC;
   const int64_t G = p.Hq / p.Hkv, kb = j0 / p.KB;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
   const int wrow = 16 * MT * w;
@@ -272,11 +279,11 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
   if (cur.valid) issue(cur, 0);
   cp_async_commit();  // K, V and the first Q/dO tile: one group
 
-  float dk[MT][E / 8][4], dv[MT][E / 8][4];
+  float dk[MT][EC / 8][4], dv[MT][EC / 8][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nf = 0; nf < E / 8; ++nf)
+    for (int nf = 0; nf < EC / 8; ++nf)
 #pragma unroll
       for (int r = 0; r < 4; ++r) dk[mt][nf][r] = dv[mt][nf][r] = 0.0f;
 
@@ -320,22 +327,25 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(FlexParams p, SM sm, MM 
             grad_elem(p, sm, (kept[mt] >> (nf * 4 + r)) & 1u, int(b), h, i, j, s[mt][nf][r], dp[mt][nf][r],
                       lse_s[col], del_s[col]);
           }
-      acc_c_times_tile<NT, BQ, E, MT>(dv, s, Gb, lane);   // dV += Pᵀ·dO
-      acc_c_times_tile<NT, BQ, E, MT>(dk, dp, Qb, lane);  // dK += dSᵀ·Q
+      acc_c_times_tile<NT, BQ, EC, MT, E>(dv, s, Gb, lane, col0);   // dV += Pᵀ·dO
+      acc_c_times_tile<NT, BQ, EC, MT, E>(dk, dp, Qb, lane, col0);  // dK += dSᵀ·Q
     }
     cur = nxt;
   }
   cp_async_wait<0>();
 
   const int64_t o = (b * p.Hkv + hk) * p.S;
-  store_rows<NT, E, MT>(dk, static_cast<NT*>(p.dk) + o * E, j0 + wrow, p.S, lane);
-  store_rows<NT, E, MT>(dv, static_cast<NT*>(p.dv) + o * E, j0 + wrow, p.S, lane);
+  store_rows<NT, EC, MT, E>(dk, static_cast<NT*>(p.dk) + o * E, j0 + wrow, p.S, lane, col0);
+  store_rows<NT, EC, MT, E>(dv, static_cast<NT*>(p.dv) + o * E, j0 + wrow, p.S, lane, col0);
 }
 
-// dQ: grid (ceil(L / (64·MT)), Hq, B); warp w owns queries 16·MT·w ..; BK keys per step.
-template <class NT, int E, int BK, int MT, class SM, class MM>
+// dQ: grid (ceil(L / (64·MT)) · E / EC, Hq, B); warp w owns queries 16·MT·w ..; BK keys per
+// step; a CTA writes EC of dQ's E columns (as dK/dV's).
+template <class NT, int E, int BK, int MT, class SM, class MM, int EC = E>
 __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm) {
   constexpr int kRows = 16 * MT * kWarps;  // queries per CTA
+  constexpr int kParts = E / EC;
+  static_assert(E % EC == 0 && EC % 16 == 0, "column parts of 16-column multiples");
   extern __shared__ __align__(128) unsigned char kiln_flex_bwd_smem[];
   NT* smem = reinterpret_cast<NT*>(kiln_flex_bwd_smem);
   NT* Qs = smem;
@@ -344,7 +354,9 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
   NT* Vs = Ks + 2 * BK * E;  // [2][BK][E]
   // Heaviest first under causal masks (the last query tile has the most KV blocks; the dK/dV
   // grid is already in that order: key tile 0 is seen by every query).
-  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows, h = blockIdx.y, b = blockIdx.z;
+  const int64_t i0 = static_cast<int64_t>(gridDim.x / kParts - 1 - blockIdx.x / kParts) * kRows, h = blockIdx.y,
+                b = blockIdx.z;
+  const int col0 = static_cast<int>(blockIdx.x % kParts) * EC;
   const int64_t hk = h / (p.Hq / p.Hkv), row = mask_row(p, b, h) * p.nQ + i0 / p.QB;
   const int64_t orow = (b * p.Hq + h) * p.L;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -374,11 +386,11 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
       lse[mt][half] = exp_base<false>(i < p.L ? p.lse[orow + i] : -INFINITY);
       del[mt][half] = i < p.L ? p.delta[orow + i] : 0.0f;
     }
-  float dq[MT][E / 8][4];
+  float dq[MT][EC / 8][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nf = 0; nf < E / 8; ++nf)
+    for (int nf = 0; nf < EC / 8; ++nf)
 #pragma unroll
       for (int r = 0; r < 4; ++r) dq[mt][nf][r] = 0.0f;
 
@@ -417,37 +429,39 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
             grad_elem(p, sm, (kept[mt] >> (nf * 4 + r)) & 1u, int(b), int(h), i, j, s[mt][nf][r], dp[mt][nf][r],
                       lse[mt][r >> 1], del[mt][r >> 1]);
           }
-      acc_c_times_tile<NT, BK, E, MT>(dq, dp, Kb, lane);  // dQ += dS·K
+      acc_c_times_tile<NT, BK, EC, MT, E>(dq, dp, Kb, lane, col0);  // dQ += dS·K
     }
     cur = nxt;
   }
   cp_async_wait<0>();
-  store_rows<NT, E, MT>(dq, static_cast<NT*>(p.dq) + orow * E, i0 + wrow, p.L, lane);
+  store_rows<NT, EC, MT, E>(dq, static_cast<NT*>(p.dq) + orow * E, i0 + wrow, p.L, lane, col0);
 }
 
 inline bool aligned16(const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; }
 
-// The dK/dV kernel with MT m16 tiles per warp (64·MT keys per CTA), BQ queries per step.
-template <class NT, int E, int BQ, int MT, class SM, class MM>
+// The dK/dV kernel with MT m16 tiles per warp (64·MT keys per CTA), BQ queries per step, EC of
+// the E columns per CTA.
+template <class NT, int E, int BQ, int MT, class SM, class MM, int EC = E>
 void launch_dkdv(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   constexpr int kRows = 16 * MT * kWarps;
   constexpr int smem = (2 * kRows * E + 4 * BQ * E) * 2 + 4 * BQ * 4;
-  auto kernel = dkdv_kernel<NT, E, BQ, MT, SM, MM>;
+  auto kernel = dkdv_kernel<NT, E, BQ, MT, SM, MM, EC>;
   set_smem(kernel, smem);
-  dim3 grid(static_cast<unsigned>((p.S + kRows - 1) / kRows), static_cast<unsigned>(p.Hkv),
+  dim3 grid(static_cast<unsigned>((p.S + kRows - 1) / kRows * (E / EC)), static_cast<unsigned>(p.Hkv),
             static_cast<unsigned>(p.B));
   kernel<<<grid, kThreads, smem, st>>>(p, sm, mm);
   KILN_CUDA_CHECK_LAUNCH("flex dkdv_kernel (mma)");
 }
 
-// The dQ kernel with MT m16 tiles per warp (64·MT queries per CTA), BK keys per step.
-template <class NT, int E, int BK, int MT, class SM, class MM>
+// The dQ kernel with MT m16 tiles per warp (64·MT queries per CTA), BK keys per step, EC of the
+// E columns per CTA.
+template <class NT, int E, int BK, int MT, class SM, class MM, int EC = E>
 void launch_dq(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   constexpr int kRows = 16 * MT * kWarps;
   constexpr int smem = (2 * kRows * E + 4 * BK * E) * 2;
-  auto kernel = dq_kernel<NT, E, BK, MT, SM, MM>;
+  auto kernel = dq_kernel<NT, E, BK, MT, SM, MM, EC>;
   set_smem(kernel, smem);
-  dim3 grid(static_cast<unsigned>((p.L + kRows - 1) / kRows), static_cast<unsigned>(p.Hq),
+  dim3 grid(static_cast<unsigned>((p.L + kRows - 1) / kRows * (E / EC)), static_cast<unsigned>(p.Hq),
             static_cast<unsigned>(p.B));
   kernel<<<grid, kThreads, smem, st>>>(p, sm, mm);
   KILN_CUDA_CHECK_LAUNCH("flex dq_kernel (mma)");
@@ -461,16 +475,25 @@ void launch(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
   delta_kernel<NT, E><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
   KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (mma)");
 
-  // dK/dV: one m16 tile per warp (two would need the dK and dV accumulators twice: spills at
-  // E = 64 with 32-query steps, 256 registers of accumulators alone at E = 128).
-  launch_dkdv<NT, E, E == 128 ? 32 : 64, 1>(p, sm, mm, st);
-  // dQ: two m16 tiles per warp (128 queries per CTA, 32-key steps) at E = 64 when the q blocks
-  // are multiples of 128; otherwise one (64 queries, 64-key steps).
-  if constexpr (E == 64) {
-    if (p.QB % 128 == 0) launch_dq<NT, E, 32, 2>(p, sm, mm, st);
-    else launch_dq<NT, E, 64, 1>(p, sm, mm, st);
+  if constexpr (E == 256) {
+    // E = 256: dK and dV would be 128 f32 registers a thread each, dQ 128: two CTAs per tile
+    // write 128 columns each, both computing the tile's S and dP over all 256 (1.5 × the products
+    // of one CTA), with the E = 128 kernels' registers; 32-row steps keep shared memory at 128 KB
+    // (an sm80 GPU's 163 KB limit holds it).
+    launch_dkdv<NT, E, 32, 1, SM, MM, 128>(p, sm, mm, st);
+    launch_dq<NT, E, 32, 1, SM, MM, 128>(p, sm, mm, st);
   } else {
-    launch_dq<NT, E, 64, 1>(p, sm, mm, st);
+    // dK/dV: one m16 tile per warp (two would need the dK and dV accumulators twice: spills at
+    // E = 64 with 32-query steps, 256 registers of accumulators alone at E = 128).
+    launch_dkdv<NT, E, E == 128 ? 32 : 64, 1>(p, sm, mm, st);
+    // dQ: two m16 tiles per warp (128 queries per CTA, 32-key steps) at E = 64 when the q blocks
+    // are multiples of 128; otherwise one (64 queries, 64-key steps).
+    if constexpr (E == 64) {
+      if (p.QB % 128 == 0) launch_dq<NT, E, 32, 2>(p, sm, mm, st);
+      else launch_dq<NT, E, 64, 1>(p, sm, mm, st);
+    } else {
+      launch_dq<NT, E, 64, 1>(p, sm, mm, st);
+    }
   }
 }
 
@@ -484,14 +507,16 @@ bool flex_backward_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStre
   if constexpr (std::is_void_v<NT> || attention::is_learnable_v<SM>) {
     return false;  // f32 storage, or a learnable table (dbias is not implemented here)
   } else {
-    if (!mma_layout_ok(p, bwd::kTile, bwd::kTile) || p.L <= 0 || p.S <= 0) return false;
+    if (!mma_layout_ok(p, bwd::kTile, bwd::kTile, /*head_dim_256=*/true) || p.L <= 0 || p.S <= 0) return false;
     if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
         !bwd::aligned16(p.dv))
       return false;
     if (p.E == 64)
       bwd::launch<NT, 64>(p, sm, mm, st);
-    else
+    else if (p.E == 128)
       bwd::launch<NT, 128>(p, sm, mm, st);
+    else
+      bwd::launch<NT, 256>(p, sm, mm, st);
     return true;
   }
 }

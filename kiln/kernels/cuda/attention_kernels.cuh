@@ -277,7 +277,7 @@ constexpr const char* kHopperNeeds =
     "strides a TMA tensor map can describe (none zero, as an expand() gives), the device's full shared memory per "
     "block (about 225 KB), and in the backward no learnable score_mod and B*Hq*L < 2^31";
 constexpr const char* kSm80Needs =
-    "sm80: bf16 or f16, E = Ev in {64, 128} (the forward also 256), BlockMask blocks that are multiples of 64, "
+    "sm80: bf16 or f16, E = Ev in {64, 128, 256}, BlockMask blocks that are multiples of 64, "
     "16-byte-aligned rows, and in the backward no learnable score_mod";
 
 // Runs the first tensor-core kernels that FlexOptions::backend allows and that apply: `hopper`
