@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
@@ -20,6 +21,7 @@ namespace kiln {
 namespace {
 
 constexpr const char* kOp = "linear_cross_entropy";
+constexpr const char* kReferenceOp = "linear_cross_entropy_reference";
 
 DType acc_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
@@ -29,86 +31,115 @@ struct LceState {
   Tensor hidden, weight, bias, target, class_weight;  // contiguous, detached
   Shape hidden_shape, target_shape;
   bool weight_grad_f32 = false;
-  Tensor grad_scale;  // mean without num_items: 1/divisor (1 for a zero divisor), f64 device scalar
+  Tensor grad_scale;  // mean without num_items: 1/divisor (zero divisor: 1 or NaN, below), f64 device scalar
   Tensor grad_hidden, grad_weight, grad_bias;  // computed in the forward (mean/sum), handed over once
   bool handed_over = false;
 };
 
-void check_same(const Tensor& t, const Tensor& ref, const char* name) {
-  KILN_CHECK(t.dtype() == ref.dtype(), kOp, ": ", name, " has dtype ", dtype_name(t.dtype()),
+void check_same(const Tensor& t, const Tensor& ref, const char* name, const char* op) {
+  KILN_CHECK(t.dtype() == ref.dtype(), op, ": ", name, " has dtype ", dtype_name(t.dtype()),
              ", expected hidden's dtype ", dtype_name(ref.dtype()));
-  KILN_CHECK(t.device() == ref.device(), kOp, ": ", name, " is on ", t.device().str(), ", expected ",
+  KILN_CHECK(t.device() == ref.device(), op, ": ", name, " is on ", t.device().str(), ", expected ",
              ref.device().str(), " (where hidden is)");
 }
 
-void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target, const LinearCrossEntropyOptions& o) {
-  KILN_CHECK(hidden.defined() && weight.defined() && target.defined(), kOp, ": undefined tensor argument");
-  KILN_CHECK(is_floating(hidden.dtype()), kOp, ": hidden must be floating, got ", dtype_name(hidden.dtype()));
-  KILN_CHECK(hidden.dim() == 2 || hidden.dim() == 3, kOp, ": hidden must be [N, d] or [B, T, d], got ",
+// `op` names the caller in the messages (the fused op or the reference).
+void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target, const LinearCrossEntropyOptions& o,
+                const char* op) {
+  KILN_CHECK(hidden.defined() && weight.defined() && target.defined(), op, ": undefined tensor argument");
+  KILN_CHECK(is_floating(hidden.dtype()), op, ": hidden must be floating, got ", dtype_name(hidden.dtype()));
+  KILN_CHECK(hidden.dim() == 2 || hidden.dim() == 3, op, ": hidden must be [N, d] or [B, T, d], got ",
              hidden.shape());
-  KILN_CHECK(weight.dim() == 2, kOp, ": weight must be [V, d], got ", weight.shape());
-  KILN_CHECK(weight.size(1) == hidden.size(-1), kOp, ": weight is ", weight.shape(), " but hidden's last dim is ",
+  KILN_CHECK(weight.dim() == 2, op, ": weight must be [V, d], got ", weight.shape());
+  KILN_CHECK(weight.size(1) == hidden.size(-1), op, ": weight is ", weight.shape(), " but hidden's last dim is ",
              hidden.size(-1), " (expected weight [V, ", hidden.size(-1), "])");
-  KILN_CHECK(weight.size(0) > 0 && weight.size(1) > 0, kOp, ": weight must have V > 0 and d > 0, got ",
+  KILN_CHECK(weight.size(0) > 0 && weight.size(1) > 0, op, ": weight must have V > 0 and d > 0, got ",
              weight.shape());
-  check_same(weight, hidden, "weight");
-  KILN_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, kOp, ": target must be i64 or i32, got ",
+  check_same(weight, hidden, "weight", op);
+  KILN_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op, ": target must be i64 or i32, got ",
              dtype_name(target.dtype()));
-  KILN_CHECK(target.device() == hidden.device(), kOp, ": target is on ", target.device().str(), ", expected ",
+  KILN_CHECK(target.device() == hidden.device(), op, ": target is on ", target.device().str(), ", expected ",
              hidden.device().str());
   Shape expect(hidden.shape().begin(), hidden.shape().end() - 1);
-  KILN_CHECK(target.shape() == expect, kOp, ": target has shape ", target.shape(), ", expected ", expect,
+  KILN_CHECK(target.shape() == expect, op, ": target has shape ", target.shape(), ", expected ", expect,
              " (hidden is ", hidden.shape(), ")");
   const int64_t v = weight.size(0);
   if (o.bias.defined()) {
-    check_same(o.bias, hidden, "bias");
-    KILN_CHECK(o.bias.dim() == 1 && o.bias.size(0) == v, kOp, ": bias must be [", v, "], got ", o.bias.shape());
+    check_same(o.bias, hidden, "bias", op);
+    KILN_CHECK(o.bias.dim() == 1 && o.bias.size(0) == v, op, ": bias must be [", v, "], got ", o.bias.shape());
   }
   if (o.weight.defined()) {
-    check_same(o.weight, hidden, "weight (class weights)");
-    KILN_CHECK(o.weight.dim() == 1 && o.weight.size(0) == v, kOp, ": class weights must be [", v, "], got ",
+    check_same(o.weight, hidden, "weight (class weights)", op);
+    KILN_CHECK(o.weight.dim() == 1 && o.weight.size(0) == v, op, ": class weights must be [", v, "], got ",
                o.weight.shape());
-    KILN_CHECK(!(grad_enabled() && o.weight.requires_grad()), kOp,
+    KILN_CHECK(!(grad_enabled() && o.weight.requires_grad()), op,
                ": class weights that require grad are not supported (as in F.cross_entropy); detach them");
   }
-  KILN_CHECK(std::isfinite(o.label_smoothing) && o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, kOp,
+  KILN_CHECK(std::isfinite(o.label_smoothing) && o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, op,
              ": label_smoothing=", o.label_smoothing, " must be in [0, 1]");
-  KILN_CHECK(std::isfinite(o.z_loss) && o.z_loss >= 0.0, kOp, ": z_loss=", o.z_loss, " must be finite and >= 0");
-  check_reduction(o.reduction, kOp);
-  KILN_CHECK(std::isfinite(o.softcap) && o.softcap >= 0.0, kOp, ": softcap=", o.softcap,
+  KILN_CHECK(std::isfinite(o.z_loss) && o.z_loss >= 0.0, op, ": z_loss=", o.z_loss, " must be finite and >= 0");
+  // 16-bit and f32 inputs take z_loss and softcap as f32: past its range they became inf (a loss
+  // of inf; a softcap of inf·tanh(x/inf) = NaN).
+  const bool f32_math = acc_dtype(hidden.dtype()) == DType::f32;
+  KILN_CHECK(!f32_math || o.z_loss <= std::numeric_limits<float>::max(), op, ": z_loss=", o.z_loss,
+             " is past f32's range (the loss is computed in f32 for ", dtype_name(hidden.dtype()), " inputs)");
+  check_reduction(o.reduction, op);
+  KILN_CHECK(std::isfinite(o.softcap) && o.softcap >= 0.0, op, ": softcap=", o.softcap,
              " must be finite and >= 0 (0 turns it off)");
-  KILN_CHECK(o.softcap == 0.0 || acc_dtype(hidden.dtype()) == DType::f64 || static_cast<float>(o.softcap) > 0.0f,
-             kOp, ": softcap=", o.softcap, " rounds to 0 in f32, which would turn it off (0 turns it off)");
-  KILN_CHECK(std::isfinite(o.num_items) && o.num_items >= 0.0, kOp, ": num_items=", o.num_items,
+  KILN_CHECK(o.softcap == 0.0 || !f32_math || static_cast<float>(o.softcap) > 0.0f, op, ": softcap=", o.softcap,
+             " rounds to 0 in f32, which would turn it off (0 turns it off)");
+  KILN_CHECK(!f32_math || o.softcap <= std::numeric_limits<float>::max(), op, ": softcap=", o.softcap,
+             " is past f32's range (the logits are capped in f32 for ", dtype_name(hidden.dtype()), " inputs)");
+  KILN_CHECK(std::isfinite(o.num_items) && o.num_items >= 0.0, op, ": num_items=", o.num_items,
              " must be finite and > 0 (0: unset)");
-  KILN_CHECK(o.num_items == 0.0 || o.reduction != Reduction::none, kOp,
+  KILN_CHECK(o.num_items == 0.0 || std::isfinite(1.0 / o.num_items), op, ": num_items=", o.num_items,
+             " is too small: its reciprocal overflows");
+  KILN_CHECK(o.num_items == 0.0 || o.reduction != Reduction::none, op,
              ": num_items needs reduction mean or sum (got none)");
-  KILN_CHECK(std::isfinite(o.filter_eps) && o.filter_eps >= 0.0, kOp, ": filter_eps=", o.filter_eps,
+  KILN_CHECK(std::isfinite(o.filter_eps) && o.filter_eps >= 0.0, op, ": filter_eps=", o.filter_eps,
              " must be finite and >= 0");
-  KILN_CHECK(o.chunk_tokens >= 0, kOp, ": chunk_tokens=", o.chunk_tokens, " must be >= 0");
-  KILN_CHECK(o.dh_split >= 0, kOp, ": dh_split=", o.dh_split, " must be >= 0 (0 or 1: unsplit)");
-  KILN_CHECK(o.dw_sms >= 0, kOp, ": dw_sms=", o.dw_sms, " must be >= 0 (0: off)");
+  KILN_CHECK(o.chunk_tokens >= 0, op, ": chunk_tokens=", o.chunk_tokens, " must be >= 0");
+  KILN_CHECK(o.dh_split >= 0, op, ": dh_split=", o.dh_split, " must be >= 0 (0 or 1: unsplit)");
+  KILN_CHECK(o.dw_sms >= 0, op, ": dw_sms=", o.dw_sms, " must be >= 0 (0: off)");
 }
 
 // Checks every target against [0, V) ∪ {ignore_index} (on CUDA without a host synchronisation:
 // a failure is raised at the next device-to-host copy, ops/index_check.h).
-void check_targets(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o) {
-  detail::check_index_range(target, 0, v, o.ignore_index, std::string(kOp) + ": target",
+void check_targets(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o, const char* op) {
+  detail::check_index_range(target, 0, v, o.ignore_index, std::string(op) + ": target",
                             " out of range [0, " + std::to_string(v) + ") (ignore_index is " +
                                 std::to_string(o.ignore_index) + ")");
 }
 
-// The mean's divisor as an f64 scalar on the target's device, computed there (no host sync):
-// Σ w[target] over non-ignored tokens, their count without class weights. Out-of-range targets
-// (reported by check_targets) count with a clamped index.
-Tensor mean_divisor(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o) {
+// The mean's divisor as f64 scalars on the target's device, computed there (no host sync): the
+// count of non-ignored tokens and Σ w[target] over them (the count again without class
+// weights). Out-of-range targets (reported by check_targets) count with a clamped index.
+struct MeanDivisor {
+  Tensor count, divisor;
+};
+MeanDivisor mean_divisor(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o) {
   const Device dev = target.device();
-  Tensor keep = ne(target, full({}, static_cast<double>(o.ignore_index), target.dtype(), dev)).to(DType::f64);
-  if (!o.weight.defined()) return sum(keep);
+  const int64_t ii = o.ignore_index;
+  Tensor keep;
+  const bool fits = target.dtype() == DType::i64 ||
+                    (ii >= std::numeric_limits<int32_t>::min() && ii <= std::numeric_limits<int32_t>::max());
+  if (!fits) {
+    keep = ones({target.numel()}, DType::f64, dev);  // no i32 target equals it: nothing is ignored
+  } else {
+    // Exact as an integer: through a double past 2^53 the ignored value would round, and the
+    // count would take rows the kernel ignores (a copy to the device only then; full() needs none).
+    constexpr int64_t kExactInDouble = int64_t{1} << 53;
+    const Tensor ignore = ii >= -kExactInDouble && ii <= kExactInDouble
+                              ? full({}, static_cast<double>(ii), target.dtype(), dev)
+                              : from_vector(std::vector<int64_t>{ii}, {}).to(dev);
+    keep = ne(target, ignore).to(DType::f64);
+  }
+  Tensor count = sum(keep);
+  if (!o.weight.defined()) return {count, count};
   Tensor idx = minimum(maximum(target, zeros({}, target.dtype(), dev)),
                        full({}, static_cast<double>(v - 1), target.dtype(), dev));
   Tensor wt = embedding(o.weight.detach().to(DType::f64).contiguous().view({v, 1}), idx).view({target.numel()});
-  return sum(mul(wt, keep));
+  return {count, sum(mul(wt, keep))};
 }
 
 struct Rows {
@@ -173,9 +204,15 @@ void scale_by(Tensor& t, const Tensor& go) {
 
 }  // namespace
 
+void detail::check_linear_cross_entropy_args(const Tensor& hidden, const Tensor& weight, const Tensor& target,
+                                             const LinearCrossEntropyOptions& o) {
+  check_args(hidden, weight, target, o, kReferenceOp);
+  check_targets(target.contiguous(), weight.size(0), o, kReferenceOp);
+}
+
 LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& target,
                                               const LinearCrossEntropyOptions& o) {
-  check_args(hidden, weight, target, o);
+  check_args(hidden, weight, target, o, kOp);
   check_device_available(hidden.device(), kOp);
   const int64_t d = hidden.size(-1), v = weight.size(0), n = target.numel();
 
@@ -184,7 +221,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   s->weight = weight.detach().contiguous();
   if (o.bias.defined()) s->bias = o.bias.detach().contiguous();
   s->target = target.detach().reshape({n}).contiguous();
-  check_targets(s->target, v, o);
+  check_targets(s->target, v, o, kOp);
   if (o.weight.defined()) s->class_weight = o.weight.detach().contiguous();
   s->hidden_shape = hidden.shape();
   s->target_shape = target.shape();
@@ -204,8 +241,10 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   p.dw_sms = o.dw_sms;
   p.profile = o.profile;
   // The divisor of the summed loss: num_items, else Σ w[target] (mean; a device scalar, so that
-  // no step waits for the device) or 1 (sum). A zero divisor leaves the gradients unscaled (they
-  // are zero then) and makes the mean NaN, as in PyTorch.
+  // no step waits for the device) or 1 (sum). A zero divisor makes the mean NaN, as in PyTorch;
+  // its gradients stay 0 when every target is ignored (nothing contributes), and are NaN when
+  // kept targets have class weights summing to 0 (PyTorch's 0 / 0; label smoothing and z-loss
+  // still have gradients there, which the sum's scale would have passed as the mean's).
   const DType acc = acc_dtype(hidden.dtype());
   double divisor_h = 1.0;
   Tensor loss_scale;  // device divisor only: the mean's 1/divisor (NaN for 0), accumulation dtype
@@ -213,11 +252,13 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   if (o.num_items == 0.0 && o.reduction == Reduction::mean) {
     NoGradGuard ng;
     const Device dev = hidden.device();
-    Tensor divisor = mean_divisor(s->target, v, o);
-    Tensor zero = eq(divisor, zeros({}, DType::f64, dev));
-    Tensor inv = div(ones({}, DType::f64, dev), divisor);
-    s->grad_scale = where(zero, ones({}, DType::f64, dev), inv);
-    loss_scale = where(zero, full({}, std::numeric_limits<double>::quiet_NaN(), DType::f64, dev), inv).to(acc);
+    const MeanDivisor md = mean_divisor(s->target, v, o);
+    const Tensor zero = eq(md.divisor, zeros({}, DType::f64, dev));
+    const Tensor inv = div(ones({}, DType::f64, dev), md.divisor);
+    const Tensor none_kept = eq(md.count, zeros({}, DType::f64, dev));
+    const Tensor nan = full({}, std::numeric_limits<double>::quiet_NaN(), DType::f64, dev);
+    s->grad_scale = where(zero, where(none_kept, ones({}, DType::f64, dev), nan), inv);
+    loss_scale = where(zero, nan, inv).to(acc);
     p.grad_scale = 1.0;
   } else {
     p.grad_scale = o.reduction == Reduction::none ? 1.0 : 1.0 / divisor_h;

@@ -13,9 +13,7 @@ namespace kiln {
 
 LinearCrossEntropyResult linear_cross_entropy_reference(const Tensor& hidden, const Tensor& weight,
                                                         const Tensor& target, const LinearCrossEntropyOptions& o) {
-  KILN_CHECK(hidden.defined() && weight.defined() && target.defined(),
-             "linear_cross_entropy_reference: undefined tensor argument");
-  check_reduction(o.reduction, "linear_cross_entropy_reference");
+  detail::check_linear_cross_entropy_args(hidden, weight, target, o);
   const int64_t d = hidden.size(-1), v = weight.size(0), n = target.numel();
   const DType in = hidden.dtype();
   const DType acc = in == DType::f64 ? DType::f64 : DType::f32;

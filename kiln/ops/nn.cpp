@@ -36,7 +36,12 @@ void detail::check_index_range(const Tensor& ids, int64_t lo, int64_t hi, int64_
   }
 #endif
   int64_t bad = KILN_DEVICE_CALL(ids.device(), first_out_of_range, ids, lo, hi, ignore);
-  if (bad >= 0) fail(what, "[", bad, "]=", static_cast<int64_t>(ids.view({-1}).select(0, bad).item()), tail);
+  // The value read as an integer (item() goes through a double: 2^62 + 1 printed as 2^62, and
+  // INT64_MAX's cast back was undefined).
+  if (bad >= 0) {
+    const int64_t value = ids.view({-1}).slice(0, bad, bad + 1).to(DType::i64).to_vector<int64_t>()[0];
+    fail(what, "[", bad, "]=", value, tail);
+  }
 }
 
 // ---- embedding ----

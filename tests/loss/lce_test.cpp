@@ -616,6 +616,72 @@ TEST_P(Lce, BadInputsNameTheProblem) {
   expect_error([&] { linear_cross_entropy(h, w, in.target.to(dev()), o); }, "dw_sms=-1 must be >= 0");
 }
 
+// Options at the edges (from a probe of the op, each wrong before): a softcap or z-loss past
+// f32's range (inf · tanh(x / inf) gave NaN), a num_items whose reciprocal overflows, an
+// ignore_index no i32 target can equal (an error about `full`), one past 2^53 (the mean counted
+// the ignored row), an out-of-range target near INT64_MAX (printed through a double), class
+// weights that sum to 0 over the kept targets (the sum's gradients passed as the mean's), and
+// the reference, which took bad targets whenever an option sent it off cross_entropy.
+TEST_P(Lce, EdgeOptionsAndDivisors) {
+  Inputs in = make_inputs(1500, {4, 3}, 5, 0.0);
+  Tensor h = in.hidden.to(DType::f32).to(dev()), w = in.weight.to(DType::f32).to(dev());
+  auto expect_error = [](const std::function<void()>& f, const std::string& part) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error containing '" << part << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  auto loss = [&](const Tensor& target, const LinearCrossEntropyOptions& o) {
+    return linear_cross_entropy(h, w, target.to(dev()), o).loss.item();
+  };
+  LinearCrossEntropyOptions o;
+  o.softcap = 1e39;
+  expect_error([&] { loss(in.target, o); }, "softcap=1e+39 is past f32's range");
+  o = {};
+  o.z_loss = 1e39;
+  expect_error([&] { loss(in.target, o); }, "z_loss=1e+39 is past f32's range");
+  o = {};
+  o.num_items = 1e-320;
+  expect_error([&] { loss(in.target, o); }, "is too small: its reciprocal overflows");
+  // An ignore_index outside i32 ignores no i32 target: the plain mean.
+  const Tensor t = from_vector<int64_t>({0, 1, 2, 3}, {4});
+  const double plain = loss(t, {});
+  o = {};
+  o.ignore_index = (int64_t{1} << 32) + 1;
+  EXPECT_DOUBLE_EQ(loss(t.to(DType::i32), o), plain);
+  // One past 2^53, exactly: the mean over the other three rows.
+  const int64_t big = (int64_t{1} << 53) + 1;
+  o.ignore_index = big;
+  LinearCrossEntropyOptions small;
+  small.ignore_index = -7;
+  const double with_big = loss(from_vector<int64_t>({0, 1, big, 3}, {4}), o);
+  EXPECT_NEAR(with_big, loss(from_vector<int64_t>({0, 1, -7, 3}, {4}), small), 1e-6);
+  expect_error([&] { loss(from_vector<int64_t>({0, 1, INT64_MAX, 3}, {4}), {}); }, "target[2]=9223372036854775807");
+  // Kept targets whose class weights sum to 0, with label smoothing: NaN loss and gradients (as
+  // PyTorch's 0 / 0), not the sum's.
+  o = {};
+  o.weight = from_vector<float>({0, 0, 0, 0, 1}, {5}).to(dev());
+  o.label_smoothing = 0.1;
+  Tensor hg = h.detach().requires_grad_();
+  LinearCrossEntropyResult r = linear_cross_entropy(hg, w, t.to(dev()), o);
+  EXPECT_TRUE(std::isnan(r.loss.item()));
+  r.loss.backward();
+  EXPECT_TRUE(std::isnan(hg.grad().to(kCPU).to_vector<float>()[0]));
+  // The reference checks what the fused op checks, on every path.
+  o = {};
+  o.z_loss = 1e-4;
+  const Tensor bad = from_vector<int64_t>({0, 1, 9, 3}, {4}).to(dev());
+  expect_error([&] { linear_cross_entropy_reference(h, w, bad, o).loss.item(); },
+               "linear_cross_entropy_reference: target[2]=9 out of range");
+  o = {};
+  o.label_smoothing = 2;
+  o.softcap = 1;
+  expect_error([&] { linear_cross_entropy_reference(h, w, t.to(dev()), o); },
+               "linear_cross_entropy_reference: label_smoothing=2");
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, Lce, ::testing::Values(kCPU, cuda(0)),
                          [](const ::testing::TestParamInfo<Device>& i) { return i.param.is_cuda() ? "cuda" : "cpu"; });
 
