@@ -25,8 +25,12 @@ std::vector<Tensor> grads_of(const std::vector<Tensor>& params, const char* op) 
   return grads;
 }
 
-double total_norm(const std::vector<Tensor>& grads, double norm_type, const char* op) {
+void check_norm_type(double norm_type, const char* op) {
   KILN_CHECK(norm_type > 0.0 && !std::isnan(norm_type), op, ": norm_type=", norm_type, " must be > 0 (or inf)");
+}
+
+double total_norm(const std::vector<Tensor>& grads, double norm_type, const char* op) {
+  check_norm_type(norm_type, op);
   NoGradGuard no_grad;
   // Per device, one f64 buffer of partials; each gradient fills its own slice.
   std::vector<std::pair<Device, int64_t>> slot(grads.size());  // device, first partial
@@ -78,7 +82,9 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const ClipGradOptions& options) {
   const char* op = "clip_grad_norm_";
-  KILN_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, op, ": max_norm=", max_norm, " must be finite and >= 0");
+  // inf never clips (as torch: the call then only measures the norm).
+  KILN_CHECK(!std::isnan(max_norm) && max_norm >= 0.0, op, ": max_norm=", max_norm, " must be >= 0 (or inf)");
+  check_norm_type(options.norm_type, op);  // also when no parameter has a gradient
   std::vector<Tensor> grads = grads_of(params, op);
   if (grads.empty()) return 0.0;
   const double norm = total_norm(grads, options.norm_type, op);
@@ -90,7 +96,9 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     NoGradGuard no_grad;
-    for (Tensor& g : grads) mul_(g, static_cast<double>(static_cast<float>(coef)));
+    // In the gradient's precision, as torch (f64 gradients in f64: rounded to f32, a coefficient
+    // of 2e-51 was 0).
+    for (Tensor& g : grads) mul_(g, g.dtype() == DType::f64 ? coef : static_cast<double>(static_cast<float>(coef)));
   }
   return norm;
 }

@@ -19,7 +19,8 @@ struct ClipGradOptions {
 };
 
 // Returns the total norm before clipping. When max_norm / (norm + 1e-6) < 1 every gradient
-// is multiplied by that coefficient (rounded to f32), as torch.
+// is multiplied by that coefficient (rounded to f32; in f64 for f64 gradients), as torch;
+// max_norm = inf never clips.
 double clip_grad_norm_(const NamedTensors& params, double max_norm, const ClipGradOptions& options = {});
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const ClipGradOptions& options = {});
 // The total norm of the gradients alone (no clipping).

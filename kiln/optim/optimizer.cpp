@@ -2,9 +2,12 @@
 // zero_grad, and the state as named tensors plus JSON scalars (save and checked load).
 #include "kiln/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/ops/ops.h"
@@ -20,6 +23,39 @@ void check_lr(double lr, const char* op) {
 void check_weight_decay(double wd, const char* op) {
   KILN_CHECK(std::isfinite(wd) && wd >= 0.0, op, ": weight_decay=", wd, " must be finite and >= 0");
 }
+
+namespace {
+
+// The storage elements a tensor's layout reaches: [lo, hi] (elements, not bytes), whether no
+// two indices reach the same element (dims sorted by stride, each stride at least the span of
+// the dims below it), and whether it reaches every element between (dense: then its elements
+// are exactly [lo, hi]).
+struct ElementSpan {
+  int64_t lo = 0, hi = -1;
+  bool distinct = true, dense = true;
+};
+ElementSpan element_span(const Tensor& t) {
+  ElementSpan sp;
+  if (t.numel() == 0) return sp;
+  sp.lo = sp.hi = t.offset();
+  std::vector<std::pair<int64_t, int64_t>> dims;  // |stride|, size, for dims of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t n = t.shape()[static_cast<size_t>(d)], st = t.strides()[static_cast<size_t>(d)];
+    if (n == 1) continue;
+    (st >= 0 ? sp.hi : sp.lo) += (n - 1) * st;
+    dims.emplace_back(st < 0 ? -st : st, n);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements the smaller-stride dims cover
+  for (const auto& [st, n] : dims) {
+    if (st < span) sp.distinct = false;
+    span = st * (n - 1) + span;
+  }
+  sp.dense = sp.distinct && sp.hi - sp.lo + 1 == t.numel();
+  return sp;
+}
+
+}  // namespace
 
 Optimizer::Optimizer(std::string kind, NamedTensors params, double lr, double weight_decay, const DecayFilter& decay,
                      std::vector<std::string> buffers)
@@ -39,15 +75,33 @@ Optimizer::Optimizer(std::string kind, NamedTensors params, double lr, double we
     KILN_CHECK(p.dtype() == DType::f32, op, ": parameter '", name, "' has dtype ", dtype_name(p.dtype()),
                "; optimizers keep f32 parameters (master weights)");
     KILN_CHECK(p.is_leaf(), op, ": parameter '", name, "' is not a leaf tensor (it has autograd history)");
+    // An update writes each element once: a layout that reaches an element twice (an expand())
+    // kept only the last of its gradients.
+    const ElementSpan sp = element_span(p);
+    KILN_CHECK(sp.distinct, op, ": parameter '", name, "' reaches some memory through more than one index (shape ",
+               p.shape(), ", strides ", p.strides(), ", as expand() gives); pass a tensor of its own (clone())");
     for (size_t j = 0; j < i; ++j) {
       const Tensor& q = params_[j].second;
       bool same = q.is_same(p) || (q.storage() == p.storage() && q.offset() == p.offset() && q.shape() == p.shape() &&
                                    q.strides() == p.strides());
       KILN_CHECK(!same, op, ": parameters '", params_[j].first, "' and '", name, "' are the same tensor");
+      // Views of one buffer: dense ones overlap exactly when their spans do (strided views that
+      // interleave, such as two column slices, are not checked: they may well not overlap).
+      if (q.storage() == p.storage() && !same) {
+        const ElementSpan sq = element_span(q);
+        const bool overlap = sq.dense && sp.dense && p.numel() > 0 && q.numel() > 0 && sq.lo <= sp.hi && sp.lo <= sq.hi;
+        KILN_CHECK(!overlap, op, ": parameters '", params_[j].first, "' and '", name,
+                   "' share memory (views of one buffer that overlap): each would be updated twice");
+      }
     }
     decay_.push_back(decay ? decay(name, p) : true);
   }
   state_.resize(params_.size());
+}
+
+bool Optimizer::decays(size_t i) const {
+  KILN_CHECK(i < decay_.size(), kind_, ": decays(", i, "): there are ", decay_.size(), " parameters");
+  return decay_[i];
 }
 
 void Optimizer::set_lr(double lr) {

@@ -54,7 +54,7 @@ class Optimizer {
   const NamedTensors& params() const { return params_; }
   double weight_decay() const { return weight_decay_; }
   // Whether parameter i gets weight decay (false when the decay filter exempted it).
-  bool decays(size_t i) const { return decay_.at(i); }
+  bool decays(size_t i) const;  // kiln::Error past the last parameter
   const std::string& kind() const { return kind_; }  // "adamw", "sgd"
 
   // The state as named tensors and scalars. The tensors are the optimizer's own buffers (no

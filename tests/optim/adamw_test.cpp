@@ -8,6 +8,7 @@
 
 #include "helpers.h"
 #include "kiln/optim/adamw.h"
+#include "kiln/optim/sgd.h"
 
 using namespace kiln;
 using namespace kiln::optim;
@@ -224,6 +225,34 @@ TEST(AdamW, RejectsBadParameters) {
   leaf.requires_grad_();
   Tensor nonleaf = leaf * 2.0;
   EXPECT_THROW(AdamW(NamedTensors{{"n", nonleaf}}), Error);
+  // Layouts that reach memory twice (from a probe: an expanded parameter kept only its last
+  // row's update; two overlapping views of one buffer were each updated). Disjoint views of one
+  // buffer, dense or interleaved, stay allowed; so do permuted and strided views.
+  auto expect_error = [](NamedTensors params, const std::string& part) {
+    try {
+      SGD opt(std::move(params));
+      ADD_FAILURE() << "no error, expected one containing '" << part << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  Tensor row = zeros({1, 4});
+  expect_error({{"e", row.expand({3, 4})}}, "parameter 'e' reaches some memory through more than one index");
+  Tensor flat = zeros({12});
+  expect_error({{"a", flat.narrow(0, 0, 6)}, {"b", flat.narrow(0, 4, 8).view({2, 4})}},
+               "parameters 'a' and 'b' share memory");
+  Tensor m = zeros({4, 6});
+  EXPECT_NO_THROW(SGD(NamedTensors{{"lo", flat.narrow(0, 0, 6)}, {"hi", flat.narrow(0, 6, 6).view({2, 3})}}));
+  EXPECT_NO_THROW(
+      SGD(NamedTensors{{"left", m.narrow(1, 0, 3)}, {"right", m.narrow(1, 3, 3)}, {"t", zeros({3, 5}).t()}}));
+  SGD opt(make_params({{2}}, 1));
+  EXPECT_TRUE(opt.decays(0));
+  try {
+    opt.decays(99);
+    ADD_FAILURE() << "decays(99) accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decays(99): there are 1 parameters"), std::string::npos) << e.what();
+  }
 }
 
 TEST(AdamW, BadGradientLeavesEverythingUnchanged) {

@@ -134,6 +134,21 @@ TEST(ClipGradNorm, EdgeCasesAndBadArguments) {
   EXPECT_THROW(clip_grad_norm_(ps, 1.0, o), Error);
   o.norm_type = -2.0;
   EXPECT_THROW(clip_grad_norm_(ps, 1.0, o), Error);
+  // No gradients at all still checks norm_type (it returned 0 for norm_type -1).
+  o.norm_type = -1.0;
+  EXPECT_THROW(clip_grad_norm_(none, 1.0, o), Error);
+  // max_norm inf measures without clipping, as torch.
+  const std::vector<std::vector<double>> before = grads_f64(ps);
+  EXPECT_GT(clip_grad_norm_(ps, INFINITY), 0.0);
+  EXPECT_EQ(grads_f64(ps), before);
+  // f64 gradients scale in f64: a coefficient of 2e-51 rounded to f32 was 0.
+  Tensor p64 = zeros({2});
+  p64.requires_grad_();
+  p64.set_grad(from_vector<double>({3e50, 4e50}, {2}));
+  EXPECT_DOUBLE_EQ(clip_grad_norm_(std::vector<Tensor>{p64}, 1.0), 5e50);
+  const auto g64 = p64.grad().to_vector<double>();
+  EXPECT_NEAR(g64[0], 0.6, 1e-12);
+  EXPECT_NEAR(g64[1], 0.8, 1e-12);
   // max_norm 0 zeroes the gradients.
   clip_grad_norm_(ps, 0.0);
   for (const auto& g : grads_f64(ps))
