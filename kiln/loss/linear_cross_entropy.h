@@ -57,7 +57,7 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const Tensor& hidden, co
 
 namespace detail {
 // The checks linear_cross_entropy makes of its arguments (shapes, dtypes, devices, options, target
-// values), which the reference makes too: kiln::Error naming what is wrong.
+// values), for linear_cross_entropy_reference: kiln::Error naming the reference and what is wrong.
 void check_linear_cross_entropy_args(const Tensor& hidden, const Tensor& weight, const Tensor& target,
                                      const LinearCrossEntropyOptions& options);
 }  // namespace detail

@@ -4,14 +4,14 @@
 //   1. delta = rowsum(dO ∘ O) − dlse (16-byte vector loads, a fixed shuffle tree per row);
 //   2. the dK/dV kernel: a CTA (4 warps × 16 keys) owns 64 keys of one (b, kv head); for each
 //      query head of the GQA group it walks the q_blocks lists of its KV block (partial tiles
-//      with the mask, then full ones) in a fixed order, 64 (E=64) or 32 (E=128) queries per
-//      step, computing Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (rows = keys) so Pᵀ = exp(Sᵀ − lse) and
+//      with the mask, then full ones) in a fixed order, 64 (E=64), 32 (E=128) or 16 (E=256)
+//      queries per step, computing Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (rows = keys) so Pᵀ = exp(Sᵀ − lse) and
 //      dSᵀ = Pᵀ ∘ (dPᵀ − delta) · dscore · scale are A fragments in registers:
 //      dV += Pᵀ·dO, dK += dSᵀ·Q, accumulated in f32 registers and written once;
 //   3. the dQ kernel: a CTA owns 64·MT queries of one (b, q head), MT m16 tiles per warp (MT = 2,
 //      32-key steps at E = 64 with q blocks multiples of 128: every K/V fragment read from
-//      shared memory feeds two mma; else MT = 1, 64-key steps), and walks the kv_blocks lists of
-//      its Q block in order: S = Q·Kᵀ, dP = dO·Vᵀ, dS, dQ += dS·K, written once.
+//      shared memory feeds two mma; else MT = 1, 64-key steps, 16 at E = 256), and walks the
+//      kv_blocks lists of its Q block in order: S = Q·Kᵀ, dP = dO·Vᵀ, dS, dQ += dS·K, written once.
 // Both kernels are templates on MT; registers decide (dK/dV with MT = 2 spills: its dK and dV
 // accumulators double). One __syncthreads per step: wait for the step's tiles, sync (which
 // also proves the other buffer is free), then issue the next step's tiles and compute.
