@@ -556,17 +556,19 @@ TEST_P(Lce, NoHostSyncOnTheTrainingPath) {
   }
 }
 
+// f must throw a kiln::Error whose message contains `part`.
+void expect_error(const std::function<void()>& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error containing '" << part << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
 TEST_P(Lce, BadInputsNameTheProblem) {
   Inputs in = make_inputs(1400, {4, 8}, 10, 0.0);
   Tensor h = in.hidden.to(DType::f32).to(dev()), w = in.weight.to(DType::f32).to(dev());
-  auto expect_error = [](const std::function<void()>& f, const std::string& part) {
-    try {
-      f();
-      ADD_FAILURE() << "expected an error containing '" << part << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
-  };
   Tensor bad = from_vector<int64_t>({1, 2, 10, 3}, {4}).to(dev());
   // On CUDA the target range check is deferred to the next host read (here: item()).
   expect_error([&] { linear_cross_entropy(h, w, bad).loss.item(); },
@@ -625,14 +627,6 @@ TEST_P(Lce, BadInputsNameTheProblem) {
 TEST_P(Lce, EdgeOptionsAndDivisors) {
   Inputs in = make_inputs(1500, {4, 3}, 5, 0.0);
   Tensor h = in.hidden.to(DType::f32).to(dev()), w = in.weight.to(DType::f32).to(dev());
-  auto expect_error = [](const std::function<void()>& f, const std::string& part) {
-    try {
-      f();
-      ADD_FAILURE() << "expected an error containing '" << part << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
-  };
   auto loss = [&](const Tensor& target, const LinearCrossEntropyOptions& o) {
     return linear_cross_entropy(h, w, target.to(dev()), o).loss.item();
   };
