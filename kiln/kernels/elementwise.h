@@ -47,7 +47,7 @@ KILN_HD A unary_math(A x, A s) {
   else if constexpr (Op == UnaryOp::gelu_tanh)
     return A(0.5) * x * (A(1) + tanh(kSqrt2OverPi * (x + A(0.044715) * x * x * x)));
   else if constexpr (Op == UnaryOp::abs) return fabs(x);
-  else if constexpr (Op == UnaryOp::relu) return x > A(0) ? x : A(0);
+  else if constexpr (Op == UnaryOp::relu) return x <= A(0) ? A(0) : x;  // NaN stays NaN, as torch
   else if constexpr (Op == UnaryOp::sign) return x > A(0) ? A(1) : (x < A(0) ? A(-1) : A(0));
   else if constexpr (Op == UnaryOp::add_scalar) return x + s;
   else if constexpr (Op == UnaryOp::mul_scalar) return x * s;

@@ -168,6 +168,7 @@ Tensor mul(const Tensor& a, double b) {
 }
 Tensor pow(const Tensor& a, double p) {
   return unary_op(UnaryOp::pow_scalar, a, "pow", [p](const Tensor& g, const Tensor& x, const Tensor&) {
+    if (p == 0.0) return zeros_like(g);  // x^0 is 1: as torch, not 0 · x^-1 (NaN at x = 0)
     return mul(g, mul(pow(x, p - 1.0), p));
   }, p);
 }

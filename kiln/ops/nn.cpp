@@ -56,6 +56,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   check_same_device(weight, ids, "embedding", "weight", "ids");
   const int64_t vocab = weight.size(0), d = weight.size(1);
   Tensor idc = ids.contiguous();
+  // The range check lets its `ignore` value (0 here) through: with no rows, id 0 read past them.
+  KILN_CHECK(vocab > 0 || ids.numel() == 0, "embedding: weight has no rows (shape ", weight.shape(), ") for ",
+             ids.numel(), " ids");
   detail::check_index_range(idc, 0, vocab, 0, "embedding: ids", " out of range [0, " + std::to_string(vocab) + ")");
   Shape out_shape = ids.shape();
   out_shape.push_back(d);

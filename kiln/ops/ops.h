@@ -53,7 +53,7 @@ Tensor sigmoid(const Tensor& a);
 Tensor silu(const Tensor& a);
 Tensor gelu(const Tensor& a, bool tanh_approximation = false);
 Tensor abs(const Tensor& a);
-Tensor relu(const Tensor& a);
+Tensor relu(const Tensor& a);  // NaN stays NaN (as torch)
 // Comparisons give bool tensors (no gradient).
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
@@ -87,6 +87,7 @@ Tensor sum_to(const Tensor& grad, const Shape& shape);
 // ---- reductions (kiln/ops/reduce.cpp); dims may be negative; empty dims = all ----
 // sum: integer and bool inputs give i64 (as in PyTorch).
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// mean, softmax, log_softmax: 16-bit inputs compute in f32 and round once (as PyTorch).
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 struct ValuesIndices {

@@ -11,6 +11,8 @@
 namespace kiln {
 namespace {
 
+bool is_16bit(DType t) { return t == DType::f16 || t == DType::bf16; }
+
 struct ReducePlan {
   std::vector<int64_t> dims;   // sorted, unique, non-negative
   Shape out_shape;             // without keepdim
@@ -76,7 +78,11 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   KILN_CHECK(a.defined() && is_floating(a.dtype()), "mean: expected a floating tensor");
   ReducePlan p = plan_reduce(a, dims, "mean");
-  return mul(sum(a, dims, keepdim), 1.0 / static_cast<double>(p.cols));
+  // 16-bit inputs: the sum and its division in f32, one rounding at the end, as PyTorch (a sum
+  // rounded to f16 first overflowed: the mean of 100 values of 1000 was inf).
+  const double inv = 1.0 / static_cast<double>(p.cols);
+  if (is_16bit(a.dtype())) return mul(sum(a.to(DType::f32), dims, keepdim), inv).to(a.dtype());
+  return mul(sum(a, dims, keepdim), inv);
 }
 
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
@@ -131,17 +137,21 @@ ValuesIndices max(const Tensor& a, int64_t dim, bool keepdim) {
 
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) { return max(a.detach(), dim, keepdim).indices; }
 
+// softmax and log_softmax of 16-bit inputs compute in f32 and round once (as PyTorch): in f16
+// the row sum of 70000 ones overflowed (every softmax 0, log_softmax -inf), and bf16 rows
+// summed short (3000 zeros: 0.9956). Their backward takes the saved 16-bit output the same way.
 Tensor softmax(const Tensor& a, int64_t dim) {
   KILN_CHECK(a.defined() && is_floating(a.dtype()), "softmax: expected a floating tensor");
-  Tensor x = a.detach();
+  const DType dt = a.dtype(), math = is_16bit(dt) ? DType::f32 : dt;
+  Tensor x = a.detach().to(math);
   Tensor e = exp(sub(x, amax(x, {dim}, true)));
-  Tensor y = div(e, sum(e, {dim}, true));
+  Tensor y = div(e, sum(e, {dim}, true)).to(dt);
   if (any_requires_grad({a})) {
     SavedTensor sy(y);
-    record("softmax", {a}, y, [sy, dim](const std::vector<Tensor>& g) {
-      Tensor yy = sy.get("softmax");
-      Tensor gy = mul(g[0], yy);
-      return std::vector<Tensor>{sub(gy, mul(yy, sum(gy, {dim}, true)))};
+    record("softmax", {a}, y, [sy, dim, math](const std::vector<Tensor>& g) {
+      Tensor yy = sy.get("softmax").to(math);
+      Tensor gy = mul(g[0].to(math), yy);
+      return std::vector<Tensor>{sub(gy, mul(yy, sum(gy, {dim}, true))).to(g[0].dtype())};
     });
   }
   return y;
@@ -149,14 +159,15 @@ Tensor softmax(const Tensor& a, int64_t dim) {
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
   KILN_CHECK(a.defined() && is_floating(a.dtype()), "log_softmax: expected a floating tensor");
-  Tensor x = a.detach();
+  const DType dt = a.dtype(), math = is_16bit(dt) ? DType::f32 : dt;
+  Tensor x = a.detach().to(math);
   Tensor shifted = sub(x, amax(x, {dim}, true));
-  Tensor y = sub(shifted, log(sum(exp(shifted), {dim}, true)));
+  Tensor y = sub(shifted, log(sum(exp(shifted), {dim}, true))).to(dt);
   if (any_requires_grad({a})) {
     SavedTensor sy(y);
-    record("log_softmax", {a}, y, [sy, dim](const std::vector<Tensor>& g) {
-      Tensor yy = sy.get("log_softmax");
-      return std::vector<Tensor>{sub(g[0], mul(exp(yy), sum(g[0], {dim}, true)))};
+    record("log_softmax", {a}, y, [sy, dim, math](const std::vector<Tensor>& g) {
+      Tensor yy = sy.get("log_softmax").to(math), gm = g[0].to(math);
+      return std::vector<Tensor>{sub(gm, mul(exp(yy), sum(gm, {dim}, true))).to(g[0].dtype())};
     });
   }
   return y;

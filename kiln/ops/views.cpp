@@ -130,7 +130,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   end = std::clamp<int64_t>(end, start, n);
   Shape s = shape();
   Strides st = strides();
-  s[static_cast<size_t>(w)] = (end - start + step - 1) / step;
+  s[static_cast<size_t>(w)] = end == start ? 0 : (end - start - 1) / step + 1;  // no overflow for a huge step
   int64_t off = offset() + start * st[static_cast<size_t>(w)];
   st[static_cast<size_t>(w)] *= step;
   Tensor out = make_view(*this, s, st, off);
@@ -141,8 +141,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   int64_t w = wrap(d, dim(), "narrow");
   int64_t n = shape()[static_cast<size_t>(w)];
-  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start ", start, " + length ", length,
-             " exceeds size ", n, " of dim ", d);
+  KILN_CHECK(start >= 0 && length >= 0 && start <= n && length <= n - start, "narrow: start ", start, " + length ",
+             length, " exceeds size ", n, " of dim ", d, " (both must be >= 0)");
   return slice(w, start, start + length);
 }
 
@@ -199,6 +199,8 @@ Tensor Tensor::expand(const Shape& target) const {
       continue;
     }
     int64_t have = shape()[i - lead];
+    KILN_CHECK(target[i] >= -1, "expand: size ", target[i], " of dim ", i, " in ", target,
+               " is negative (-1 keeps the input's size)");
     int64_t want = target[i] == -1 ? have : target[i];
     if (have == want) {
       s[i] = have;

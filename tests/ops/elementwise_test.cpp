@@ -61,6 +61,27 @@ TEST(Unary, HarnessAndReference) {
   }
 }
 
+// pow(x, 0)'s gradient is 0, also at x = 0 (as torch; it was 0 · 0^-1 = NaN).
+TEST(Unary, PowZeroHasZeroGradient) {
+  for (Device dev : test_devices()) {
+    Tensor x = from_vector<double>({0, 2}, {2}).to(dev).requires_grad_();
+    sum(pow(x, 0.0)).backward();
+    EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0}));
+  }
+}
+
+// relu keeps NaN, as torch (x > 0 ? x : 0 made it 0).
+TEST(Unary, ReluKeepsNaN) {
+  for (Device dev : test_devices())
+    for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+      const Tensor x = from_vector<double>({NAN, -1, 2}, {3}).to(dt).to(dev);
+      const std::vector<double> y = relu(x).to(DType::f64).to_vector<double>();
+      EXPECT_TRUE(std::isnan(y[0])) << dev.str() << " " << dtype_name(dt);
+      EXPECT_EQ(y[1], 0.0);
+      EXPECT_EQ(y[2], 2.0);
+    }
+}
+
 namespace {
 
 struct BinaryCase {

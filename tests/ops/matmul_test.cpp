@@ -1,6 +1,7 @@
 // Tests of matmul (1-D, 2-D, batched with broadcast, transposed views) and linear (with and
 // without bias): float64 loop references, the harness (dtypes, layouts, finite differences)
 // and bad-input errors.
+#include "kiln/kernels/matmul.h"
 #include "tests/ops/harness.h"
 
 using namespace kiln;
@@ -85,4 +86,16 @@ TEST(MatmulErrors, NameOpAndValues) {
   EXPECT_KILN_ERROR(matmul(zeros({}), zeros({3})), "matmul");
   EXPECT_KILN_ERROR(linear(zeros({2, 3}), zeros({4, 5})), "linear", "[4, 5]");
   EXPECT_KILN_ERROR(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), "linear", "bias", "[5]");
+}
+
+// The CPU BLAS takes int sizes: a product with a dimension past 2^31 - 1 is an error (a cast
+// wrapped: OpenBLAS refused on stderr and the output stayed zeros). The sizes are given to the
+// kernel directly: operands that large do not fit a test machine; the check reads no data.
+TEST(Matmul, CpuDimensionsPastIntAreAnError) {
+  kernels::GemmArgs g;
+  g.m = (int64_t{1} << 31) + 1, g.n = 1, g.k = 1;
+  const Tensor a = zeros({2}), b = zeros({2}), out = zeros({2});
+  EXPECT_KILN_ERROR(kernels::cpu::gemm(g, out, a, b), "matmul (CPU)", "past 2^31 - 1");
+  g.m = 1, g.k = int64_t{1} << 32;
+  EXPECT_KILN_ERROR(kernels::cpu::gemm(g, out, a, b), "matmul (CPU)", "past 2^31 - 1");
 }

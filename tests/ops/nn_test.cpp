@@ -422,3 +422,13 @@ TEST(NnKernels, WriteEveryElementOfPoisonedOutputs) {
     for (uint8_t k : kv) EXPECT_LE(k, 1);
   }
 }
+
+// An embedding with no rows and some ids is an error (id 0 passed the range check and read past
+// the weight).
+TEST(Embedding, NoRowsIsAnError) {
+  for (Device dev : test_devices()) {
+    EXPECT_KILN_ERROR(embedding(zeros({0, 4}, DType::f32, dev), zeros({3}, DType::i64, dev)), "embedding",
+                      "weight has no rows");
+    EXPECT_EQ(embedding(zeros({0, 4}, DType::f32, dev), zeros({0}, DType::i64, dev)).numel(), 0);
+  }
+}

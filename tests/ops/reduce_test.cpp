@@ -116,6 +116,28 @@ TEST(Reduce, IntegerSum) {
   }
 }
 
+// 16-bit mean, softmax and log_softmax compute in f32 and round once, as PyTorch (rounded to
+// f16 the sums overflowed: a mean of inf, a softmax of 0, a log_softmax of -inf; bf16 rows
+// summed to 0.9956), forward and backward.
+TEST(Softmax, SixteenBitInputsComputeInF32) {
+  for (Device dev : test_devices()) {
+    SCOPED_TRACE(dev.str());
+    EXPECT_EQ(mean(full({100}, 1000.0, DType::f16, dev)).item(), 1000.0);
+    const double n = 70000;
+    const std::vector<float> sm = softmax(zeros({70000}, DType::f16, dev), 0).to(DType::f32).to_vector<float>();
+    EXPECT_NEAR(sm[0], 1 / n, 0.01 / n);
+    const std::vector<float> lsm = log_softmax(zeros({70000}, DType::f16, dev), 0).to(DType::f32).to_vector<float>();
+    EXPECT_NEAR(lsm[9], -std::log(n), 0.01);
+    const Tensor expect = full({1}, 1.0 / 3000, DType::bf16);  // 1/3000 rounded once
+    EXPECT_EQ(softmax(zeros({3000}, DType::bf16, dev), 0).to(DType::f32).to_vector<float>()[5], expect.item());
+    Tensor x = zeros({70000}, DType::f16, dev).requires_grad_();
+    // A constant upstream gradient: 0 up to the rounding of the saved f16 output (its sum is not
+    // exactly 1).
+    sum(mul(softmax(x, 0), full({70000}, 2.0, DType::f16, dev))).backward();
+    for (double gv : x.grad().to(DType::f64).to_vector<double>()) ASSERT_LE(std::abs(gv), 1e-6);
+  }
+}
+
 TEST(Softmax, MatchesLoopsAndHarness) {
   KILN_TEST_GENERATOR(gen);
   for (Device dev : test_devices()) {

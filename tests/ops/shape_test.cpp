@@ -106,6 +106,11 @@ TEST(ShapeErrors, NameOpAndValues) {
   EXPECT_KILN_ERROR(x.slice(0, 0, 1, 0), "slice", "step", "0");
   EXPECT_KILN_ERROR(x.select(1, 3), "select", "index 3", "size 3");
   EXPECT_KILN_ERROR(x.narrow(1, 2, 2), "narrow", "exceeds");
+  // Overflow in the bounds (from a probe): a huge narrow start passed as an empty view, a huge
+  // slice step gave a size of -1, a negative expand size other than -1 went into the shape.
+  EXPECT_KILN_ERROR(x.narrow(1, INT64_MAX, 1), "narrow", "exceeds");
+  EXPECT_EQ(x.slice(1, 0, 3, INT64_MAX).shape(), (Shape{2, 1}));
+  EXPECT_KILN_ERROR(zeros({2, 1}).expand({2, -2}), "expand", "size -2", "negative");
   EXPECT_KILN_ERROR(x.permute({0, 0}), "permute", "repeated");
   EXPECT_KILN_ERROR(x.permute({0}), "permute", "1 dims");
   EXPECT_KILN_ERROR(x.expand({4, 3}), "expand", "(2)", "4");

@@ -212,7 +212,11 @@ TEST(Train, Bf16MixedPrecisionLossFallsLikeF32) {
   }
   ASSERT_EQ(losses[0].size(), 25u);
   ASSERT_EQ(losses[1].size(), 25u);
-  EXPECT_LT(losses[1].back(), losses[1].front() - 1.0);
+  // The loss falls: the mean of the last 5 steps (one batch's loss is noisy: the embedded
+  // corpus is the project's own text, and an edit moved a hard batch to step 25, 4.55 after 4.2).
+  double last5 = 0;
+  for (size_t i = 20; i < 25; ++i) last5 += losses[1][i] / 5;
+  EXPECT_LT(last5, losses[1].front() - 1.0);
   for (size_t i = 0; i < 25; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 0.02 * losses[0][i]) << "step " << i + 1;
 }
 

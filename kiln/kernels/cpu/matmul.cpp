@@ -1,6 +1,7 @@
 // CPU gemm through OpenBLAS (cblas_sgemm/dgemm); 16-bit inputs go through f32 copies.
 #include <cblas.h>
 
+#include "kiln/core/error.h"
 #include "kiln/kernels/cpu/loops.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/matmul.h"
@@ -42,6 +43,11 @@ Tensor as_f32(const Tensor& t) {
 
 void gemm(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  // The BLAS takes int sizes: past 2^31 − 1 a cast wrapped (OpenBLAS refused on stderr and left
+  // zeros; 2^32 + 1 rows would have computed one).
+  constexpr int64_t kIntMax = 2147483647;
+  KILN_CHECK(g.m <= kIntMax && g.n <= kIntMax && g.k <= kIntMax, "matmul (CPU): a product of [", g.m, ", ", g.k,
+             "] by [", g.k, ", ", g.n, "] has a dimension past 2^31 - 1, the BLAS's limit; split it");
   if (g.k == 0) {
     if (g.beta == 0.0) fill(out, 0.0);
     return;
