@@ -103,6 +103,7 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor clone() const;
   // In place (bump the version counter; refused on leaves that require grad while grad mode is on).
+  // copy_ records no autograd history: a src that requires grad (grad mode on) is an error.
   Tensor& copy_(const Tensor& src);
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }

@@ -70,6 +70,11 @@ Tensor Tensor::to(Device target) const {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   KILN_CHECK(src.defined(), "copy_: source is undefined");
+  // copy_ records no autograd history: a source in a graph would lose its gradient silently
+  // (PyTorch records one). Ops that record it (cat, where, ...) build such tensors instead.
+  KILN_CHECK(!(grad_enabled() && src.requires_grad()), "copy_: the source requires grad, and copy_ records no "
+             "autograd history, so its gradient would be lost; copy src.detach(), or build the tensor with ops "
+             "that record it (cat, where, ...)");
   check_inplace(*this, "copy_");
   Tensor s = src;
   if (s.device() != device()) s = s.to(device());

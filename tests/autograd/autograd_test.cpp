@@ -66,6 +66,20 @@ TEST(Autograd, SetGradChecksAndCopiesExpandedViews) {
   for (double g : vals(a.grad())) EXPECT_NEAR(g, 1 / std::sqrt(2.0), 1e-5);
 }
 
+// copy_ records no history: a source in a graph is an error in grad mode (its gradient was lost
+// silently: w.grad came out [1, 1] where PyTorch gives [4, 4]); detached, or under NoGradGuard,
+// it copies.
+TEST(Autograd, CopyFromAGraphIsAnError) {
+  Tensor w = from_vector<double>({1, 2}, {2}).requires_grad_();
+  Tensor buf = zeros({2}, DType::f64);
+  EXPECT_KILN_ERROR(buf.copy_(mul(w, 3.0)), "copy_", "source requires grad");
+  buf.copy_(mul(w, 3.0).detach());
+  EXPECT_EQ(buf.to_vector<double>(), (std::vector<double>{3, 6}));
+  NoGradGuard ng;
+  buf.copy_(w);
+  EXPECT_EQ(buf.to_vector<double>(), (std::vector<double>{1, 2}));
+}
+
 TEST(Autograd, NoGradGuardAndDetach) {
   Tensor x = ones({3}).requires_grad_();
   {
