@@ -149,10 +149,12 @@ static Tensor select_max_min(BinaryOp op, const Tensor& a, const Tensor& b, cons
     bool is_max = op == BinaryOp::maximum;
     std::string n = name;
     record(name, {a, b}, y, [=](const std::vector<Tensor>& g) {
-      // Ties send the gradient to a (as the forward picks a).
-      Tensor pick_a = is_max ? ge(sa.get(n), sb.get(n)) : le(sa.get(n), sb.get(n));
-      Tensor z = zeros_like(g[0]);
-      return std::vector<Tensor>{sum_to(where(pick_a, g[0], z), sha), sum_to(where(pick_a, z, g[0]), shb)};
+      // As PyTorch: a tie sends half the gradient to each side, the side that loses gets 0, and
+      // a NaN (no side loses a comparison) sends all of it to both.
+      const Tensor x = sa.get(n), w = sb.get(n);
+      const Tensor share = where(eq(x, w), mul(g[0], 0.5), g[0]), z = zeros_like(g[0]);
+      const Tensor a_loses = is_max ? lt(x, w) : gt(x, w), b_loses = is_max ? gt(x, w) : lt(x, w);
+      return std::vector<Tensor>{sum_to(where(a_loses, z, share), sha), sum_to(where(b_loses, z, share), shb)};
     });
   }
   return y;

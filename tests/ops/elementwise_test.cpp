@@ -128,13 +128,18 @@ TEST(Binary, HarnessAndReferenceWithBroadcasting) {
   }
 }
 
-TEST(Binary, MaximumTiesSendGradientToA) {
+// maximum / minimum gradients as PyTorch's: a tie shares the gradient half and half (kiln sent
+// it all to a before), a NaN sends it to both.
+TEST(Binary, MaximumMinimumTiesShareTheGradient) {
   for (Device dev : test_devices()) {
-    Tensor a = from_vector(std::vector<double>{1, 2, 3}, {3}, dev).requires_grad_();
-    Tensor b = from_vector(std::vector<double>{1, 5, 0}, {3}, dev).requires_grad_();
-    sum(maximum(a, b)).backward();
-    EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{1, 0, 1}));
-    EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{0, 1, 0}));
+    for (bool is_max : {true, false}) {
+      Tensor a = from_vector(std::vector<double>{1, 2, 3, NAN}, {4}, dev).requires_grad_();
+      Tensor b = from_vector(std::vector<double>{1, 5, 0, 4}, {4}, dev).requires_grad_();
+      sum(is_max ? maximum(a, b) : minimum(a, b)).backward();
+      const std::vector<double> ga = a.grad().to_vector<double>(), gb = b.grad().to_vector<double>();
+      EXPECT_EQ(ga, (std::vector<double>{0.5, is_max ? 0.0 : 1.0, is_max ? 1.0 : 0.0, 1}));
+      EXPECT_EQ(gb, (std::vector<double>{0.5, is_max ? 1.0 : 0.0, is_max ? 0.0 : 1.0, 1}));
+    }
   }
 }
 
