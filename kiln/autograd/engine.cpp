@@ -248,9 +248,7 @@ void Tensor::set_grad(const Tensor& g) {
   // A gradient is updated in place (accumulation, clipping): an expanded or overlapping view would
   // have one element scaled once per alias (clip_grad_norm_ reported 5.657 for a 4-filled
   // expand and left 0.125 instead of 0.707), so such a view is stored as a copy.
-  bool dense = true;
-  for (int64_t d = 0; d < g.dim(); ++d) dense = dense && (g.size(d) <= 1 || g.stride(d) != 0);
-  m->grad = std::make_shared<Tensor>(dense ? g : g.contiguous());
+  m->grad = std::make_shared<Tensor>(element_span(g).distinct ? g : g.contiguous());
 }
 
 Tensor Tensor::detach() const {

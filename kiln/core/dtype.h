@@ -31,6 +31,8 @@ constexpr bool is_floating(DType t) {
 constexpr bool is_integral(DType t) {
   return t == DType::i64 || t == DType::i32 || t == DType::i16 || t == DType::i8 || t == DType::u8;
 }
+// The dtype floating math runs in: f64 for f64, else f32 (16-bit storage computes in f32).
+constexpr DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 // Storage-only formats: tensors of these can be held, copied and saved, not computed with.
 constexpr bool is_storage_only(DType t) { return t == DType::f8_e4m3 || t == DType::f8_e5m2; }
 

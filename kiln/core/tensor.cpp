@@ -1,12 +1,15 @@
 // Tensor layout helpers, construction, element access and printing.
 #include "kiln/core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <cstring>
 #include <iomanip>
 #include <limits>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "kiln/core/error.h"
 
@@ -183,5 +186,26 @@ std::string Tensor::str() const {
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+ElementSpan element_span(const Tensor& t) {
+  ElementSpan sp;
+  if (t.numel() == 0) return sp;
+  sp.lo = sp.hi = t.offset();
+  std::vector<std::pair<int64_t, int64_t>> dims;  // |stride|, size, for dims of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t n = t.shape()[static_cast<size_t>(d)], st = t.strides()[static_cast<size_t>(d)];
+    if (n == 1) continue;
+    (st >= 0 ? sp.hi : sp.lo) += (n - 1) * st;
+    dims.emplace_back(st < 0 ? -st : st, n);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements the smaller-stride dims cover
+  for (const auto& [st, n] : dims) {
+    if (st < span) sp.distinct = false;
+    span = st * (n - 1) + span;
+  }
+  sp.dense = sp.distinct && sp.hi - sp.lo + 1 == t.numel();
+  return sp;
+}
 
 }  // namespace kiln

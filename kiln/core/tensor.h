@@ -132,4 +132,14 @@ class Tensor {
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
+// The storage elements a tensor's layout reaches: [lo, hi] (elements, not bytes; hi < lo when
+// it is empty), whether no two indices reach the same element (dims sorted by stride, each
+// stride at least the span of the dims below it; an expand() fails this), and whether it
+// reaches every element between (dense: then its elements are exactly [lo, hi]).
+struct ElementSpan {
+  int64_t lo = 0, hi = -1;
+  bool distinct = true, dense = true;
+};
+ElementSpan element_span(const Tensor& t);
+
 }  // namespace kiln

@@ -23,8 +23,6 @@ namespace {
 constexpr const char* kOp = "linear_cross_entropy";
 constexpr const char* kReferenceOp = "linear_cross_entropy_reference";
 
-DType acc_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
-
 // Everything the kernel needs besides the gradients, kept by the autograd node.
 struct LceState {
   kernels::LceParams params;
@@ -80,7 +78,7 @@ void check_args(const Tensor& hidden, const Tensor& weight, const Tensor& target
   KILN_CHECK(std::isfinite(o.z_loss) && o.z_loss >= 0.0, op, ": z_loss=", o.z_loss, " must be finite and >= 0");
   // 16-bit and f32 inputs take z_loss and softcap as f32: past its range they became inf (a loss
   // of inf; a softcap of inf·tanh(x/inf) = NaN).
-  const bool f32_math = acc_dtype(hidden.dtype()) == DType::f32;
+  const bool f32_math = compute_dtype(hidden.dtype()) == DType::f32;
   KILN_CHECK(!f32_math || o.z_loss <= std::numeric_limits<float>::max(), op, ": z_loss=", o.z_loss,
              " is past f32's range (the loss is computed in f32 for ", dtype_name(hidden.dtype()), " inputs)");
   check_reduction(o.reduction, op);
@@ -149,7 +147,7 @@ struct Rows {
 // Runs the kernel over the state's inputs; gradients (when defined in `g`) are accumulated.
 Rows run_kernel(const LceState& s, const kernels::LceParams& p, const Tensor& grad_scale, const Tensor& row_scale,
                 const Tensor& gh, const Tensor& gw, const Tensor& gb) {
-  const DType acc = acc_dtype(s.hidden.dtype());
+  const DType acc = compute_dtype(s.hidden.dtype());
   const Device dev = s.hidden.device();
   Rows r{Tensor::empty({p.n}, acc, dev), Tensor::empty({p.n}, acc, dev), Tensor::empty({p.n}, acc, dev)};
   kernels::LceTensors t;
@@ -177,7 +175,7 @@ struct Grads {
 // Allocates the gradient buffers the backend writes (CPU: accumulation dtype; CUDA: the
 // input dtype for d_hidden and d_weight — or f32 for d_weight when asked — and f32 for d_bias).
 Grads alloc_grads(const LceState& s, bool need_h, bool need_w, bool need_b) {
-  const DType in = s.hidden.dtype(), acc = acc_dtype(in);
+  const DType in = s.hidden.dtype(), acc = compute_dtype(in);
   const Device dev = s.hidden.device();
   const bool cuda_dev = dev.is_cuda();
   Grads g;
@@ -245,7 +243,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   // its gradients stay 0 when every target is ignored (nothing contributes), and are NaN when
   // kept targets have class weights summing to 0 (PyTorch's 0 / 0; label smoothing and z-loss
   // still have gradients there, which the sum's scale would have passed as the mean's).
-  const DType acc = acc_dtype(hidden.dtype());
+  const DType acc = compute_dtype(hidden.dtype());
   double divisor_h = 1.0;
   Tensor loss_scale;  // device divisor only: the mean's 1/divisor (NaN for 0), accumulation dtype
   if (o.num_items > 0.0) divisor_h = o.num_items;
@@ -321,7 +319,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
       kernels::LceParams p = s->params;
       Tensor row_scale, grad_scale;
       if (none) {
-        row_scale = g[0].reshape({p.n}).to(acc_dtype(s->hidden.dtype())).contiguous();
+        row_scale = g[0].reshape({p.n}).to(compute_dtype(s->hidden.dtype())).contiguous();
       } else {
         // grad_output stays on the device (no host sync): the kernel reads it as a scalar.
         grad_scale = g[0].reshape({}).to(DType::f64);

@@ -16,7 +16,7 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const Tensor& hidden, co
   detail::check_linear_cross_entropy_args(hidden, weight, target, o);
   const int64_t d = hidden.size(-1), v = weight.size(0), n = target.numel();
   const DType in = hidden.dtype();
-  const DType acc = in == DType::f64 ? DType::f64 : DType::f32;
+  const DType acc = compute_dtype(in);
   if (o.softcap == 0.0 && o.z_loss == 0.0 && !o.weight.defined() && o.num_items == 0.0) {
     // What the core ops do directly: linear, then kiln::cross_entropy on the logits.
     Tensor logits = linear(hidden.reshape({n, d}), weight, o.bias);

@@ -42,7 +42,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   detail::check_index_range(tc, 0, c, o.ignore_index, "cross_entropy: target",
                             " out of range [0, " + std::to_string(c) + ") (ignore_index=" +
                                 std::to_string(o.ignore_index) + ")");
-  const DType sd = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const DType sd = compute_dtype(logits.dtype());
   Tensor lc = logits.detach().contiguous();
   Tensor rows = Tensor::empty({n}, sd, logits.device());
   Tensor lse = Tensor::empty({n}, sd, logits.device());

@@ -90,7 +90,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   check_same_device(x, weight, "rms_norm", "x", "weight");
   KILN_CHECK(eps >= 0 && std::isfinite(eps), "rms_norm: eps must be finite and >= 0, got ", eps);
   const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
-  const DType sd = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const DType sd = compute_dtype(x.dtype());
   Tensor xc = x.detach().contiguous(), wc = weight.detach().contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor rstd = Tensor::empty({rows}, sd, x.device());

@@ -11,8 +11,6 @@
 namespace kiln {
 namespace {
 
-bool is_16bit(DType t) { return t == DType::f16 || t == DType::bf16; }
-
 struct ReducePlan {
   std::vector<int64_t> dims;   // sorted, unique, non-negative
   Shape out_shape;             // without keepdim
@@ -81,7 +79,8 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   // 16-bit inputs: the sum and its division in f32, one rounding at the end, as PyTorch (a sum
   // rounded to f16 first overflowed: the mean of 100 values of 1000 was inf).
   const double inv = 1.0 / static_cast<double>(p.cols);
-  if (is_16bit(a.dtype())) return mul(sum(a.to(DType::f32), dims, keepdim), inv).to(a.dtype());
+  const DType math = compute_dtype(a.dtype());
+  if (math != a.dtype()) return mul(sum(a.to(math), dims, keepdim), inv).to(a.dtype());
   return mul(sum(a, dims, keepdim), inv);
 }
 
@@ -142,7 +141,7 @@ Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) { return max(a.detach(
 // summed short (3000 zeros: 0.9956). Their backward takes the saved 16-bit output the same way.
 Tensor softmax(const Tensor& a, int64_t dim) {
   KILN_CHECK(a.defined() && is_floating(a.dtype()), "softmax: expected a floating tensor");
-  const DType dt = a.dtype(), math = is_16bit(dt) ? DType::f32 : dt;
+  const DType dt = a.dtype(), math = compute_dtype(dt);
   Tensor x = a.detach().to(math);
   Tensor e = exp(sub(x, amax(x, {dim}, true)));
   Tensor y = div(e, sum(e, {dim}, true)).to(dt);
@@ -159,7 +158,7 @@ Tensor softmax(const Tensor& a, int64_t dim) {
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
   KILN_CHECK(a.defined() && is_floating(a.dtype()), "log_softmax: expected a floating tensor");
-  const DType dt = a.dtype(), math = is_16bit(dt) ? DType::f32 : dt;
+  const DType dt = a.dtype(), math = compute_dtype(dt);
   Tensor x = a.detach().to(math);
   Tensor shifted = sub(x, amax(x, {dim}, true));
   Tensor y = sub(shifted, log(sum(exp(shifted), {dim}, true))).to(dt);

@@ -2,12 +2,9 @@
 // zero_grad, and the state as named tensors plus JSON scalars (save and checked load).
 #include "kiln/optim/optimizer.h"
 
-#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
-#include <utility>
-#include <vector>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/ops/ops.h"
@@ -23,39 +20,6 @@ void check_lr(double lr, const char* op) {
 void check_weight_decay(double wd, const char* op) {
   KILN_CHECK(std::isfinite(wd) && wd >= 0.0, op, ": weight_decay=", wd, " must be finite and >= 0");
 }
-
-namespace {
-
-// The storage elements a tensor's layout reaches: [lo, hi] (elements, not bytes), whether no
-// two indices reach the same element (dims sorted by stride, each stride at least the span of
-// the dims below it), and whether it reaches every element between (dense: then its elements
-// are exactly [lo, hi]).
-struct ElementSpan {
-  int64_t lo = 0, hi = -1;
-  bool distinct = true, dense = true;
-};
-ElementSpan element_span(const Tensor& t) {
-  ElementSpan sp;
-  if (t.numel() == 0) return sp;
-  sp.lo = sp.hi = t.offset();
-  std::vector<std::pair<int64_t, int64_t>> dims;  // |stride|, size, for dims of size > 1
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    const int64_t n = t.shape()[static_cast<size_t>(d)], st = t.strides()[static_cast<size_t>(d)];
-    if (n == 1) continue;
-    (st >= 0 ? sp.hi : sp.lo) += (n - 1) * st;
-    dims.emplace_back(st < 0 ? -st : st, n);
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t span = 1;  // elements the smaller-stride dims cover
-  for (const auto& [st, n] : dims) {
-    if (st < span) sp.distinct = false;
-    span = st * (n - 1) + span;
-  }
-  sp.dense = sp.distinct && sp.hi - sp.lo + 1 == t.numel();
-  return sp;
-}
-
-}  // namespace
 
 Optimizer::Optimizer(std::string kind, NamedTensors params, double lr, double weight_decay, const DecayFilter& decay,
                      std::vector<std::string> buffers)
@@ -89,7 +53,7 @@ Optimizer::Optimizer(std::string kind, NamedTensors params, double lr, double we
       // interleave, such as two column slices, are not checked: they may well not overlap).
       if (q.storage() == p.storage() && !same) {
         const ElementSpan sq = element_span(q);
-        const bool overlap = sq.dense && sp.dense && p.numel() > 0 && q.numel() > 0 && sq.lo <= sp.hi && sp.lo <= sq.hi;
+        const bool overlap = sq.dense && sp.dense && sq.lo <= sp.hi && sp.lo <= sq.hi;  // empty spans never meet
         KILN_CHECK(!overlap, op, ": parameters '", params_[j].first, "' and '", name,
                    "' share memory (views of one buffer that overlap): each would be updated twice");
       }
