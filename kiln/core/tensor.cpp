@@ -81,10 +81,12 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape
   return Tensor(std::move(impl));
 }
 
-static int64_t wrap_dim(int64_t d, int64_t rank, const char* what) {
-  int64_t w = d < 0 ? d + rank : d;
-  KILN_CHECK(w >= 0 && w < rank, what, ": dim ", d, " out of range for a tensor of rank ", rank);
-  return w;
+int64_t wrap_dim(int64_t d, int64_t rank, const char* op, bool scalar_as_1d) {
+  const int64_t n = scalar_as_1d && rank == 0 ? 1 : rank;
+  KILN_CHECK(n > 0, op, ": dim ", d, " given for a 0-d tensor, which has no dims");
+  KILN_CHECK(d >= -n && d < n, op, ": dim ", d, " out of range for a tensor of rank ", rank, " (expected ", -n,
+             " to ", n - 1, ")");
+  return d < 0 ? d + n : d;
 }
 
 int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }

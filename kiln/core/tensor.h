@@ -23,6 +23,11 @@ class Tensor;
 int64_t shape_numel(const Shape& s);
 Strides contiguous_strides(const Shape& s);
 std::string shape_str(const Shape& s);
+// Dim `dim` of a tensor of rank `rank` as an index in [0, rank), counting from the end when
+// negative; out of range is a kiln::Error naming `op` and the valid range. With
+// `scalar_as_1d`, a 0-d tensor takes dim 0 and -1 (returned as 0), as PyTorch's reductions,
+// softmax, squeeze and transpose do.
+int64_t wrap_dim(int64_t dim, int64_t rank, const char* op, bool scalar_as_1d = false);
 
 // Autograd metadata of one tensor.
 struct AutogradMeta {
@@ -91,7 +96,7 @@ class Tensor {
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor select(int64_t dim, int64_t index) const;
   Tensor transpose(int64_t d0, int64_t d1) const;
-  Tensor t() const { return transpose(0, 1); }
+  Tensor t() const;  // as PyTorch: 0-d and 1-d unchanged, 2-d transposed, more dims an error
   Tensor permute(const std::vector<int64_t>& dims) const;
   Tensor expand(const Shape& shape) const;
   Tensor squeeze(int64_t dim) const;

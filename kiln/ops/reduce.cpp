@@ -21,10 +21,10 @@ struct ReducePlan {
 ReducePlan plan_reduce(const Tensor& a, const std::vector<int64_t>& dims_in, const char* op) {
   ReducePlan p;
   int64_t r = a.dim();
-  std::vector<bool> reduced(static_cast<size_t>(r), dims_in.empty());
+  // A 0-d tensor takes dim 0 (or -1) as PyTorch's: it is reduced over nothing.
+  std::vector<bool> reduced(static_cast<size_t>(std::max<int64_t>(r, 1)), dims_in.empty());
   for (int64_t d : dims_in) {
-    int64_t w = d < 0 ? d + r : d;
-    KILN_CHECK(w >= 0 && w < r, op, ": dim ", d, " out of range for a tensor of rank ", r);
+    int64_t w = wrap_dim(d, r, op, true);
     KILN_CHECK(!reduced[static_cast<size_t>(w)], op, ": dim ", d, " given twice");
     reduced[static_cast<size_t>(w)] = true;
   }
@@ -109,7 +109,10 @@ Tensor amax(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 
 ValuesIndices max(const Tensor& a, int64_t dim, bool keepdim) {
   KILN_CHECK(a.defined(), "max: undefined tensor");
-  KILN_CHECK(a.dim() > 0, "max: expected a tensor with at least one dim");
+  if (a.dim() == 0) {  // as PyTorch: the value itself and index 0
+    wrap_dim(dim, 0, "max", true);
+    return max(a.reshape({1}), 0, false);  // 0-d values and index, keepdim or not
+  }
   ReducePlan p = plan_reduce(a, {dim}, "max");
   KILN_CHECK(p.cols > 0, "max: cannot reduce over an empty dimension");
   Tensor values = Tensor::empty({p.rows}, a.dtype(), a.device());
@@ -141,6 +144,8 @@ Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) { return max(a.detach(
 // summed short (3000 zeros: 0.9956). Their backward takes the saved 16-bit output the same way.
 Tensor softmax(const Tensor& a, int64_t dim) {
   KILN_CHECK(a.defined() && is_floating(a.dtype()), "softmax: expected a floating tensor");
+  wrap_dim(dim, a.dim(), "softmax", true);
+  if (a.numel() == 0) return a.clone();  // an empty dim: an empty result, as PyTorch
   const DType dt = a.dtype(), math = compute_dtype(dt);
   Tensor x = a.detach().to(math);
   Tensor e = exp(sub(x, amax(x, {dim}, true)));
@@ -158,6 +163,8 @@ Tensor softmax(const Tensor& a, int64_t dim) {
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
   KILN_CHECK(a.defined() && is_floating(a.dtype()), "log_softmax: expected a floating tensor");
+  wrap_dim(dim, a.dim(), "log_softmax", true);
+  if (a.numel() == 0) return a.clone();  // an empty dim: an empty result, as PyTorch
   const DType dt = a.dtype(), math = compute_dtype(dt);
   Tensor x = a.detach().to(math);
   Tensor shifted = sub(x, amax(x, {dim}, true));

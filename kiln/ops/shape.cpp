@@ -9,8 +9,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   KILN_CHECK(!tensors.empty(), "cat: expected at least one tensor");
   const Tensor& t0 = tensors[0];
   KILN_CHECK(t0.defined() && t0.dim() > 0, "cat: tensors must have at least one dim");
-  int64_t d = dim < 0 ? dim + t0.dim() : dim;
-  KILN_CHECK(d >= 0 && d < t0.dim(), "cat: dim ", dim, " out of range for rank ", t0.dim());
+  const int64_t d = wrap_dim(dim, t0.dim(), "cat");
   Shape out_shape = t0.shape();
   out_shape[static_cast<size_t>(d)] = 0;
   std::vector<int64_t> sizes;
@@ -44,7 +43,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   KILN_CHECK(!tensors.empty(), "stack: expected at least one tensor");
-  int64_t d = dim < 0 ? dim + tensors[0].dim() + 1 : dim;
+  KILN_CHECK(tensors[0].defined(), "stack: tensor 0 is undefined");
+  const int64_t d = wrap_dim(dim, tensors[0].dim() + 1, "stack");
   std::vector<Tensor> u;
   u.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -57,8 +57,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 
 std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim) {
   KILN_CHECK(a.defined() && a.dim() > 0, "split: expected a tensor with at least one dim");
-  int64_t d = dim < 0 ? dim + a.dim() : dim;
-  KILN_CHECK(d >= 0 && d < a.dim(), "split: dim ", dim, " out of range for rank ", a.dim());
+  const int64_t d = wrap_dim(dim, a.dim(), "split");
   int64_t total = 0;
   for (int64_t s : sizes) {
     KILN_CHECK(s >= 0, "split: negative size ", s);
@@ -77,9 +76,10 @@ std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, in
 std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim) {
   KILN_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
   KILN_CHECK(a.defined() && a.dim() > 0, "split: expected a tensor with at least one dim");
-  int64_t n = a.size(dim);
+  const int64_t n = a.shape()[static_cast<size_t>(wrap_dim(dim, a.dim(), "split"))];
   std::vector<int64_t> sizes;
-  for (int64_t off = 0; off < n; off += split_size) sizes.push_back(std::min(split_size, n - off));
+  for (int64_t left = n; left > 0; left -= sizes.back()) sizes.push_back(std::min(split_size, left));
+  if (n == 0) sizes.push_back(0);  // as PyTorch: an empty dim splits into one empty part
   return split(a, sizes, dim);
 }
 

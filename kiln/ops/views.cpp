@@ -11,12 +11,6 @@
 namespace kiln {
 namespace {
 
-int64_t wrap(int64_t d, int64_t rank, const char* op) {
-  int64_t w = d < 0 ? d + rank : d;
-  KILN_CHECK(w >= 0 && w < rank, op, ": dim ", d, " out of range for a tensor of rank ", rank);
-  return w;
-}
-
 Tensor make_view(const Tensor& base, Shape shape, Strides strides, int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.storage();
@@ -110,7 +104,7 @@ Tensor Tensor::reshape(const Shape& shape_req) const {
 
 Tensor Tensor::flatten(int64_t start, int64_t end) const {
   if (dim() == 0) return reshape({1});
-  int64_t s = wrap(start, dim(), "flatten"), e = wrap(end, dim(), "flatten");
+  int64_t s = wrap_dim(start, dim(), "flatten"), e = wrap_dim(end, dim(), "flatten");
   KILN_CHECK(s <= e, "flatten: start dim ", start, " after end dim ", end);
   Shape ns(shape().begin(), shape().begin() + s);
   int64_t m = 1;
@@ -121,7 +115,7 @@ Tensor Tensor::flatten(int64_t start, int64_t end) const {
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
-  int64_t w = wrap(d, dim(), "slice");
+  int64_t w = wrap_dim(d, dim(), "slice");
   KILN_CHECK(step > 0, "slice: step must be positive, got ", step);
   int64_t n = shape()[static_cast<size_t>(w)];
   if (start < 0) start += n;
@@ -139,7 +133,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
-  int64_t w = wrap(d, dim(), "narrow");
+  int64_t w = wrap_dim(d, dim(), "narrow");
   int64_t n = shape()[static_cast<size_t>(w)];
   KILN_CHECK(start >= 0 && length >= 0 && start <= n && length <= n - start, "narrow: start ", start, " + length ",
              length, " exceeds size ", n, " of dim ", d, " (both must be >= 0)");
@@ -147,7 +141,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
-  int64_t w = wrap(d, dim(), "select");
+  int64_t w = wrap_dim(d, dim(), "select");
   int64_t n = shape()[static_cast<size_t>(w)];
   int64_t i = index < 0 ? index + n : index;
   KILN_CHECK(i >= 0 && i < n, "select: index ", index, " out of range for dim ", d, " of size ", n);
@@ -162,10 +156,17 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  const int64_t w0 = wrap_dim(d0, dim(), "transpose", true), w1 = wrap_dim(d1, dim(), "transpose", true);
+  if (dim() == 0) return *this;
   std::vector<int64_t> perm(static_cast<size_t>(dim()));
   std::iota(perm.begin(), perm.end(), 0);
-  std::swap(perm[static_cast<size_t>(wrap(d0, dim(), "transpose"))], perm[static_cast<size_t>(wrap(d1, dim(), "transpose"))]);
+  std::swap(perm[static_cast<size_t>(w0)], perm[static_cast<size_t>(w1)]);
   return permute(perm);
+}
+
+Tensor Tensor::t() const {
+  KILN_CHECK(dim() <= 2, "t: expects a tensor of at most 2 dims, got shape ", shape(), " (use transpose(d0, d1))");
+  return dim() < 2 ? *this : transpose(0, 1);
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
@@ -174,7 +175,7 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   Strides st(dims.size());
   std::vector<int64_t> inverse(dims.size(), -1);
   for (size_t i = 0; i < dims.size(); ++i) {
-    int64_t w = wrap(dims[i], dim(), "permute");
+    int64_t w = wrap_dim(dims[i], dim(), "permute");
     KILN_CHECK(inverse[static_cast<size_t>(w)] < 0, "permute: dim ", dims[i], " repeated in ", dims);
     inverse[static_cast<size_t>(w)] = static_cast<int64_t>(i);
     s[i] = shape()[static_cast<size_t>(w)];
@@ -220,15 +221,15 @@ Tensor Tensor::expand(const Shape& target) const {
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
-  int64_t w = wrap(d, dim(), "squeeze");
-  if (shape()[static_cast<size_t>(w)] != 1) return *this;
+  int64_t w = wrap_dim(d, dim(), "squeeze", true);
+  if (dim() == 0 || shape()[static_cast<size_t>(w)] != 1) return *this;
   Shape s = shape();
   s.erase(s.begin() + w);
   return view(s);
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
-  int64_t w = wrap(d, dim() + 1, "unsqueeze");
+  int64_t w = wrap_dim(d, dim() + 1, "unsqueeze");
   Shape s = shape();
   s.insert(s.begin() + w, 1);
   return view(s);

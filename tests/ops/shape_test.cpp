@@ -122,3 +122,46 @@ TEST(ShapeErrors, NameOpAndValues) {
   EXPECT_KILN_ERROR(split(x, std::vector<int64_t>{1, 1}, 1), "split");
   EXPECT_KILN_ERROR(split(x, 0, 1), "split");
 }
+
+// Dims as PyTorch takes them (from a probe of the ops against PyTorch): a 0-d tensor takes dim 0
+// and -1 in reductions, softmax, max, squeeze and transpose (each refused it), t() leaves 0-d
+// and 1-d tensors as they are and refuses more than 2 dims (3-d swapped dims 0 and 1), split of
+// an empty dim gives one empty part (it gave none), softmax over an empty dim an empty result
+// (amax refused it), and stack names itself (the message named unsqueeze).
+TEST(ShapeErrors, DimsAsPyTorchTakesThem) {
+  Tensor s = full({}, 3.0);
+  EXPECT_EQ(sum(s, {0}).item(), 3.0);
+  EXPECT_EQ(sum(s, {-1}, true).shape(), Shape{});
+  EXPECT_EQ(amax(s, {0}).item(), 3.0);
+  EXPECT_EQ(softmax(s, 0).item(), 1.0);
+  EXPECT_EQ(log_softmax(s, -1).item(), 0.0);
+  ValuesIndices m = max(s, 0);
+  EXPECT_EQ(m.values.shape(), Shape{});
+  EXPECT_EQ(m.values.item(), 3.0);
+  EXPECT_EQ(m.indices.item(), 0.0);
+  EXPECT_EQ(s.squeeze(0).shape(), Shape{});
+  EXPECT_EQ(s.transpose(0, -1).item(), 3.0);
+  EXPECT_KILN_ERROR(sum(s, {1}), "sum", "dim 1", "rank 0", "-1 to 0");
+  EXPECT_KILN_ERROR(sum(s, {0, -1}), "sum", "given twice");
+  EXPECT_KILN_ERROR(s.select(0, 0), "select", "0-d");
+  EXPECT_KILN_ERROR(s.size(0), "size", "0-d");
+
+  Tensor v = arange(4, DType::f32);
+  EXPECT_EQ(v.t().shape(), (Shape{4}));
+  EXPECT_EQ(v.t().data_ptr(), v.data_ptr());
+  EXPECT_EQ(s.t().item(), 3.0);
+  EXPECT_EQ(zeros({2, 3}).t().shape(), (Shape{3, 2}));
+  EXPECT_KILN_ERROR(zeros({2, 3, 4}).t(), "t:", "[2, 3, 4]", "transpose");
+
+  std::vector<Tensor> parts = split(zeros({0, 3}), 2, 0);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0].shape(), (Shape{0, 3}));
+  EXPECT_EQ(split(zeros({5}), INT64_MAX, 0).size(), 1u);  // the part count did not overflow
+
+  EXPECT_EQ(softmax(zeros({3, 0}), 1).shape(), (Shape{3, 0}));
+  EXPECT_EQ(log_softmax(zeros({0, 4}), 0).shape(), (Shape{0, 4}));
+  EXPECT_KILN_ERROR(softmax(zeros({3, 0}), 2), "softmax", "dim 2");
+
+  EXPECT_KILN_ERROR(stack({zeros({2}), zeros({2})}, 3), "stack", "dim 3", "rank 2");
+  EXPECT_KILN_ERROR(split(zeros({2}), 1, 1), "split", "dim 1");
+}
