@@ -16,6 +16,43 @@ namespace {
 // on the CPU also their values (counts within the row, partial + full at most the other side's
 // blocks, indices in range: O(blocks)). A hand-edited layout segfaulted the kernels or gave
 // silent zeros. (A GPU layout's values would need a copy back; they come from the builders.)
+// The q tables (per kv block: the backward's dK/dV walk) must list exactly the tiles of the kv
+// tables (the forward's and dQ's), each as the same class: an edited q side gave dK off by 64 %
+// with a correct output. (Called once both sides are valid and free of repeats: then the q
+// side's tiles matching and adding up to the kv side's count makes the two sets equal.)
+void check_transposed_tables(const BlockLayout& l) {
+  const int64_t nq = l.num_q_blocks, nk = l.num_kv_blocks, wk = l.kv_indices.size(3), wq = l.q_indices.size(3);
+  const int32_t *kn = l.kv_num_blocks.data<int32_t>(), *kfn = l.full_kv_num_blocks.data<int32_t>();
+  const int32_t *ki = l.kv_indices.data<int32_t>(), *kfi = l.full_kv_indices.data<int32_t>();
+  const int32_t *qn = l.q_num_blocks.data<int32_t>(), *qfn = l.full_q_num_blocks.data<int32_t>();
+  const int32_t *qi = l.q_indices.data<int32_t>(), *qfi = l.full_q_indices.data<int32_t>();
+  std::vector<uint8_t> cls(static_cast<size_t>(nq * nk));  // one (b, h) group's tiles: 0 empty, 1 partial, 2 full
+  static constexpr const char* kClass[] = {"empty", "partial", "full"};
+  for (int64_t g = 0; g < l.batch * l.heads; ++g) {
+    std::fill(cls.begin(), cls.end(), uint8_t{0});
+    int64_t kv_tiles = 0, q_tiles = 0;
+    for (int64_t a = 0; a < nq; ++a) {
+      const int64_t r = g * nq + a;
+      for (int32_t c = 0; c < kn[r]; ++c) cls[static_cast<size_t>(a * nk + ki[r * wk + c])] = 1;
+      for (int32_t c = 0; c < kfn[r]; ++c) cls[static_cast<size_t>(a * nk + kfi[r * wk + c])] = 2;
+      kv_tiles += kn[r] + kfn[r];
+    }
+    for (int64_t c = 0; c < nk; ++c) {
+      const int64_t r = g * nk + c;
+      for (int32_t x = 0; x < qn[r] + qfn[r]; ++x) {
+        const bool full = x >= qn[r];
+        const int64_t a = full ? qfi[r * wq + (x - qn[r])] : qi[r * wq + x];
+        const uint8_t want = full ? 2 : 1, have = cls[static_cast<size_t>(a * nk + c)];
+        KILN_CHECK(have == want, "flex_attention: block mask's q tables list tile (q block ", a, ", kv block ", c,
+                   ") of group ", g, " as ", kClass[want], ", its kv tables as ", kClass[have]);
+      }
+      q_tiles += qn[r] + qfn[r];
+    }
+    KILN_CHECK(q_tiles == kv_tiles, "flex_attention: block mask's q tables list ", q_tiles, " tiles of group ", g,
+               ", its kv tables ", kv_tiles);
+  }
+}
+
 void check_block_tables(const BlockLayout& l) {
   struct Side {
     const char* name;
@@ -44,6 +81,7 @@ void check_block_tables(const BlockLayout& l) {
     if (!l.device().is_cpu()) continue;
     const int32_t *n = sd.num.data<int32_t>(), *fn = sd.full_num.data<int32_t>();
     const int32_t *ix = sd.idx.data<int32_t>(), *fix = sd.full_idx.data<int32_t>();
+    std::vector<int64_t> listed_by(static_cast<size_t>(sd.other), -1);  // the last row that listed a block
     for (int64_t r = 0; r < l.batch * l.heads * sd.rows; ++r) {
       KILN_CHECK(n[r] >= 0 && fn[r] >= 0 && n[r] + int64_t{fn[r]} <= sd.other, "flex_attention: block mask's ",
                  sd.name, " row ", r, " counts ", n[r], " partial + ", fn[r], " full blocks of ", sd.other);
@@ -51,9 +89,13 @@ void check_block_tables(const BlockLayout& l) {
         const int32_t j = c < n[r] ? ix[r * width + c] : fix[r * width + (c - n[r])];
         KILN_CHECK(j >= 0 && j < sd.other, "flex_attention: block mask's ", sd.name, " row ", r, " lists block ", j,
                    ", outside [0, ", sd.other, ")");
+        KILN_CHECK(listed_by[static_cast<size_t>(j)] != r, "flex_attention: block mask's ", sd.name, " row ", r,
+                   " lists block ", j, " twice");  // its tile was counted twice
+        listed_by[static_cast<size_t>(j)] = r;
       }
     }
   }
+  if (l.device().is_cpu()) check_transposed_tables(l);
 }
 }  // namespace
 
@@ -91,9 +133,9 @@ void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const 
              "flex_attention: block mask has ", layout.num_q_blocks, " x ", layout.num_kv_blocks, " blocks of ",
              layout.q_block, " x ", layout.kv_block, ", which do not tile L=", L, ", S=", S);
   KILN_CHECK(layout.batch == 1 || layout.batch == B, "flex_attention: block mask batch ", layout.batch,
-             " must be 1 or ", B);
+             " must be 1 or q's batch ", B);
   KILN_CHECK(layout.heads == 1 || layout.heads == Hq, "flex_attention: block mask heads ", layout.heads,
-             " must be 1 or ", Hq);
+             " must be 1 or q's heads ", Hq);
   KILN_CHECK(L < (int64_t{1} << 31) && S < (int64_t{1} << 31), "flex_attention: lengths must fit int32");
   check_block_tables(layout);
 }
@@ -164,6 +206,19 @@ Tensor tile_counters(kernels::FlexParams& p, int64_t n, Device device) {
   Tensor counters = Tensor::empty({n}, DType::i32, device);
   p.tile_counters = counters.data<int32_t>();
   return counters;
+}
+
+std::vector<SavedTensor> save_block_tables(const BlockLayout& l) {
+  std::vector<SavedTensor> saved;
+  for (const Tensor* t : {&l.kv_num_blocks, &l.kv_indices, &l.full_kv_num_blocks, &l.full_kv_indices,
+                          &l.q_num_blocks, &l.q_indices, &l.full_q_num_blocks, &l.full_q_indices})
+    saved.emplace_back(*t);
+  return saved;
+}
+
+void check_saved_block_tables(const std::vector<SavedTensor>& saved, const BlockLayout& layout) {
+  for (const SavedTensor& t : saved) t.get("flex_attention's block mask");
+  check_block_tables(layout);
 }
 
 void fail_no_cuda_body() {

@@ -79,8 +79,9 @@ inline void check_score_mod(const Alibi& m) {
                                   "alibi_slopes)");
 }
 inline void check_score_mod(const Softcap& m) {
-  KILN_CHECK(std::isfinite(m.cap) && m.cap != 0.0f, "flex_attention: Softcap.cap must be finite and non-zero, got ",
-             m.cap);
+  // The kernels multiply by 1/cap: below 1/FLT_MAX that is inf, and a score of 0 gave NaN.
+  KILN_CHECK(std::isfinite(m.cap) && std::isfinite(1.0f / m.cap),
+             "flex_attention: Softcap.cap must be finite and non-zero with a finite f32 reciprocal, got ", m.cap);
 }
 // Makes the last dim contiguous (a copy only when needed); keeps other strides.
 Tensor last_dim_contiguous(const Tensor& t);
@@ -92,6 +93,12 @@ kernels::FlexBackend resolve_backend(kernels::FlexBackend requested, Device devi
 // The Hopper kernels' n tile counters (their launchers zero them) on a CUDA device, pointed to
 // by p.tile_counters; none on the CPU.
 Tensor tile_counters(kernels::FlexParams& p, int64_t n, Device device);
+// The layout's block tables as the backward saves them (their versions), and the backward's check
+// that they are unchanged: an in-place change after the forward is an error naming the block mask,
+// as for q, k and v (a table filled with -1e7 segfaulted the backward; counts raised to a valid
+// value gave wrong gradients); the values are checked again as in the forward.
+std::vector<SavedTensor> save_block_tables(const BlockLayout& layout);
+void check_saved_block_tables(const std::vector<SavedTensor>& saved, const BlockLayout& layout);
 // The error for a score_mod / mask_mod pair with no CUDA instantiation.
 [[noreturn]] void fail_no_cuda_body();
 
@@ -152,9 +159,10 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   if constexpr (is_learnable_v<SM>) {
     KILN_CHECK(options.bias.defined(), "flex_attention: this score_mod needs its learnable table in options.bias");
     bias = options.bias;
-    KILN_CHECK(bias.dtype() == DType::f32 && bias.dim() == 2 && bias.size(0) == p.Hq &&
-                   bias.size(1) == p.L + p.S - 1 && bias.device() == q.device(),
-               "flex_attention: options.bias must be f32 [Hq=", p.Hq, ", L+S-1=", p.L + p.S - 1, "] on ",
+    const int64_t offsets = std::max<int64_t>(p.L + p.S - 1, 0);  // q_idx - kv_idx + L - 1, none when empty
+    KILN_CHECK(bias.dtype() == DType::f32 && bias.dim() == 2 && bias.size(0) == p.Hq && bias.size(1) == offsets &&
+                   bias.device() == q.device(),
+               "flex_attention: options.bias must be f32 [Hq=", p.Hq, ", L+S-1=", offsets, "] on ",
                q.device().str(), ", got ", dtype_name(bias.dtype()), " ", shape_str(bias.shape()));
     bias = bias.contiguous();
     score_mod.bias = static_cast<const float*>(bias.data_ptr());
@@ -179,9 +187,11 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   if (options.return_lse) outputs.push_back(&lse);
   // The backward keeps the layout (its index tensors are shared handles) and the mods by value.
   SavedTensor sq(q), sk(k), sv(v), so(out), slse(lse), sbias(bias);
+  const std::vector<SavedTensor> saved_tables = detail::save_block_tables(layout);
   const bool want_lse = options.return_lse;
   record("flex_attention", inputs, outputs,
          [=](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+           detail::check_saved_block_tables(saved_tables, layout);
            Tensor q = sq.get("flex_attention"), k = sk.get("flex_attention"), v = sv.get("flex_attention");
            Tensor out = so.get("flex_attention"), lse = slse.get("flex_attention");
            kernels::FlexParams bp = detail::make_params(q, k, v, layout, scale, backend);

@@ -38,6 +38,13 @@ struct TimesTwo {
   template <class T> KILN_HD T dscore(T, int, int, int, int) const { return T(2); }
 };
 
+// score · 0.1·√(q − kv): finite where kv <= q only; its value and derivative are NaN off a causal
+// mask (a masked pair's dS must be 0 whatever the derivative says there, as in PyTorch).
+struct RootDistance {
+  template <class T> KILN_HD T operator()(T s, int, int, int q, int kv) const { return s * dscore(s, 0, 0, q, kv); }
+  template <class T> KILN_HD T dscore(T, int, int, int q, int kv) const { return T(0.1) * std::sqrt(T(q - kv)); }
+};
+
 struct Case {
   int64_t B = 1, Hq = 2, Hkv = 2, L = 37, S = 37, E = 16, Ev = 16, qblock = 16, kvblock = 16;
   DType dtype = DType::f32;
@@ -268,6 +275,23 @@ TEST(BlockMask, BadBlockSizesTablesAndLayoutsNamed) {
   edited([](BlockMask<Causal>& m) { m.layout.kv_indices = zeros({1, 1, 4, 2}, DType::i32); },
          "kv indices are [1, 1, 4, 2]");
   edited([](BlockMask<Causal>& m) { m.layout.kv_indices = m.layout.kv_indices.to(DType::i64); }, "contiguous i32");
+  // (From a probe) a block listed twice in a row counted its tile twice (output off by 62 %), and
+  // q tables that disagree with the kv tables gave a right output with dK off by 64 %.
+  edited([](BlockMask<Causal>& m) { m.layout.full_kv_indices.data<int32_t>()[2 * 4 + 1] = 0; },
+         "kv row 2 lists block 0 twice");
+  edited([](BlockMask<Causal>& m) { m.layout.kv_num_blocks.data<int32_t>()[3] = 0; },
+         "q tables list tile (q block 3, kv block 3) of group 0 as partial, its kv tables as empty");
+  edited([](BlockMask<Causal>& m) { m.layout.full_q_num_blocks.fill_(0); }, "q tables list 4 tiles of group 0, its kv tables 10");
+  // Tables changed in place between the forward and the backward: an error naming the block mask
+  // (filled with -1e7 the backward segfaulted; counts raised to a valid value gave wrong dq).
+  for (bool valid : {false, true}) {
+    auto m = create_block_mask(Causal{}, 1, 1, 64, 64, 16, 16);
+    Tensor qg = q.detach().requires_grad_();
+    FlexResult r = flex_attention(qg, q, q, NoScoreMod{}, m);
+    if (valid) m.layout.full_kv_num_blocks.fill_(0);
+    else m.layout.kv_indices.fill_(-1e7);
+    EXPECT_KILN_ERROR(sum(r.out).backward(), "flex_attention's block mask", "modified by an in-place operation");
+  }
 }
 
 // ---------------- the float64 reference vs finite differences ----------------
@@ -458,6 +482,17 @@ TEST(FlexCpu, FullyMaskedRowsGiveZeroAndNoNaN) {
   EXPECT_EQ(max_abs(z.dv), 0.0);
 }
 
+// A score_mod whose derivative is NaN on masked pairs (inside partial tiles, blocks 8 and 16):
+// the gradients stay finite and match the reference (0 · NaN made 272 of 320 dq values NaN).
+TEST(FlexCpu, ScoreModDerivativeOffTheMaskIsIgnored) {
+  Case c;
+  c.L = 40, c.S = 40, c.qblock = 8, c.kvblock = 16;
+  check_case(c, RootDistance{}, Causal{});
+  check_case(c, RootDistance{}, SlidingWindow{9});
+  c.dtype = DType::bf16;
+  check_case(c, RootDistance{}, Causal{});
+}
+
 TEST(FlexCpu, NaNScoresGiveNaNRows) {
   for (DType dt : {DType::f32, DType::bf16}) check_nan_rows(kCPU, dt, 16, 64, FlexBackend::automatic);
 }
@@ -617,6 +652,10 @@ TEST(FlexCpu, BadScaleAndScoreModParametersNamed) {
   EXPECT_KILN_ERROR(flex_attention(q, k, v, Softcap{0.0f}, bm), "Softcap.cap", "got 0");
   EXPECT_KILN_ERROR(flex_attention(q, k, v, Softcap{NAN}, bm), "Softcap.cap", "nan");
   EXPECT_KILN_ERROR(flex_attention(q, k, v, Softcap{INFINITY}, bm), "Softcap.cap", "inf");
+  // 1/cap is inf in f32 below ~2.9e-39: a score of 0 gave a NaN row (0 · inf).
+  EXPECT_KILN_ERROR(flex_attention(q, k, v, Softcap{1e-39f}, bm), "Softcap.cap", "reciprocal");
+  expect_close(flex_attention(q, k, v, Softcap{1e-37f}, bm).out,
+               reference_flex_attention(q, k, v, Softcap{1e-37f}, Causal{}, 0.25).out, DType::f32, "softcap 1e-37");
   EXPECT_KILN_ERROR(flex_attention(q, k, v, Alibi{}, bm), "Alibi.slopes is null");
   // A negative cap is the same function as its absolute value.
   expect_close(flex_attention(q, k, v, Softcap{-2.0f}, bm).out,

@@ -209,8 +209,12 @@ inline void flex_tile_grad(float* s, float* dp, float* raw, int64_t ld, int64_t 
 #pragma omp simd
       for (int64_t j = 0; j < nk; ++j) di[j] *= p.scale;
     } else {
+      // Only where P > 0: a masked pair's dS is 0 whatever score_mod' says there (0 · NaN was NaN
+      // for a mod whose derivative is NaN off the mask), as on the GPU (grad_elem).
       for (int64_t j = 0; j < nk; ++j)
-        di[j] *= p.scale * sm.dscore(raw[i * ld + j], b, h, static_cast<int>(i0 + i), static_cast<int>(j0 + j));
+        di[j] = si[j] != 0.0f ? di[j] * p.scale *
+                                    sm.dscore(raw[i * ld + j], b, h, static_cast<int>(i0 + i), static_cast<int>(j0 + j))
+                              : 0.0f;
     }
   }
 }
