@@ -23,7 +23,8 @@ int run_eval(const Args& args) {
                       "on a text, or the logits of a token sequence.");
   p.option("--ckpt", &ckpt, "DIR", "checkpoint directory (config.json + model.safetensors or shards)");
   p.option("--data", &data, "FILE", "text file or folder to evaluate on");
-  p.option("--tokenizer", &tokenizer, "SPEC", "tokenizer (default: the checkpoint's, else 'byte')");
+  p.option("--tokenizer", &tokenizer, "SPEC",
+           "tokenizer: 'byte', a tokenizer.model or a folder (default: the checkpoint's)");
   p.option("--seq", &seq, "N", "tokens per window");
   p.option("--batch", &batch, "N", "windows per forward pass");
   p.option("--max-batches", &max_batches, "N", "evaluate at most N batches (0: the whole text)");

@@ -21,7 +21,8 @@ int run_generate(const Args& args) {
   p.option("--top-k", &top_k, "K", "sample among the K most likely tokens (0: all)");
   p.option("--top-p", &top_p, "P", "sample among the most likely tokens holding probability P (1: all)");
   p.option("--seed", &seed, "S", "sampling seed (the same seed gives the same text)");
-  p.option("--tokenizer", &tokenizer, "SPEC", "tokenizer (default: the checkpoint's)");
+  p.option("--tokenizer", &tokenizer, "SPEC",
+           "tokenizer: 'byte', a tokenizer.model or a folder (default: the checkpoint's)");
   p.option("--device", &device, "DEV", "cpu, cuda or cuda:N");
   if (!p.parse(args)) return 0;
   KILN_CHECK(!ckpt.empty(), "--ckpt is required");
@@ -51,18 +52,24 @@ int run_generate(const Args& args) {
                  static_cast<long long>(context - 1));
   std::printf("%s", prompt.c_str());
   std::fflush(stdout);
-  // Decode the growing suffix so multi-byte characters and pieces print whole.
-  std::vector<int32_t> pending;
+  // Each token prints what it adds to the decoded text after the prompt (spaces SentencePiece
+  // puts between pieces, characters made of several byte tokens), held back while the text ends
+  // inside a character.
+  std::vector<int32_t> generated;
+  size_t printed = 0;
+  auto print_new = [&](bool last) {
+    const std::string text = tok->decode_continuation(ids, generated);
+    if (text.size() <= printed || (!last && data::ends_mid_character(text))) return;
+    std::printf("%s", text.c_str() + printed);
+    std::fflush(stdout);
+    printed = text.size();
+  };
   const std::vector<int32_t> out = nn::generate(*model, ids, o, [&](int32_t t) {
     if (t == tok->eos_id()) return;
-    pending.push_back(t);
-    std::string s = tok->decode(pending);
-    if (tok->kind() == "byte" && !s.empty() && (static_cast<unsigned char>(s.back()) & 0x80)) return;  // mid UTF-8
-    std::printf("%s", s.c_str());
-    std::fflush(stdout);
-    pending.clear();
+    generated.push_back(t);
+    print_new(false);
   });
-  if (!pending.empty()) std::printf("%s", tok->decode(pending).c_str());
+  print_new(true);
   std::printf("\n");
   if (static_cast<int64_t>(out.size()) < max_tokens && (out.empty() || out.back() != tok->eos_id()))
     std::fprintf(stderr, "note: stopped after %zu of --max-tokens %lld: the model's context of %lld positions is full\n",

@@ -15,6 +15,27 @@ std::vector<int32_t> ByteTokenizer::encode(std::string_view text) const {
   return out;
 }
 
+std::string Tokenizer::decode_continuation(const std::vector<int32_t>& context,
+                                           const std::vector<int32_t>& continuation) const {
+  std::vector<int32_t> all = context;
+  all.insert(all.end(), continuation.begin(), continuation.end());
+  const std::string whole = decode(all), head = decode(context);
+  if (whole.compare(0, head.size(), head) == 0) return whole.substr(head.size());
+  return decode(continuation);
+}
+
+bool ends_mid_character(std::string_view text) {
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  if (text.size() >= kReplacement.size() && text.substr(text.size() - kReplacement.size()) == kReplacement) return true;
+  // Back over at most 3 continuation bytes to the sequence's first byte.
+  size_t i = text.size(), tail = 0;
+  while (i > 0 && tail < 3 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) --i, ++tail;
+  if (i == 0) return tail > 0;
+  const auto lead = static_cast<unsigned char>(text[i - 1]);
+  const size_t want = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;  // continuation bytes it needs
+  return lead >= 0xC0 && tail < want;
+}
+
 std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string s;
   for (int32_t id : ids) {
@@ -47,11 +68,17 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
   KILN_CHECK(fs::is_directory(p), "tokenizer: '", spec, "' is neither 'byte', a tokenizer.model file nor a directory");
   if (fs::exists(p / "tokenizer.model")) return load_sentencepiece((p / "tokenizer.model").string());
   if (fs::exists(p / "tokenizer_config.json")) {
-    std::ifstream f(p / "tokenizer_config.json");
+    const fs::path config = p / "tokenizer_config.json";
+    std::ifstream f(config);
     std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    json::Value v = json::parse(text);
-    if (const json::Value* k = v.find("kiln_tokenizer"); k && k->as_string() == "byte")
-      return std::make_unique<ByteTokenizer>();
+    try {  // errors name the file (a bare "JSON: expected a string key at byte 2" did not)
+      json::Value v = json::parse(text);
+      if (const json::Value* k = v.is_object() ? v.find("kiln_tokenizer") : nullptr;
+          k && k->as_string("kiln_tokenizer") == "byte")
+        return std::make_unique<ByteTokenizer>();
+    } catch (const Error& e) {
+      fail("tokenizer: ", config.string(), ": ", e.what());
+    }
   }
   fail("tokenizer: no tokenizer found in '", spec,
        "' (expected tokenizer.model or a kiln tokenizer_config.json; pass --tokenizer byte for bytes)");

@@ -23,7 +23,18 @@ class Tokenizer {
   virtual std::string fingerprint() const = 0;  // identifies the vocabulary (cache keys)
   // Writes the tokenizer's files into `dir` (tokenizer_config.json, tokenizer.model, ...).
   virtual void save(const std::string& dir) const = 0;
+  // The text `continuation` adds after `context`: decode(context + continuation) past
+  // decode(context) (decode(continuation) alone when the first does not start with the second).
+  // Token by token decoding loses what depends on the neighbours: SentencePiece drops a piece's
+  // leading space at the start of a decode ("hello world" came out "helloworld") and joins
+  // byte-fallback pieces into characters only when they are decoded together.
+  std::string decode_continuation(const std::vector<int32_t>& context, const std::vector<int32_t>& continuation) const;
 };
+
+// Whether text ends inside a character: an incomplete UTF-8 sequence (a byte tokenizer's
+// partial character) or U+FFFD (SentencePiece's stand-in for byte pieces not yet whole). A
+// stream holds such text back until the next token completes it.
+bool ends_mid_character(std::string_view text);
 
 class ByteTokenizer final : public Tokenizer {
  public:

@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <random>
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"
@@ -97,13 +100,32 @@ Tensor MappedFile::view(uint64_t begin, const Shape& shape, DType dtype, const s
 }
 
 AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
-  std::string tmpl = path_ + ".tmp.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  fd_ = ::mkstemp(buf.data());
+  KILN_CHECK(!path_.empty(), "cannot write a file at an empty path");
+  struct stat st {};
+  const bool exists = ::stat(path_.c_str(), &st) == 0;
+  // The rename would replace whatever is there: /dev/null, a pipe or a socket became a regular
+  // file (as root, the system's /dev/null). Such a target, or a folder, is refused.
+  KILN_CHECK(!exists || S_ISREG(st.st_mode), path_, ": exists and is not a regular file (",
+             S_ISDIR(st.st_mode) ? "a folder" : "a device, pipe or socket", "): refusing to replace it");
+  // Through a symlink: the file it names is replaced, the link kept (as a plain open would).
+  struct stat lst {};
+  if (exists && ::lstat(path_.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::canonical(path_, ec);
+    if (!ec) path_ = target.string();
+  }
+  // The temporary file is created as open(2) creates one (mode 0666 less the umask), then takes
+  // the mode of the file it replaces (a 0600 file became 0644).
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof suffix, ".tmp.%08x", static_cast<unsigned>(rd()));
+    tmp_ = path_ + suffix;
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ < 0 && errno != EEXIST) break;
+  }
   KILN_CHECK(fd_ >= 0, path_, ": cannot create a temporary file next to it: ", errno_text());
-  tmp_ = buf.data();
-  ::fchmod(fd_, 0644);
+  if (exists) ::fchmod(fd_, st.st_mode & 07777);
 }
 
 AtomicWriter::~AtomicWriter() {

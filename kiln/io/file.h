@@ -40,7 +40,9 @@ class MappedFile {
 
 // Writes a file atomically: everything goes to a temporary file next to `path`, which
 // commit() fsyncs and renames over `path` (then fsyncs the folder). Destroyed without
-// commit(), it removes the temporary file: a failed save never leaves a partial file.
+// commit(), it removes the temporary file: a failed save never leaves a partial file. A `path`
+// that exists and is not a regular file is refused; through a symlink, the file it names is
+// replaced; the new file keeps the old one's mode, or takes 0666 less the umask.
 class AtomicWriter {
  public:
   explicit AtomicWriter(std::string path);

@@ -26,6 +26,30 @@ const char* kind_name(Value::Kind k) {
 }
 }  // namespace
 
+size_t utf8_sequence_length(std::string_view s, size_t i) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  const int len = b0 < 0x80 ? 1 : (b0 >> 5) == 0x6 ? 2 : (b0 >> 4) == 0xE ? 3 : (b0 >> 3) == 0x1E ? 4 : 0;
+  if (len == 0 || i + static_cast<size_t>(len) > s.size()) return 0;
+  uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1Fu) : len == 3 ? (b0 & 0x0Fu) : (b0 & 0x07u);
+  for (int k = 1; k < len; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+    if ((b & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b & 0x3Fu);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;  // overlong, too large, surrogate
+  return static_cast<size_t>(len);
+}
+
+size_t invalid_utf8_at(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence_length(s, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
 #define KILN_JSON_EXPECT(cond, kindword) \
   KILN_CHECK(cond, what, ": expected ", kindword, ", got ", kind_name(kind()))
 
@@ -78,6 +102,10 @@ size_t Value::size() const {
 }
 
 std::string quote(std::string_view s) {
+  // JSON text is UTF-8: raw bytes would make a file that no reader (kiln's included) accepts.
+  const size_t bad = invalid_utf8_at(s);
+  KILN_CHECK(bad == std::string_view::npos, "JSON: cannot write a string that is not valid UTF-8 (byte ", bad, " of ",
+             s.size(), ")");
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
@@ -298,19 +326,10 @@ class Parser {
 
   // Validates one UTF-8 sequence starting at i_ and appends it.
   void copy_utf8(std::string& out) {
-    auto b0 = static_cast<unsigned char>(s_[i_]);
-    int len = b0 < 0x80 ? 1 : (b0 >> 5) == 0x6 ? 2 : (b0 >> 4) == 0xE ? 3 : (b0 >> 3) == 0x1E ? 4 : 0;
-    if (len == 0 || i_ + static_cast<size_t>(len) > s_.size()) error("invalid UTF-8");
-    uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1Fu) : len == 3 ? (b0 & 0x0Fu) : (b0 & 0x07u);
-    for (int k = 1; k < len; ++k) {
-      auto b = static_cast<unsigned char>(s_[i_ + static_cast<size_t>(k)]);
-      if ((b & 0xC0) != 0x80) error("invalid UTF-8");
-      cp = (cp << 6) | (b & 0x3Fu);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) error("invalid UTF-8");
-    out.append(s_.substr(i_, static_cast<size_t>(len)));
-    i_ += static_cast<size_t>(len);
+    const size_t len = utf8_sequence_length(s_, i_);
+    if (len == 0) error("invalid UTF-8");
+    out.append(s_.substr(i_, len));
+    i_ += len;
   }
 
   std::string parse_string() {

@@ -74,7 +74,13 @@ struct ParseOptions {
 // byte offset and what was wrong.
 Value parse(std::string_view text, const ParseOptions& options = {});
 
-// Escapes a string as a JSON string literal (with the quotes).
+// Escapes a string as a JSON string literal (with the quotes); a string that is not valid UTF-8
+// is a kiln::Error (no reader would take the file).
 std::string quote(std::string_view s);
+// The bytes of the valid UTF-8 sequence at s[i] (1 to 4), 0 when none starts there (overlong
+// forms, surrogates and code points past U+10FFFF are invalid).
+size_t utf8_sequence_length(std::string_view s, size_t i);
+// The offset of the first byte that is not valid UTF-8, npos when the whole string is.
+size_t invalid_utf8_at(std::string_view s);
 
 }  // namespace kiln::json

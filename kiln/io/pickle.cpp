@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "kiln/core/error.h"
+#include "kiln/io/json.h"
 
 namespace kiln::io::pickle {
 
@@ -221,6 +222,13 @@ class Machine {
   void push_str(Object::Kind k, uint64_t len) {
     auto r = Object::make(k);
     r->s = std::string(bytes(len));
+    // A str is UTF-8 in a pickle: Python's unpickler refuses other bytes, and a name kept with
+    // them made safetensors that no reader took (convert wrote one).
+    if (k == Object::Kind::string) {
+      const size_t bad = json::invalid_utf8_at(r->s);
+      KILN_CHECK(bad == std::string::npos, what_, ": pickle string of ", len, " bytes is not valid UTF-8 (byte ", bad,
+                 "; malformed pickle)");
+    }
     push(r);
   }
   void need(size_t k, const char* op) {

@@ -128,8 +128,15 @@ std::string safetensors_header_bytes(const StoredTensors& tensors, const Metadat
     const FormatDType* d = find_format_dtype(s.dtype);
     KILN_CHECK(d != nullptr, "save_safetensors: tensor '", s.name, "': unknown dtype \"", s.dtype, "\"");
     KILN_CHECK(s.name != "__metadata__", "save_safetensors: a tensor may not be named \"__metadata__\"");
+    // The header is JSON, which readers (kiln's, Python's) refuse with raw non-UTF-8 bytes.
+    KILN_CHECK(json::invalid_utf8_at(s.name) == std::string::npos, "save_safetensors: the name of tensor ",
+               dts.size(), " is not valid UTF-8 (byte ", json::invalid_utf8_at(s.name), ")");
     dts.push_back(d);
   }
+  for (const auto& [k, v] : metadata)
+    KILN_CHECK(json::invalid_utf8_at(k) == std::string::npos && json::invalid_utf8_at(v) == std::string::npos,
+               "save_safetensors: metadata entry ", json::invalid_utf8_at(k) == std::string::npos ? "'" + k + "'" : "",
+               " is not valid UTF-8");
   // Descending alignment, then name: every tensor starts aligned to its element size.
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     uint64_t la = format_alignment(*dts[a]), lb = format_alignment(*dts[b]);

@@ -126,9 +126,10 @@ ShardIndex read_shard_index(const std::string& index_path) {
   for (const auto& [name, file] : wm->as_object()) {
     KILN_CHECK(file.is_string(), index_path, ": weight_map[\"", name, "\"] is not a string");
     const std::string& f = file.as_string();
-    KILN_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find('\\') == std::string::npos && f != "." &&
+    KILN_CHECK(!f.empty() && f.find_first_of(std::string_view("/\\\0", 3)) == std::string::npos && f != "." &&
                    f != "..",
-               index_path, ": weight_map[\"", name, "\"] = \"", f, "\" is not a file name in the index's folder");
+               index_path, ": weight_map[", json::quote(name), "] = ", json::quote(f),
+               " is not a file name in the index's folder");
     idx.weight_map.emplace_back(name, f);
     shards.insert(f);
   }

@@ -103,6 +103,13 @@ void TrainConfig::validate() const {
   KILN_CHECK(device == "cpu" || device.rfind("cuda", 0) == 0, "config: device='", device,
              "' is not one of: cpu, cuda, cuda:N");
   KILN_CHECK(!out.empty(), "config: out must not be empty");
+  // The run's settings are stored as JSON (config.json, trainer_state.json), which is UTF-8: a
+  // prompt or path with other bytes made a run that could never be resumed.
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"data", &data}, {"tokenizer", &tokenizer},
+                                   {"prompt", &prompt}, {"out", &out}, {"resume", &resume}})
+    KILN_CHECK(json::invalid_utf8_at(*value) == std::string::npos, "config: ", key,
+               " is not valid UTF-8 (byte ", json::invalid_utf8_at(*value),
+               "): kiln stores a run's settings as JSON, which needs UTF-8");
   KILN_CHECK(attention == "auto" || attention == "reference" || attention == "flex", "config: attention='", attention,
              "' is not one of: auto, reference, flex");
   if (attention_mask.rfind("window:", 0) == 0) {

@@ -152,7 +152,13 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   sum.start_step = step;
   // only now that the data, model and resume state are in place: a run refused for bad input
   // leaves no run directory behind (the token cache creates it for itself when it writes)
-  fs::create_directories(cfg.out);
+  {
+    std::error_code ec;
+    KILN_CHECK(!fs::exists(cfg.out, ec) || fs::is_directory(cfg.out, ec), "out '", cfg.out,
+               "' exists and is not a folder (the run folder)");
+    fs::create_directories(cfg.out, ec);
+    KILN_CHECK(!ec, "out '", cfg.out, "': cannot create the run folder: ", ec.message());
+  }
   MetricsLog metrics((fs::path(cfg.out) / "metrics.jsonl").string(), resume_dir.empty() ? -1 : step);
   {
     char buf[256];
@@ -354,7 +360,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     go.top_k = 40;
     go.seed = cfg.seed;
     go.eos_id = tok->eos_id();
-    sum.sample = prompt + tok->decode(nn::generate(model, ids, go));
+    sum.sample = prompt + tok->decode_continuation(ids, nn::generate(model, ids, go));
   }
   return sum;
 }

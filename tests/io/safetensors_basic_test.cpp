@@ -2,12 +2,16 @@
 // zero-size tensors, metadata, non-contiguous inputs, views of the mapping.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <filesystem>
 
+#include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/ops.h"
 #include "tests/io/io_test_util.h"
+#include "tests/ops/harness.h"
 
 namespace kiln::io {
 namespace {
@@ -87,6 +91,46 @@ TEST(Safetensors, WriterRefusesDuplicatesAndLeavesNoFile) {
   EXPECT_THROW(save_safetensors(dir.file("d.safetensors"), in), Error);
   EXPECT_FALSE(std::filesystem::exists(dir.file("d.safetensors")));
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 0);
+}
+
+// (From a probe) the rename replaced whatever the path named: /dev/null, a pipe or a socket
+// became a regular file; a symlink became a file instead of its target being written; the new
+// file always had mode 0644 (a 0600 file became world-readable). Names and metadata that are
+// not UTF-8 made a header no reader takes.
+TEST(Safetensors, SaveRespectsWhatThePathIs) {
+  TempDir dir;
+  const TensorMap one{{"x", ones({2})}};
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_KILN_ERROR(save_safetensors(fifo, one), "fifo", "not a regular file", "refusing to replace it");
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_KILN_ERROR(save_safetensors(dir.path(), one), "not a regular file", "a folder");
+  EXPECT_KILN_ERROR(save_safetensors("", one), "empty path");
+  // Through a symlink: its target is replaced, the link kept.
+  const std::string target = dir.file("real.safetensors"), link = dir.file("link.safetensors");
+  save_safetensors(target, TensorMap{{"old", zeros({1})}});
+  std::filesystem::create_symlink(target, link);
+  save_safetensors(link, one);
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(load_safetensors(target)[0].first, "x");
+  // Modes: the replaced file's; a new file's is 0666 less the umask.
+  namespace fs = std::filesystem;
+  fs::permissions(target, fs::perms::owner_read | fs::perms::owner_write);
+  save_safetensors(target, one);
+  EXPECT_EQ(fs::status(target).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  const mode_t old_mask = ::umask(027);
+  save_safetensors(dir.file("new.safetensors"), one);
+  ::umask(old_mask);
+  EXPECT_EQ(fs::status(dir.file("new.safetensors")).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  // Not UTF-8: refused before anything is written.
+  EXPECT_KILN_ERROR(save_safetensors(dir.file("u.safetensors"), TensorMap{{"a\xff", ones({1})}}), "tensor 0",
+                    "not valid UTF-8", "byte 1");
+  EXPECT_KILN_ERROR(save_safetensors(dir.file("u.safetensors"), one, Metadata{{"k", "\xc3"}}), "metadata entry 'k'",
+                    "not valid UTF-8");
+  EXPECT_FALSE(fs::exists(dir.file("u.safetensors")));
+  EXPECT_KILN_ERROR(json::quote("ok\xe2\x82"), "not valid UTF-8", "byte 2");
+  EXPECT_EQ(json::quote("\xe2\x82\xac"), "\"\xe2\x82\xac\"");  // € passes as is
 }
 
 TEST(Safetensors, SaveReplacesAtomically) {

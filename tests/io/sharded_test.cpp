@@ -101,6 +101,9 @@ TEST(Sharded, InconsistentIndexesAreErrors) {
   json::Value escape = idx;
   escape["weight_map"]["emb"] = "../../etc/passwd";
   expect_error(escape, "not a file name");
+  json::Value nul = idx;  // a NUL cut the name short: a.safetensors was opened for a.safetensors\0x
+  nul["weight_map"]["emb"] = std::string("model-00001-of-00002.safetensors\0x", 34);
+  expect_error(nul, "not a file name");
   json::Value self = idx;
   self["weight_map"]["emb"] = "bad.index.json";  // the index itself: no endless recursion
   expect_error(self, "shard bad.index.json is a sharded-checkpoint index, not a checkpoint file");

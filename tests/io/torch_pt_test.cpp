@@ -208,6 +208,12 @@ TEST(TorchPt, MalformedArchivesAreErrors) {
   expect_refused(dir.file("p2.pt"), "opcode 0xfe");
   write_bytes(dir.file("p3.pt"), make_zip({{"archive/data.pkl", std::string("\x80\x02h\x05.", 4)}}, false));
   expect_refused(dir.file("p3.pt"), "memo key 5");
+  // A str that is not UTF-8 (Python's unpickler refuses it; kept as a name, convert wrote
+  // safetensors that no reader took).
+  Pickle bad_name;
+  bad_name.op('}').str("\xff").i(1).op('s');
+  write_bytes(dir.file("u.pt"), make_zip({{"archive/data.pkl", bad_name.done()}}, false));
+  expect_refused(dir.file("u.pt"), "not valid UTF-8");
   // A zip that is not a torch checkpoint.
   write_bytes(dir.file("z.pt"), make_zip({{"readme.txt", "hi"}}, false));
   expect_refused(dir.file("z.pt"), "without a data.pkl");

@@ -79,6 +79,42 @@ TEST(Tokenizer, SentencePieceTrainsOnPathsWithSpaces) {
   fs::remove_all(d);
 }
 
+// Streaming text token by token: what each token adds to the decoded text (SentencePiece's
+// spaces between pieces were lost, "hello world" printed "helloworld"), held while the text ends
+// inside a character (byte pieces print as U+FFFD until they are whole).
+TEST(Tokenizer, ContinuationsDecodeInContext) {
+  data::ByteTokenizer b;
+  const std::vector<int32_t> ctx = b.encode("ab");
+  EXPECT_EQ(b.decode_continuation(ctx, b.encode("c\xe2\x82\xac")), "c\xe2\x82\xac");
+  EXPECT_FALSE(data::ends_mid_character("c\xe2\x82\xac"));
+  EXPECT_TRUE(data::ends_mid_character("c\xe2\x82"));
+  EXPECT_TRUE(data::ends_mid_character("c\xe2"));
+  EXPECT_TRUE(data::ends_mid_character("x\xef\xbf\xbd"));
+  EXPECT_FALSE(data::ends_mid_character("plain"));
+  EXPECT_FALSE(data::ends_mid_character(""));
+  if (!data::sentencepiece_available()) GTEST_SKIP() << "kiln built without SentencePiece";
+  fs::path d = temp_dir("sp_stream");
+  std::ofstream(d / "corpus.txt") << data::default_corpus().substr(0, 20000);
+  data::SentencePieceTrainOptions o;
+  o.vocab_size = 600;
+  o.output_prefix = (d / "sp").string();
+  data::train_sentencepiece({(d / "corpus.txt").string()}, o);
+  auto sp = data::load_tokenizer(o.output_prefix + ".model");
+  const std::vector<int32_t> head = sp->encode("the model"), tail = sp->encode(" trains on text");
+  std::vector<int32_t> all = head;
+  all.insert(all.end(), tail.begin(), tail.end());
+  EXPECT_EQ(sp->decode_continuation(head, tail), " trains on text");
+  // Token by token, each continuation extends the last: the stream prints the whole text.
+  std::string streamed;
+  for (size_t n = 1; n <= tail.size(); ++n) {
+    const std::string text = sp->decode_continuation(head, std::vector<int32_t>(tail.begin(), tail.begin() + n));
+    ASSERT_EQ(text.compare(0, streamed.size(), streamed), 0) << text;
+    streamed = text;
+  }
+  EXPECT_EQ("the model" + streamed, sp->decode(all));
+  fs::remove_all(d);
+}
+
 TEST(Data, DefaultCorpusIsEmbedded) {
   std::string_view c = data::default_corpus();
   EXPECT_GT(c.size(), 10000u);
@@ -231,6 +267,14 @@ TEST(Config, FileFlagsAndValidation) {
   bad = train::preset("tiny");
   bad.dtype = "f8";
   expect_error([&] { bad.validate(); }, "dtype='f8'");
+  // (From a probe) a prompt or path that is not UTF-8 made a run whose trainer_state.json no
+  // reader takes: it could never be resumed.
+  bad = train::preset("tiny");
+  bad.prompt = "\xff\xfe";
+  expect_error([&] { bad.validate(); }, "config: prompt is not valid UTF-8 (byte 0)");
+  bad = train::preset("tiny");
+  bad.data = "dir\xff/d.txt";
+  expect_error([&] { bad.validate(); }, "config: data is not valid UTF-8 (byte 3)");
   expect_error([] { train::preset("huge"); }, "preset 'huge' is not one of: tiny, small, 125m, 1b");
   for (const auto& n : train::preset_names()) train::preset(n).validate();
   fs::remove_all(d);
