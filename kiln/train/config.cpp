@@ -1,6 +1,7 @@
 // Presets, config keys, the TOML subset parser and validation for `kiln train`.
 #include "kiln/train/config.h"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -223,12 +224,14 @@ void set_config_value(TrainConfig& c, const std::string& key_in, const json::Val
       {"telemetry_every", I(&TrainConfig::telemetry_every)}, {"max_time", D(&TrainConfig::max_time)},
       {"sample_tokens", I(&TrainConfig::sample_tokens)}, {"prompt", S(&TrainConfig::prompt)},
       {"out", S(&TrainConfig::out)}, {"device", S(&TrainConfig::device)}, {"dtype", S(&TrainConfig::dtype)},
-      {"deterministic", B(&TrainConfig::deterministic)}, {"resume", S(&TrainConfig::resume)},
+      {"deterministic", B(&TrainConfig::deterministic)}, {"overwrite", B(&TrainConfig::overwrite)},
       {"seed", Setter([](TrainConfig& c, const json::Value& v) {
          KILN_CHECK(v.as_int() >= 0, "seed must be >= 0");
          c.seed = static_cast<uint64_t>(v.as_int());
        })},
   };
+  // A resumed run takes no config file (its settings are the run's), so a file cannot set it.
+  KILN_CHECK(key != "resume", "config: key '", key_in, "' cannot be set in a config file: pass --resume DIR");
   auto it = setters.find(key);
   KILN_CHECK(it != setters.end(), "config: unknown key '", key_in, "'");
   try {
@@ -289,7 +292,8 @@ std::optional<json::Value> parse_toml_number(const std::string& num, const std::
 json::Value parse_toml(const std::string& text, const std::string& source) {
   json::Value root = json::Value::object();
   json::Value* table = &root;
-  size_t line_no = 0, pos = 0;
+  // A UTF-8 byte order mark (some editors write one) is not part of the first key.
+  size_t line_no = 0, pos = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
   auto trim = [](std::string s) {
     size_t a = s.find_first_not_of(" \t\r"), b = s.find_last_not_of(" \t\r");
     return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
@@ -349,8 +353,16 @@ json::Value parse_toml(const std::string& text, const std::string& source) {
       v = val == "true";
     } else {
       std::string num;
-      for (char ch : val)
-        if (ch != '_') num.push_back(ch);
+      for (size_t i = 0; i < val.size(); ++i) {
+        if (val[i] != '_') {
+          num.push_back(val[i]);
+          continue;
+        }
+        // TOML allows '_' only between two digits (1_000); 1__0 and 4_ are not numbers.
+        KILN_CHECK(i > 0 && i + 1 < val.size() && std::isxdigit(static_cast<unsigned char>(val[i - 1])) &&
+                       std::isxdigit(static_cast<unsigned char>(val[i + 1])),
+                   where(), ": value '", val, "': TOML allows '_' only between two digits");
+      }
       std::optional<json::Value> n = parse_toml_number(num, where());
       KILN_CHECK(n.has_value(), where(), ": value '", val,
                  "' is not a string, number or boolean (kiln reads a TOML subset)");

@@ -235,6 +235,18 @@ TEST(Config, TomlSubset) {
   expect_error([] { train::parse_toml("x = 12abc"); }, "is not a string, number or boolean");
   expect_error([] { train::parse_toml("x = +"); }, "is not a string, number or boolean");
   expect_error([] { train::parse_toml("a = 1\nprompt = \"\\ud800\""); }, "config:2: string value of 'prompt': JSON:");
+  // (From a probe) '_' only between digits, as TOML says (1__0 and 4_ were read as 10 and 4); a
+  // byte order mark is skipped (it became part of the first key: "unknown key '\xEF\xBB\xBFsteps'").
+  EXPECT_EQ(train::parse_toml("steps = 1_000").find("steps")->as_int(), 1000);
+  EXPECT_EQ(train::parse_toml("x = 0xff_ff").find("x")->as_int(), 0xffff);
+  for (const char* bad : {"steps = 1__0", "steps = 4_", "steps = _4", "lr = 1_.5"})
+    expect_error([&] { train::parse_toml(bad); }, "'_' only between two digits");
+  EXPECT_EQ(train::parse_toml("\xEF\xBB\xBFsteps = 3").find("steps")->as_int(), 3);
+  // resume cannot come from a config file (a resumed run refuses --config); overwrite can.
+  train::TrainConfig c = train::preset("tiny");
+  expect_error([&] { train::set_config_value(c, "resume", json::Value("run1")); }, "pass --resume DIR");
+  train::set_config_value(c, "overwrite", json::Value(true));
+  EXPECT_TRUE(c.overwrite);
 }
 
 TEST(Config, FileFlagsAndValidation) {
