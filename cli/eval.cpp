@@ -84,7 +84,7 @@ int run_eval(const Args& args) {
   auto tok = train::load_tokenizer_for(*model, dir, tokenizer, "eval");
   // the token cache goes to the temporary directory, not next to the user's text
   data::TokenStream stream =
-      data::load_corpus(data, *tok, (std::filesystem::temp_directory_path() / "kiln-token-cache").string());
+      data::load_corpus(data, *tok, data::user_cache_dir("kiln-token-cache"));
   KILN_CHECK(seq > 0 && batch > 0, "--seq and --batch must be positive");
   seq = std::min<int64_t>(seq, model->config.max_position_embeddings);
   KILN_CHECK(static_cast<int64_t>(stream.size()) > seq, "eval: the text has ", stream.size(),

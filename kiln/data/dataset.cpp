@@ -1,6 +1,9 @@
 // Corpus loading with the token cache, the train/validation split, and the batch sampler.
 #include "kiln/data/dataset.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -40,7 +43,13 @@ TokenStream tokenize_documents(const std::vector<std::string_view>& docs, const 
 
 namespace {
 
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'T', 'O', 'K', '1'};
+// Version 2: a trailing FNV-1a of the ids (version 1 files are rebuilt).
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'T', 'O', 'K', '2'};
+
+uint64_t stream_checksum(const TokenStream& s) {
+  const uint64_t h = fnv1a({reinterpret_cast<const char*>(s.tokens.data()), s.tokens.size() * 4});
+  return fnv1a({reinterpret_cast<const char*>(s.doc.data()), s.doc.size() * 4}, h);
+}
 
 std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -48,7 +57,12 @@ std::string read_file(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+// A cache is used only when it is the user's own file, whole and unchanged (its count fits its
+// size, its checksum its ids); anything else is rebuilt. (A cache in a shared folder with its ids
+// rewritten changed an evaluation's loss without a word.)
 bool read_cache(const fs::path& p, TokenStream& s) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) return false;
   std::ifstream f(p, std::ios::binary);
   if (!f.good()) return false;
   char magic[8];
@@ -57,12 +71,14 @@ bool read_cache(const fs::path& p, TokenStream& s) {
   f.read(reinterpret_cast<char*>(&n), 8);
   if (!f.good() || std::memcmp(magic, kMagic, 8) != 0 || n > (uint64_t{1} << 36)) return false;
   std::error_code ec;  // a count its file does not hold (a damaged cache): rebuilt, never allocated
-  if (fs::file_size(p, ec) != 16 + 8 * n || ec) return false;
+  if (fs::file_size(p, ec) != 24 + 8 * n || ec) return false;
   s.tokens.resize(n);
   s.doc.resize(n);
+  uint64_t checksum = 0;
   f.read(reinterpret_cast<char*>(s.tokens.data()), static_cast<std::streamsize>(n * 4));
   f.read(reinterpret_cast<char*>(s.doc.data()), static_cast<std::streamsize>(n * 4));
-  return f.good() && f.peek() == EOF;
+  f.read(reinterpret_cast<char*>(&checksum), 8);
+  return f.good() && f.peek() == EOF && checksum == stream_checksum(s);
 }
 
 void write_cache(const fs::path& p, const TokenStream& s) {
@@ -75,6 +91,8 @@ void write_cache(const fs::path& p, const TokenStream& s) {
     f.write(reinterpret_cast<const char*>(&n), 8);
     f.write(reinterpret_cast<const char*>(s.tokens.data()), static_cast<std::streamsize>(n * 4));
     f.write(reinterpret_cast<const char*>(s.doc.data()), static_cast<std::streamsize>(n * 4));
+    const uint64_t checksum = stream_checksum(s);
+    f.write(reinterpret_cast<const char*>(&checksum), 8);
     if (!f.good()) return;  // a cache is an optimisation: failing to write it is not an error
   }
   std::error_code ec;
@@ -82,6 +100,12 @@ void write_cache(const fs::path& p, const TokenStream& s) {
 }
 
 }  // namespace
+
+std::string user_cache_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / (name + "-" + std::to_string(::geteuid()));
+  ::mkdir(dir.c_str(), 0700);  // exists already, or cannot be made: load_corpus then skips the cache
+  return dir.string();
+}
 
 TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir, bool* cache_hit) {
   fs::path root(path);

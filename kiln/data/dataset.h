@@ -28,8 +28,12 @@ TokenStream tokenize_documents(const std::vector<std::string_view>& docs, const 
 // Tokenizes a file or every regular file under a folder (sorted by path, one document per
 // file), through a cache file `cache_dir/tokens-<hash>.bin` (created when absent; cache_dir
 // empty: next to the data). `cache_hit` (optional) tells whether the cache was used.
+// A cache file is used only when it is the user's own, whole and unchanged (a count that fits
+// its size, a checksum of its ids); else it is rebuilt.
 TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir,
                         bool* cache_hit = nullptr);
+// A per-user cache folder in the temporary directory, NAME-<uid>, created with mode 0700.
+std::string user_cache_dir(const std::string& name);
 
 struct Batch {
   Tensor input;    // [B, T] i64

@@ -1,6 +1,7 @@
 // Data and configuration tests: byte tokenizer, token cache, split, sampler reproducibility
 // and resumption, the TOML subset, presets and clear errors for bad values.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 
@@ -148,6 +149,23 @@ TEST(Data, TokenCacheIsWrittenOnceAndReused) {
   data::TokenStream s3 = data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
   EXPECT_FALSE(hit);
   EXPECT_EQ(s1.tokens, s3.tokens);
+  // (From a probe) ids rewritten in place, count and size kept: the checksum rebuilds it (an
+  // evaluation read the changed ids and reported another loss).
+  for (const auto& f : fs::directory_iterator(d / "out")) {
+    std::fstream cache(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const int32_t id = 65;
+    cache.seekp(16 + 4);
+    cache.write(reinterpret_cast<const char*>(&id), 4);
+  }
+  data::TokenStream s3b = data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(s1.tokens, s3b.tokens);
+  data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
+  EXPECT_TRUE(hit);
+  const std::string user_dir = data::user_cache_dir("kiln-test-cache");
+  EXPECT_NE(user_dir.find("kiln-test-cache-" + std::to_string(::geteuid())), std::string::npos);
+  EXPECT_EQ(fs::status(user_dir).permissions() & fs::perms::all, fs::perms::owner_all);
+  fs::remove_all(user_dir);
   // A run directory inside the data folder (its cache directory) is not read as text.
   fs::create_directories(d / "corpus" / "run" / "step-1");
   std::ofstream(d / "corpus" / "run" / "metrics.jsonl") << "{\"step\": 1}\n";
