@@ -23,6 +23,23 @@ void set_grad_enabled(bool on) { t_grad_enabled = on; }
 bool deterministic() { return g_deterministic.load(); }
 void set_deterministic(bool on) { g_deterministic.store(on); }
 
+// Frees a chain of nodes without recursion: each node's destructor would free the next through
+// its edge (a 200 000-op chain overflowed an 8 MB stack when its graph went away). The nodes
+// only this one holds are taken over and freed one at a time, so no destructor goes deep.
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> owned;
+  auto take_sole = [&](std::vector<Edge>& edges) {
+    for (Edge& e : edges)
+      if (e.node && e.node.use_count() == 1) owned.push_back(std::move(e.node));
+  };
+  take_sole(next);
+  while (!owned.empty()) {
+    std::shared_ptr<Node> n = std::move(owned.back());
+    owned.pop_back();
+    take_sole(n->next);
+  }  // n is freed here with no sole-owned edges left
+}
+
 SavedTensor::SavedTensor(const Tensor& t) {
   if (!t.defined()) return;
   tensor_ = t.detach();
@@ -51,6 +68,7 @@ void FunctionNode::release() {
 std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   auto impl = leaf_.lock();
   if (!impl) return {};
+  std::lock_guard<std::mutex> lock(impl->autograd->mutex);
   Tensor leaf(impl);
   Tensor g = grads.at(0);
   Tensor existing = leaf.grad();
@@ -64,7 +82,9 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
     else leaf.set_grad(g.contiguous().is_same(g) ? g.clone() : g.contiguous());
   } else {
     NoGradGuard ng;
-    existing.copy_(add(existing, g));
+    // A 16-bit .grad given by set_grad to a wider leaf (the optimizers' mixed precision) sums in
+    // the wider dtype and is stored back in its own ("add: dtype mismatch" came from here).
+    existing.copy_(existing.dtype() == g.dtype() ? add(existing, g) : add(existing.to(g.dtype()), g));
   }
   return {};
 }
@@ -84,6 +104,7 @@ static std::shared_ptr<Node> gradient_edge_node(const Tensor& t, int* input_nr) 
     *input_nr = m->output_nr;
     return m->grad_fn;
   }
+  std::lock_guard<std::mutex> lock(m->mutex);
   auto acc = m->grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
@@ -129,10 +150,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   NoGradGuard no_grad;
   // Collect the graph and count, for each node, how many edges lead into it.
   std::vector<std::pair<std::shared_ptr<Node>, int>> root_edges;
-  for (const auto& r : roots) {
-    KILN_CHECK(r.requires_grad(), "backward: element 0 of tensors does not require grad and has no grad_fn");
+  for (size_t i = 0; i < roots.size(); ++i) {
+    KILN_CHECK(roots[i].requires_grad(), "backward: element ", i, " of tensors does not require grad and has no grad_fn");
     int nr = 0;
-    root_edges.emplace_back(gradient_edge_node(r, &nr), nr);
+    root_edges.emplace_back(gradient_edge_node(roots[i], &nr), nr);
   }
   std::unordered_map<Node*, int> dependencies;
   std::vector<Node*> stack;

@@ -27,7 +27,7 @@ struct OutputMeta {
 
 class Node {
  public:
-  virtual ~Node() = default;
+  virtual ~Node();  // frees long chains iteratively (engine.cpp)
   // grads[i] is the gradient of output i (always defined: zeros stand in for unused outputs).
   virtual std::vector<Tensor> apply(const std::vector<Tensor>& grads) = 0;
   virtual std::string name() const = 0;

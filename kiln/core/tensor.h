@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct AutogradMeta {
   int output_nr = 0;               // which output of grad_fn this is
   std::shared_ptr<Tensor> grad;    // accumulated gradient (leaves, or retained)
   std::weak_ptr<Node> grad_accumulator;  // leaves: the node that accumulates into grad
+  // Guards grad_accumulator's creation and the accumulation into grad: graphs built and run
+  // backward from several threads may share a leaf (as in PyTorch; two threads' backwards on
+  // one leaf aborted with "pure virtual method called").
+  std::mutex mutex;
 };
 
 struct TensorImpl {

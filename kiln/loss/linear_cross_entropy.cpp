@@ -27,6 +27,9 @@ constexpr const char* kReferenceOp = "linear_cross_entropy_reference";
 struct LceState {
   kernels::LceParams params;
   Tensor hidden, weight, bias, target, class_weight;  // contiguous, detached
+  // Their versions at the forward: an in-place change before the backward is an error, as for
+  // any saved tensor (a refilled target buffer changed dh without a word).
+  std::vector<SavedTensor> versions;
   Shape hidden_shape, target_shape;
   bool weight_grad_f32 = false;
   Tensor grad_scale;  // mean without num_items: 1/divisor (zero divisor: 1 or NaN, below), f64 device scalar
@@ -221,6 +224,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   s->target = target.detach().reshape({n}).contiguous();
   check_targets(s->target, v, o, kOp);
   if (o.weight.defined()) s->class_weight = o.weight.detach().contiguous();
+  for (const Tensor* t : {&s->hidden, &s->weight, &s->bias, &s->target, &s->class_weight}) s->versions.emplace_back(*t);
   s->hidden_shape = hidden.shape();
   s->target_shape = target.shape();
   s->weight_grad_f32 = o.weight_grad_f32;
@@ -306,6 +310,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
 
   const bool none = o.reduction == Reduction::none;
   record(kOp, inputs, res.loss, [s, none, need_h, need_w, need_b](const std::vector<Tensor>& g) {
+    for (const SavedTensor& t : s->versions) t.get(kOp);
     std::vector<Tensor> out(3);
     if (!none && !s->handed_over) {
       // Gradients were computed in the forward: scale them by grad_output and hand them over.

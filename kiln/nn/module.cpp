@@ -1,6 +1,8 @@
 // Module tree walking and the simple layers (Linear, Embedding, RMSNorm).
 #include "kiln/nn/module.h"
 
+#include <functional>
+
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/ops/ops.h"
 
@@ -53,24 +55,31 @@ void Module::zero_grad() {
   for (auto* t : parameters()) t->set_grad(Tensor());
 }
 
+namespace {
+// A parameter moved or cast as PyTorch's Module.to does: it keeps requires_grad (a frozen one
+// came back trainable) and its .grad, converted the same way (it was dropped).
+void convert_parameter(Tensor& t, const std::function<Tensor(const Tensor&)>& convert) {
+  const bool trainable = t.requires_grad();
+  const Tensor grad = t.grad();
+  t = convert(t).detach();
+  t.requires_grad_(trainable);
+  if (grad.defined()) t.set_grad(convert(grad));
+}
+}  // namespace
+
 void Module::to(Device device) {
   NoGradGuard ng;
-  for (auto* t : parameters()) {
-    if (t->device() == device) continue;
-    *t = t->to(device).detach();
-    t->requires_grad_(true);
-  }
+  for (auto* t : parameters())
+    if (t->device() != device) convert_parameter(*t, [&](const Tensor& x) { return x.to(device); });
   for (auto& [n, t] : named_buffers())
     if (t->defined() && t->device() != device) *t = t->to(device).detach();
 }
 
 void Module::to(DType dtype) {
   NoGradGuard ng;
-  for (auto* t : parameters()) {
-    if (t->dtype() == dtype || !is_floating(t->dtype())) continue;
-    *t = t->to(dtype).detach();
-    t->requires_grad_(true);
-  }
+  for (auto* t : parameters())
+    if (t->dtype() != dtype && is_floating(t->dtype()))
+      convert_parameter(*t, [&](const Tensor& x) { return x.to(dtype); });
 }
 
 void Module::register_parameter(const std::string& name, Tensor* t) {

@@ -19,6 +19,12 @@ void check_inplace(const Tensor& t, const char* op) {
   t.bump_version();
 }
 
+void check_inplace_source(const Tensor& src, const char* op) {
+  KILN_CHECK(!(grad_enabled() && src.requires_grad()), op, ": the source requires grad, and ", op,
+             " records no autograd history, so its gradient would be lost; pass src.detach(), or build the tensor "
+             "with ops that record it (add, cat, where, ...)");
+}
+
 Tensor Tensor::clone() const {
   Tensor out = Tensor::empty(shape(), dtype(), device());
   KILN_DEVICE_CALL(device(), copy, out, *this);
@@ -70,11 +76,7 @@ Tensor Tensor::to(Device target) const {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   KILN_CHECK(src.defined(), "copy_: source is undefined");
-  // copy_ records no autograd history: a source in a graph would lose its gradient silently
-  // (PyTorch records one). Ops that record it (cat, where, ...) build such tensors instead.
-  KILN_CHECK(!(grad_enabled() && src.requires_grad()), "copy_: the source requires grad, and copy_ records no "
-             "autograd history, so its gradient would be lost; copy src.detach(), or build the tensor with ops "
-             "that record it (cat, where, ...)");
+  check_inplace_source(src, "copy_");
   check_inplace(*this, "copy_");
   Tensor s = src;
   if (s.device() != device()) s = s.to(device());

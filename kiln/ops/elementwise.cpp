@@ -258,6 +258,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
 
 Tensor& add_(Tensor& a, const Tensor& b, double alpha) {
   check_same(a, b, "add_");
+  check_inplace_source(b, "add_");  // w.grad was [1, 2, 3] for sum(buf * w) after add_(buf, w), not [2, 4, 6]
   check_inplace(a, "add_");
   Tensor eb = b.shape() == a.shape() ? b : b.expand(a.shape());
   Tensor src = alpha == 1.0 ? eb : mul(eb, alpha);

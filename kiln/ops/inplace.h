@@ -6,4 +6,7 @@
 
 namespace kiln {
 void check_inplace(const Tensor& t, const char* op);
+// In-place ops record no autograd history: a source that requires grad (grad mode on) would
+// lose its gradient silently (PyTorch records one), so it is an error naming `op`.
+void check_inplace_source(const Tensor& src, const char* op);
 }

@@ -148,9 +148,14 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   Tensor s = sin.detach().to(DType::f32).contiguous().view({t, d});
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (out.numel() > 0) KILN_DEVICE_CALL(x.device(), rotary, out, x.detach().contiguous(), c, s, false);
-  record("rotary_embedding", {x}, out, [c, s](const std::vector<Tensor>& g) {
+  // Saved with their versions: c and s alias f32 contiguous tables (cos.fill_(0) after the
+  // forward gave dx 0 without a word; the composed path raised the version error).
+  SavedTensor sc(c), ss(s);
+  record("rotary_embedding", {x}, out, [sc, ss](const std::vector<Tensor>& g) {
     Tensor dx = Tensor::empty(g[0].shape(), g[0].dtype(), g[0].device());
-    if (dx.numel() > 0) KILN_DEVICE_CALL(dx.device(), rotary, dx, g[0].contiguous(), c, s, true);
+    if (dx.numel() > 0)
+      KILN_DEVICE_CALL(dx.device(), rotary, dx, g[0].contiguous(), sc.get("rotary_embedding"),
+                       ss.get("rotary_embedding"), true);
     return std::vector<Tensor>{dx};
   });
   return out;

@@ -124,8 +124,9 @@ ValuesIndices max(const Tensor& a, int64_t dim, bool keepdim) {
   if (any_requires_grad({a})) {
     int64_t d = p.dims[0];
     Shape in_shape = a.shape(), keep = p.keep_shape;
-    Tensor idx = indices.reshape(keep);
-    record("max", {a}, values, [d, in_shape, keep, idx](const std::vector<Tensor>& g) {
+    SavedTensor sidx(indices.reshape(keep));  // indices.fill_(0) before the backward moved the gradient
+    record("max", {a}, values, [d, in_shape, keep, sidx](const std::vector<Tensor>& g) {
+      const Tensor idx = sidx.get("max");
       // Scatter the gradient to the arg-max positions: one-hot along d.
       Tensor pos = arange(in_shape[static_cast<size_t>(d)], DType::i64, g[0].device());
       Shape view_shape(in_shape.size(), 1);

@@ -2,6 +2,7 @@
 // backward calls, NoGradGuard, detach, retain_graph, version checks on saved tensors, in-place
 // rules, requires_grad rules, non-scalar backward, and gradients of views.
 #include <cmath>
+#include <thread>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
@@ -187,4 +188,62 @@ TEST(Autograd, GradientsOfViewsScatter) {
     sum(t.t().reshape({6}) * arange(0, 6, 1, DType::f64, dev)).backward();  // t.t() flat order: t[0,0], t[1,0], t[0,1], ...
     EXPECT_EQ(vals(t.grad()), (std::vector<double>{0, 2, 4, 1, 3, 5}));
   }
+}
+
+// (From a probe of the engine.) Each of these failed without its fix.
+TEST(Autograd, DeepGraphsSavedIndicesAndInPlaceSources) {
+  // A 300 000-op chain: freeing its graph recursed once per node (a segfault at ~200 000 on an
+  // 8 MB stack, backward or not).
+  {
+    Tensor x = full({1}, 1.0, DType::f64).requires_grad_();
+    Tensor y = x;
+    for (int i = 0; i < 300000; ++i) y = mul(y, 1.0);
+    sum(y).backward();
+    EXPECT_EQ(x.grad().item(), 1.0);
+  }
+  {
+    Tensor x = full({1}, 1.0, DType::f64).requires_grad_();
+    Tensor y = x;
+    for (int i = 0; i < 300000; ++i) y = mul(y, 1.0);
+  }  // freed without a backward
+  // add_ records no history: a source that requires grad lost its gradient (w.grad [1, 2, 3]
+  // where PyTorch gives [2, 4, 6]); as copy_, it is an error.
+  Tensor w = arange(1, 4, 1, DType::f64).requires_grad_();
+  Tensor buf = zeros({3}, DType::f64);
+  EXPECT_KILN_ERROR(add_(buf, w), "add_", "source requires grad");
+  add_(buf, w.detach());
+  // max's indices are saved with their version: refilled, the gradient went elsewhere.
+  Tensor x = from_vector(std::vector<double>{1, 5, 3, 7, 2, 0}, {2, 3}).requires_grad_();
+  ValuesIndices vi = max(x, 1);
+  vi.indices.fill_(0);
+  EXPECT_KILN_ERROR(sum(vi.values).backward(), "max backward", "modified by an in-place operation");
+  // rotary_embedding's fused path saves its tables with their versions (cos.fill_(0) gave dx 0).
+  auto [c, sn] = rotary_tables(2, 4, 10000.0);
+  Tensor q = ones({1, 1, 2, 4}).requires_grad_();
+  Tensor r = rotary_embedding(q, c, sn);
+  c.fill_(0);
+  EXPECT_KILN_ERROR(sum(r).backward(), "rotary_embedding backward", "modified by an in-place operation");
+  // A bf16 .grad set on an f32 leaf accumulates ("add: dtype mismatch" from inside backward).
+  Tensor p = ones({2}).requires_grad_();
+  p.set_grad(full({2}, 1.0, DType::bf16));
+  sum(mul(p, 3.0)).backward();
+  EXPECT_EQ(p.grad().dtype(), DType::bf16);
+  EXPECT_EQ(vals(p.grad()), (std::vector<double>{4, 4}));
+  // The root that needs no gradient is named by its index (it said element 0).
+  Tensor a = ones({1}).requires_grad_(), none = ones({1});
+  EXPECT_KILN_ERROR(run_backward({mul(a, 2.0), none}, {ones({1}), ones({1})}, false), "element 1 of tensors");
+}
+
+// Two threads build graphs on one leaf and run their backwards at once: the accumulator's lazy
+// creation and the accumulation are guarded by the leaf's lock (it aborted with "pure virtual
+// method called" in 3 of 3 runs; PyTorch supports this).
+TEST(Autograd, ConcurrentBackwardsShareALeaf) {
+  Tensor w = zeros({64}, DType::f64).requires_grad_();
+  auto work = [&] {
+    for (int i = 0; i < 1000; ++i) sum(mul(w, 1.0)).backward();
+  };
+  std::thread a(work), b(work);
+  a.join();
+  b.join();
+  for (double g : vals(w.grad())) ASSERT_EQ(g, 2000.0);
 }

@@ -674,6 +674,16 @@ TEST_P(Lce, EdgeOptionsAndDivisors) {
   o.softcap = 1;
   expect_error([&] { linear_cross_entropy_reference(h, w, t.to(dev()), o); },
                "linear_cross_entropy_reference: label_smoothing=2");
+  // Inputs changed in place between the forward and the backward are an error, as for any saved
+  // tensor (a refilled target buffer changed dh without a word; the reference raised it).
+  for (Reduction red : {Reduction::none, Reduction::mean}) {
+    o = {};
+    o.reduction = red;
+    Tensor target = t.to(dev()), hid = h.detach().requires_grad_();
+    LinearCrossEntropyResult res = linear_cross_entropy(hid, w, target, o);
+    target.fill_(4);
+    expect_error([&] { sum(res.loss).backward(); }, "modified by an in-place operation");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Lce, ::testing::Values(kCPU, cuda(0)),

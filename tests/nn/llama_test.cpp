@@ -141,6 +141,23 @@ TEST(Module, NamedParametersUseHuggingFaceNames) {
   EXPECT_EQ(tied.num_parameters(), m.num_parameters() - 13 * 16);
 }
 
+// Module::to keeps each parameter's requires_grad and .grad, as PyTorch's (a frozen parameter
+// came back trainable, and gradients were dropped).
+TEST(Module, ToKeepsFrozenParametersAndGradients) {
+  Generator g(3);
+  Linear lin(3, 2, true, g);
+  lin.bias.requires_grad_(false);
+  lin.weight.set_grad(ones({2, 3}));
+  lin.to(DType::f64);
+  EXPECT_FALSE(lin.bias.requires_grad());
+  EXPECT_TRUE(lin.weight.requires_grad());
+  ASSERT_TRUE(lin.weight.grad().defined());
+  EXPECT_EQ(lin.weight.grad().dtype(), DType::f64);
+  EXPECT_EQ(lin.bias.dtype(), DType::f64);
+  lin.to(kCPU);  // same device: unchanged
+  EXPECT_FALSE(lin.bias.requires_grad());
+}
+
 TEST(Module, InitialisationFollowsLlama) {
   LlamaConfig c = tiny_config();
   c.initializer_range = 0.02;
