@@ -60,7 +60,7 @@ int run_generate(const Args& args) {
   auto print_new = [&](bool last) {
     const std::string text = tok->decode_continuation(ids, generated);
     if (text.size() <= printed || (!last && data::ends_mid_character(text))) return;
-    std::printf("%s", text.c_str() + printed);
+    std::printf("%s", data::displayable(std::string_view(text).substr(printed)).c_str());
     std::fflush(stdout);
     printed = text.size();
   };

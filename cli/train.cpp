@@ -1,14 +1,19 @@
 // `kiln train`: builds a TrainConfig from a preset, an optional config file and flags, runs
-// the training loop with a Ctrl-C handler (the first Ctrl-C asks the loop to checkpoint and
-// stop; a second one exits at once), and prints a summary and a generated sample.
+// the training loop with a SIGINT / SIGTERM handler (the first asks the loop to checkpoint and
+// stop; another a second later exits at once), and prints a summary and a generated sample.
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
+
+#include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "kiln/data/tokenizer.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/report.h"
 #include "kiln/train/trainer.h"
@@ -17,12 +22,37 @@ namespace kiln::cli {
 
 namespace {
 
-// NOTE: the one process-wide flag a signal handler may touch (async-signal-safe lock-free atomic).
+// NOTE: the process-wide state a signal handler may touch (async-signal-safe lock-free atomics).
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};             // the first SIGINT / SIGTERM
+std::atomic<int64_t> g_signal_ns{0};      // when it came (CLOCK_MONOTONIC)
 
-void on_sigint(int) {
-  if (g_stop.load()) std::_Exit(130);
-  g_stop.store(true);
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+void say(const char* text) {  // write(2): async-signal-safe, unlike stdio
+  ssize_t rc = ::write(STDERR_FILENO, text, std::strlen(text));
+  (void)rc;
+}
+
+// The first SIGINT or SIGTERM (Slurm, docker stop, timeout) stops the run after its step, with
+// a checkpoint; it says so at once (a slow step showed nothing for 48 s). Another within a
+// second is the same request twice (timeout signals the child and then its process group: one
+// such pair aborted the run without a checkpoint or a word); a later one aborts, saying so.
+void on_stop_signal(int sig) {
+  if (!g_stop.load()) {
+    g_signal.store(sig);
+    g_signal_ns.store(monotonic_ns());
+    g_stop.store(true);
+    say("\nkiln train: stopping after this step and saving a checkpoint (interrupt again to abort without one)\n");
+    return;
+  }
+  if (monotonic_ns() - g_signal_ns.load() < 1000000000) return;
+  say("\nkiln train: aborted, no checkpoint saved for the steps since the last one\n");
+  std::_Exit(128 + sig);
 }
 
 // The value of `--name` (or --name=value) in args, if given; the last one when repeated, as
@@ -158,11 +188,19 @@ int run_train(const Args& args) {
   }
 
   g_stop.store(false);
-  std::signal(SIGINT, on_sigint);
+  g_signal.store(0);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   train::TrainHooks hooks;
   hooks.stop = &g_stop;
   train::TrainSummary s = train::run_training(c, hooks);
   std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (s.already_done) {
+    std::fprintf(stderr, "the run in %s is already at its last step, %lld: nothing to train (pass a larger --steps to "
+                 "continue it)\n", c.out.c_str(), (long long)s.start_step);
+    return 0;
+  }
 
   std::fprintf(stderr, "\n%s after %lld steps (%s): loss %.4f -> %.4f", s.interrupted ? "stopped" : "done",
                (long long)s.steps_done, train::format_duration(s.seconds).c_str(), s.first_loss, s.final_loss);
@@ -171,8 +209,9 @@ int run_train(const Args& args) {
                train::format_bytes(s.peak_memory_bytes).c_str());
   std::fprintf(stderr, "checkpoint: %s\nmetrics:    %s/metrics.jsonl\nloss curve: %s/loss.svg\n", s.checkpoint.c_str(),
                c.out.c_str(), c.out.c_str());
-  if (!s.sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", s.sample.c_str());
-  return s.interrupted ? 130 : 0;
+  if (!s.sample.empty())
+    std::printf("--- sample ---\n%s\n--------------\n", data::displayable(s.sample).c_str());
+  return s.interrupted ? 128 + (g_signal.load() ? g_signal.load() : SIGINT) : 0;
 }
 
 }  // namespace kiln::cli

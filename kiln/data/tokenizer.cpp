@@ -36,6 +36,24 @@ bool ends_mid_character(std::string_view text) {
   return lead >= 0xC0 && tail < want;
 }
 
+std::string displayable(std::string_view text) {
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = json::utf8_sequence_length(text, i);
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (n == 0 || (n == 1 && ((c < 0x20 && c != '\t' && c != '\n') || c == 0x7F))) {
+      out += kReplacement;
+      i += 1;
+    } else {
+      out.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
 std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string s;
   for (int32_t id : ids) {

@@ -35,6 +35,10 @@ class Tokenizer {
 // partial character) or U+FFFD (SentencePiece's stand-in for byte pieces not yet whole). A
 // stream holds such text back until the next token completes it.
 bool ends_mid_character(std::string_view text);
+// Text as a terminal or a UTF-8 file should get it: bytes that are not valid UTF-8 and control
+// characters other than tab and newline become U+FFFD (a byte model's sample printed lone
+// continuation bytes and BEL). Decoding itself stays exact; this is for display only.
+std::string displayable(std::string_view text);
 
 class ByteTokenizer final : public Tokenizer {
  public:

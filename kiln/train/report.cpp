@@ -1,10 +1,13 @@
 // Progress line, metrics log, SVG loss curve, profile JSON.
 #include "kiln/train/report.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -65,17 +68,34 @@ Progress::Progress(FILE* out, int64_t total, int64_t every)
 
 void Progress::update(int64_t step, double loss, double tps, double eta, int64_t mem, double eval_loss) {
   if (!out_) return;
-  if (!tty_ && step % every_ != 0 && step != total_ && eval_loss < 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  const bool keep = eval_loss >= 0 || step == total_;  // lines that stay: evaluations and the last step
+  // A log file gets a line every `every` steps, at most one per 2 s (600 lines for the 43 s
+  // demo, one per step), plus the lines that stay.
+  if (!tty_ && !keep && (step % every_ != 0 || (printed_ && now - last_line_ < std::chrono::seconds(2)))) return;
   char bar[21];
   int fill = total_ > 0 ? static_cast<int>(20 * step / total_) : 0;
   for (int i = 0; i < 20; ++i) bar[i] = i < fill ? '#' : '.';
   bar[20] = 0;
   char ev[32] = "";
   if (eval_loss >= 0) std::snprintf(ev, sizeof ev, " eval %.4f", eval_loss);
-  std::fprintf(out_, "%s[%s] step %lld/%lld  loss %.4f%s  %.0f tok/s  ETA %s  mem %s%s", tty_ ? "\r\033[K" : "",
-               bar, (long long)step, (long long)total_, loss, ev, tps, format_duration(eta).c_str(),
-               format_bytes(mem).c_str(), tty_ ? "" : "\n");
-  drawn_ = tty_;
+  char line[256];
+  std::snprintf(line, sizeof line, "[%s] step %lld/%lld  loss %.4f%s  %.0f tok/s  ETA %s  mem %s", bar,
+                (long long)step, (long long)total_, loss, ev, tps, format_duration(eta).c_str(),
+                format_bytes(mem).c_str());
+  if (tty_) {
+    // Within the terminal's width: a wrapped bar left a stale line per step on 80 columns
+    // (\033[K clears one row). Evaluations stay in the scrollback.
+    winsize ws{};
+    const size_t width = ::ioctl(::fileno(out_), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1 : 79;
+    std::fprintf(out_, "\r\033[K%.*s%s", static_cast<int>(std::min(width, std::strlen(line))), line,
+                 eval_loss >= 0 ? "\n" : "");
+    drawn_ = eval_loss < 0;
+  } else {
+    std::fprintf(out_, "%s\n", line);
+  }
+  printed_ = true;
+  last_line_ = now;
   std::fflush(out_);
 }
 

@@ -2,6 +2,7 @@
 // plain lines otherwise), the metrics log (JSON lines), the loss curve as an SVG file, and the
 // op-level profile as JSON (profile.json).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -15,7 +16,8 @@ namespace kiln::train {
 
 class Progress {
  public:
-  // `every`: on a non-terminal, print one line every `every` steps.
+  // On a terminal, one line redrawn in place within its width (evaluations stay). Elsewhere (a
+  // log file), a line every `every` steps but at most one per 2 s, plus evaluations and the end.
   Progress(FILE* out, int64_t total_steps, int64_t every);
   void update(int64_t step, double loss, double tokens_per_s, double eta_s, int64_t mem_bytes,
               double eval_loss = -1);
@@ -27,7 +29,8 @@ class Progress {
   FILE* out_;
   bool tty_;
   int64_t total_, every_;
-  bool drawn_ = false;
+  bool drawn_ = false, printed_ = false;
+  std::chrono::steady_clock::time_point last_line_;
 };
 
 // Appends JSON objects, one per line, to a file (flushed per line).

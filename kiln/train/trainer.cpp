@@ -71,12 +71,14 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   // ---- resume: the saved configuration wins, except for what may change between runs ----
   std::string resume_dir;
   json::Value resume_state;
+  int64_t saved_steps = -1;  // a resumed run's own --steps (another one stretches its decay)
   if (!cfg_in.resume.empty()) {
     resume_dir = find_checkpoint(cfg_in.resume);
     KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'", why_no_checkpoint(cfg_in.resume));
     resume_state = read_trainer_state(resume_dir);
     cfg = TrainConfig{};
     apply_config_json(cfg, *resume_state.find("config"));
+    saved_steps = cfg.steps;
     const json::Value given = cfg_in.to_json();
     for (const auto& key : changeable_on_resume()) set_config_value(cfg, key, *given.find(key));
     cfg.out = cfg_in.out;
@@ -84,10 +86,18 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     cfg.profile = cfg_in.profile;
   }
   cfg.validate();
+  // The default warmup (5 % of the steps) is fixed when a run starts and saved with it: a resume
+  // with another --steps recomputed it (100000 steps resumed with --steps 130: the lr jumped 7x).
+  if (resume_dir.empty() && cfg.warmup < 0) cfg.warmup = std::max<int64_t>(1, cfg.steps / 20);
   if (resume_dir.empty()) {  // a fresh run: an earlier one in `out` would be mixed into it
     const std::string earlier = earlier_run(cfg.out);
+    // Without a checkpoint (a run stopped before its first save) there is nothing to resume.
+    const bool resumable = earlier.rfind("checkpoint", 0) == 0;
     KILN_CHECK(earlier.empty() || cfg.overwrite, "train: --out ", cfg.out, " holds an earlier run (", earlier,
-               "); continue it with --resume ", cfg.out, ", choose another --out, or pass --overwrite to replace it");
+               resumable ? "); continue it with --resume " + cfg.out + ", choose another --out, or pass --overwrite to "
+                           "replace it"
+                         : " and no checkpoint, so it cannot be resumed); choose another --out, or pass --overwrite "
+                           "to replace it");
     if (!earlier.empty()) remove_earlier_run(cfg.out);
   }
   set_deterministic(cfg.deterministic);
@@ -150,6 +160,11 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     KILN_CHECK(step <= cfg.steps, "resume: the checkpoint is at step ", step, ", beyond --steps ", cfg.steps);
   }
   sum.start_step = step;
+  if (!resume_dir.empty() && step == cfg.steps) {  // nothing to train: no save, no sample (they repeated)
+    sum.already_done = true;
+    sum.steps_done = step;
+    return sum;
+  }
   // only now that the data, model and resume state are in place: a run refused for bad input
   // leaves no run directory behind (the token cache creates it for itself when it writes)
   {
@@ -169,6 +184,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
                   : ("resumed at step " + std::to_string(step)).c_str());
     progress.message(buf);
   }
+  if (saved_steps >= 0 && saved_steps != cfg.steps)
+    progress.message("note: --steps " + std::to_string(cfg.steps) + " (the run had " + std::to_string(saved_steps) +
+                     "): the learning rate now decays to step " + std::to_string(cfg.steps) + " from here");
   if (!val_sampler && cfg.eval_every > 0) {  // --eval-every asked for evals that cannot run
     std::ostringstream m;
     m << "note: no validation text (--val-fraction " << cfg.val_fraction << " of this text), so no eval runs: "

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/io/json.h"
@@ -326,6 +327,20 @@ TEST(TrainCli, AFreshRunNeverMixesIntoAnEarlierOne) {
   EXPECT_NE(next.output.find("runs/kiln holds an earlier run: this one goes to runs/kiln-2"), std::string::npos)
       << next.output;
   EXPECT_TRUE(fs::exists(out / "runs" / "kiln" / "step-1") && fs::exists(out / "runs" / "kiln-2" / "step-1"));
+  // Resuming a finished run says so and changes nothing (it printed "done after 1 steps: loss
+  // 0.0000 -> 0.0000, 0 tokens/s" and sampled again).
+  CliRun done = run_cli("train --resume " + (out / "runs" / "kiln").string());
+  EXPECT_EQ(done.status, 0) << done.output;
+  EXPECT_NE(done.output.find("is already at its last step, 1: nothing to train"), std::string::npos) << done.output;
+  EXPECT_EQ(done.output.find("--- sample ---"), std::string::npos) << done.output;
+  // A folder with metrics but no checkpoint (a run stopped before its first save) is not
+  // offered to --resume, which could not take it.
+  fs::remove_all(out / "runs" / "kiln-2" / "step-1");
+  fs::remove(out / "runs" / "kiln-2" / "latest");
+  CliRun dead = run_cli(run + "--steps 1 --out " + (out / "runs" / "kiln-2").string());
+  EXPECT_EQ(dead.status, 1);
+  EXPECT_NE(dead.output.find("holds an earlier run (metrics.jsonl and no checkpoint, so it cannot be resumed)"),
+            std::string::npos) << dead.output;
   fs::remove_all(out);
 }
 
@@ -403,10 +418,16 @@ TEST(BenchCli, ImplListsDtypesAndLargeBlocksAreChecked) {
   EXPECT_NE(r.output.find("\"impl\":\"flex\""), std::string::npos) << r.output;
 }
 
-TEST(TrainCli, CtrlCCheckpointsAndExits) {
-  fs::path out = temp_dir("sigint");
+// Runs `kiln train` until it has trained a few steps, sends it `signals` (microseconds apart),
+// and returns its exit status and log.
+struct Stopped {
+  int status = -1;
+  std::string log;
+};
+Stopped train_then_signal(const fs::path& out, const std::vector<std::pair<int, int>>& signals) {
   std::string cmd = std::string(KILN_CLI_PATH) + " train --preset tiny --steps 100000 --sample-tokens 0 --out " +
                     out.string() + " > " + (out / "log.txt").string() + " 2>&1";
+  fs::create_directories(out);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
@@ -415,16 +436,36 @@ TEST(TrainCli, CtrlCCheckpointsAndExits) {
   // wait until it has trained a few steps
   for (int i = 0; i < 600 && !fs::exists(out / "metrics.jsonl"); ++i) ::usleep(100000);
   ::usleep(500000);
-  ::kill(pid, SIGINT);
+  for (auto [sig, after_us] : signals) {
+    ::usleep(static_cast<useconds_t>(after_us));
+    ::kill(pid, sig);
+  }
   int st = 0;
   ::waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 130);
-  std::string ck = train::find_checkpoint(out.string());
-  ASSERT_FALSE(ck.empty());
-  json::Value state = train::read_json_file(ck + "/trainer_state.json");
-  EXPECT_EQ(state.find("reason")->as_string(), "interrupted");
-  EXPECT_GT(state.find("step")->as_int(), 0);
-  train::load_model(ck);
-  fs::remove_all(out);
+  std::ifstream f(out / "log.txt");
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, std::string(std::istreambuf_iterator<char>(f), {})};
+}
+
+// Ctrl-C checkpoints and exits 130, saying so at once; SIGTERM (Slurm, docker stop) does the
+// same with 143 (it killed the run without a checkpoint); a second signal within a second is
+// the same request (timeout signals the child and its group: such a pair aborted the run
+// without a checkpoint or a word).
+TEST(TrainCli, CtrlCCheckpointsAndExits) {
+  for (const auto& [name, signals, want] :
+       {std::tuple{"SIGINT", std::vector<std::pair<int, int>>{{SIGINT, 0}}, 130},
+        std::tuple{"SIGINT twice", std::vector<std::pair<int, int>>{{SIGINT, 0}, {SIGINT, 50000}}, 130},
+        std::tuple{"SIGTERM", std::vector<std::pair<int, int>>{{SIGTERM, 0}}, 143}}) {
+    SCOPED_TRACE(name);
+    fs::path out = temp_dir("sigint");
+    const Stopped r = train_then_signal(out, signals);
+    EXPECT_EQ(r.status, want) << r.log;
+    EXPECT_NE(r.log.find("stopping after this step and saving a checkpoint"), std::string::npos) << r.log;
+    std::string ck = train::find_checkpoint(out.string());
+    ASSERT_FALSE(ck.empty()) << r.log;
+    json::Value state = train::read_json_file(ck + "/trainer_state.json");
+    EXPECT_EQ(state.find("reason")->as_string(), "interrupted");
+    EXPECT_GT(state.find("step")->as_int(), 0);
+    train::load_model(ck);
+    fs::remove_all(out);
+  }
 }

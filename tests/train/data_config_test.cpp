@@ -93,6 +93,9 @@ TEST(Tokenizer, ContinuationsDecodeInContext) {
   EXPECT_TRUE(data::ends_mid_character("x\xef\xbf\xbd"));
   EXPECT_FALSE(data::ends_mid_character("plain"));
   EXPECT_FALSE(data::ends_mid_character(""));
+  // For display: invalid bytes and control characters as U+FFFD (a byte model printed BEL).
+  EXPECT_EQ(data::displayable("a\x8b" "b\x07" "c\n\t\xe2\x82\xac\xe2"),
+            "a\xEF\xBF\xBD" "b\xEF\xBF\xBD" "c\n\t\xe2\x82\xac\xEF\xBF\xBD");
   if (!data::sentencepiece_available()) GTEST_SKIP() << "kiln built without SentencePiece";
   fs::path d = temp_dir("sp_stream");
   std::ofstream(d / "corpus.txt") << data::default_corpus().substr(0, 20000);
