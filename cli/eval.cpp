@@ -85,7 +85,8 @@ int run_eval(const Args& args) {
   // the token cache goes to the temporary directory, not next to the user's text
   data::TokenStream stream =
       data::load_corpus(data, *tok, data::user_cache_dir("kiln-token-cache"));
-  KILN_CHECK(seq > 0 && batch > 0, "--seq and --batch must be positive");
+  KILN_CHECK(seq > 0, "--seq ", seq, " must be positive");
+  KILN_CHECK(batch > 0, "--batch ", batch, " must be positive");
   seq = std::min<int64_t>(seq, model->config.max_position_embeddings);
   KILN_CHECK(static_cast<int64_t>(stream.size()) > seq, "eval: the text has ", stream.size(),
              " tokens, fewer than --seq ", seq, " + 1");

@@ -5,6 +5,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/commands.h"
@@ -61,7 +62,12 @@ int main(int argc, char** argv) {
       try {
         return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
       } catch (const kiln::Error& e) {
-        std::fprintf(stderr, "kiln %s: error: %s\n", c.name, e.what());
+        // A message that starts with the command's own name says it once ("kiln train: error:
+        // train: ..." said it twice).
+        std::string_view what = e.what();
+        const std::string own = std::string(c.name) + ": ";
+        if (what.substr(0, own.size()) == own) what.remove_prefix(own.size());
+        std::fprintf(stderr, "kiln %s: error: %.*s\n", c.name, static_cast<int>(what.size()), what.data());
         return 1;
       } catch (const std::bad_alloc&) {  // a host allocation beyond this machine's memory
         std::fprintf(stderr, "kiln %s: error: out of host memory (a host allocation failed)\n", c.name);

@@ -12,11 +12,11 @@
 namespace kiln::nn {
 
 void GenerateOptions::validate() const {
-  KILN_CHECK(max_new_tokens >= 0, "generate: max_new_tokens=", max_new_tokens, " must be >= 0");
+  KILN_CHECK(max_new_tokens >= 0, "generate: max_new_tokens=", max_new_tokens, " (--max-tokens) must be >= 0");
   KILN_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature=", temperature,
              " must be a number >= 0");
-  KILN_CHECK(top_p > 0 && top_p <= 1, "generate: top_p=", top_p, " must be in (0, 1]");
-  KILN_CHECK(top_k >= 0, "generate: top_k=", top_k, " must be >= 0");
+  KILN_CHECK(top_p > 0 && top_p <= 1, "generate: top_p=", top_p, " (--top-p) must be in (0, 1]");
+  KILN_CHECK(top_k >= 0, "generate: top_k=", top_k, " (--top-k) must be >= 0");
 }
 
 int32_t sample_token(const std::vector<float>& logits, const GenerateOptions& o, uint64_t draw) {

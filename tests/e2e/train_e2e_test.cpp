@@ -312,6 +312,7 @@ TEST(TrainCli, AFreshRunNeverMixesIntoAnEarlierOne) {
   EXPECT_EQ(again.status, 1) << again.output;
   EXPECT_NE(again.output.find("holds an earlier run (checkpoint step-2); continue it with --resume"), std::string::npos)
       << again.output;
+  EXPECT_NE(again.output.find("kiln train: error: --out"), std::string::npos) << again.output;  // not "error: train:"
   EXPECT_TRUE(fs::exists(out / "step-1") && fs::exists(out / "step-2"));
   EXPECT_EQ(metric_lines(out, "lr").size(), 2u);
   // --overwrite replaces the earlier run: only the new one's checkpoint and metrics remain
