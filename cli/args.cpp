@@ -80,6 +80,11 @@ ArgParser& ArgParser::positional(const std::string& name, std::string* out, cons
   return *this;
 }
 
+ArgParser& ArgParser::without_default() {
+  if (!specs_.empty()) specs_.back().default_text.clear();
+  return *this;
+}
+
 ArgParser& ArgParser::epilog(const std::string& text) {
   epilog_ = text;
   return *this;

@@ -18,6 +18,8 @@ class ArgParser {
   ArgParser& option(const std::string& name, int64_t* out, const std::string& metavar, const std::string& help);
   ArgParser& option(const std::string& name, double* out, const std::string& metavar, const std::string& help);
   ArgParser& positional(const std::string& name, std::string* out, const std::string& help, bool required = true);
+  // The option declared last shows no default in --help (its unset value means "not given").
+  ArgParser& without_default();
   // Extra text printed at the end of --help (examples).
   ArgParser& epilog(const std::string& text);
 

@@ -112,7 +112,8 @@ int run_telemetry(const Args& args) {
               "own allocator figures. Prints a table (one row per sample per device, '-' where the\n"
               "platform cannot say) or JSON lines.");
   p.option("--device", &device_arg, "DEV", "cpu, cuda:N or all (the CPU and every GPU)");
-  p.option("--watch", &watch, "SECONDS", "sample every SECONDS (> 0) until --count samples or Ctrl-C; without it, one sample");
+  p.option("--watch", &watch, "SECONDS", "sample every SECONDS (> 0) until --count samples or Ctrl-C; without it, one sample")
+      .without_default();
   p.option("--count", &count, "N", "stop after N samples (unbounded with --watch unless given)");
   p.flag("--json", &as_json, "print one JSON object per sample per device instead of a table");
   p.epilog("examples:\n  kiln telemetry\n  kiln telemetry --device cuda:0 --watch 1\n"

@@ -84,7 +84,7 @@ int run_train(const Args& args) {
   int64_t seed = static_cast<int64_t>(c.seed);
   ArgParser p("train",
               "Train a Llama-style language model. With no arguments: the 'small' preset on the corpus built\n"
-              "into kiln (its own docs and headers) for about two minutes on 2 CPU cores, then a sample.\n"
+              "into kiln (its own docs and headers) for about a minute on 2 CPU cores, then a sample.\n"
               "Settings come from --preset, then --config FILE (TOML or JSON, keys = flag names), then flags.");
   p.option("--preset", &c.preset, "NAME", "model and run preset: tiny, small, 125m, 1b");
   p.option("--config", &config_file, "FILE", "TOML or JSON file of settings (keys as the flags, e.g. lr = 1e-3)");
@@ -112,8 +112,9 @@ int run_train(const Args& args) {
   p.flag("--tie-embeddings", &c.tie_embeddings, "share the input embedding with the output projection");
   p.option("--attention", &c.attention, "BACKEND", "attention backend: auto (= flex), "
            "reference (ops) or flex");
-  p.option("--attention-mask", &c.attention_mask, "MASK", "causal, window:W (sliding window of W tokens) or "
-           "document (causal within packed documents; needs --sample-mode packed)");
+  p.option("--attention-mask", &c.attention_mask, "MASK", "auto (document with --sample-mode packed, else causal), "
+           "causal, window:W (sliding window of W tokens) or document (causal within packed documents; needs "
+           "--sample-mode packed)");
   p.flag("--fused-loss", &c.fused_loss, "use the fused linear + cross-entropy loss");
   p.option("--eval-every", &c.eval_every, "N", "evaluate on the held-out split every N steps (0: never)");
   p.option("--eval-batches", &c.eval_batches, "N", "batches per evaluation");
@@ -202,7 +203,8 @@ int run_train(const Args& args) {
     return 0;
   }
 
-  std::fprintf(stderr, "\n%s after %lld steps (%s): loss %.4f -> %.4f", s.interrupted ? "stopped" : "done",
+  std::fprintf(stderr, "\n%s after %lld steps (%s): loss %.4f -> %.4f",
+               s.interrupted ? "stopped" : s.out_of_time ? "stopped at --max-time" : "done",
                (long long)s.steps_done, train::format_duration(s.seconds).c_str(), s.first_loss, s.final_loss);
   if (s.final_eval_loss >= 0) std::fprintf(stderr, ", eval loss %.4f", s.final_eval_loss);
   std::fprintf(stderr, ", %.0f tokens/s, peak memory %s\n", s.tokens_per_s,

@@ -184,6 +184,18 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
                   : ("resumed at step " + std::to_string(step)).c_str());
     progress.message(buf);
   }
+  // The run's tokens: a resume on other data continues at the sampler's position in it (the
+  // docs' bitwise resume no longer holds), which is said, not silently done.
+  const std::string data_checksum = [&] {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(data::fnv1a(
+        {reinterpret_cast<const char*>(stream.tokens.data()), stream.tokens.size() * sizeof(int32_t)})));
+    return std::string(hex);
+  }();
+  if (const json::Value* saved = resume_dir.empty() ? nullptr : resume_state.find("data_checksum");
+      saved && saved->is_string() && saved->as_string() != data_checksum)
+    progress.message("note: the training data differs from the run's (its tokens' checksum changed): resuming at the "
+                     "sampler's position in this data, so the run will not match an uninterrupted one");
   if (saved_steps >= 0 && saved_steps != cfg.steps)
     progress.message("note: --steps " + std::to_string(cfg.steps) + " (the run had " + std::to_string(saved_steps) +
                      "): the learning rate now decays to step " + std::to_string(cfg.steps) + " from here");
@@ -203,6 +215,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     st["tokens_seen"] = tokens_seen;
     st["elapsed_s"] = elapsed_before + std::chrono::duration<double>(Clock::now() - t0).count();
     st["reason"] = why;
+    st["data_checksum"] = data_checksum;
     st["config"] = cfg.to_json();
     st["optimizer"] = os.scalars;
     CheckpointData d;
@@ -339,6 +352,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     const bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
     if (stop || out_of_time) {
       sum.interrupted = stop;
+      sum.out_of_time = !stop;
       progress.message(stop ? "interrupted: saving a checkpoint" : "time limit reached: saving a checkpoint");
       break;
     }

@@ -30,6 +30,7 @@ struct TrainSummary {
   double tokens_per_s = 0, seconds = 0;
   int64_t num_parameters = 0, tokens_seen = 0, peak_memory_bytes = 0;
   bool interrupted = false;
+  bool out_of_time = false;   // stopped by --max-time before --steps
   bool already_done = false;  // resumed at its last step: nothing trained, saved or sampled
   std::string checkpoint;  // the last one written
   std::string sample;      // generated text (when sample_tokens > 0)

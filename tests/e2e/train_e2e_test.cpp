@@ -345,6 +345,27 @@ TEST(TrainCli, AFreshRunNeverMixesIntoAnEarlierOne) {
   fs::remove_all(out);
 }
 
+// A resume on changed data says so (it resumed silently, so the run no longer matched an
+// uninterrupted one); a run stopped by --max-time says so in its summary (it said "done").
+TEST(TrainCli, ResumeOnChangedDataAndTimeLimitSaySo) {
+  fs::path out = temp_dir("changed");
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "line " + std::to_string(i) + " of a small corpus for kiln\n";
+  std::ofstream(out / "d.txt") << text;
+  const std::string run = "train --preset tiny --eval-every 0 --sample-tokens 0 --data " + (out / "d.txt").string() +
+                          " --out " + (out / "run").string();
+  ASSERT_EQ(run_cli(run + " --steps 1").status, 0);
+  std::ofstream(out / "d.txt", std::ios::app) << "one more line\n";
+  CliRun again = run_cli("train --resume " + (out / "run").string() + " --steps 2");
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("note: the training data differs from the run's"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("note: --steps 2 (the run had 1)"), std::string::npos) << again.output;
+  CliRun timed = run_cli(run + "2 --steps 100000 --max-time 1");
+  ASSERT_EQ(timed.status, 0) << timed.output;
+  EXPECT_NE(timed.output.find("stopped at --max-time after"), std::string::npos) << timed.output;
+  fs::remove_all(out);
+}
+
 TEST(TrainCli, RepeatedPresetUsesTheLastOne) {
   // The model was built on the first --preset while the run was labelled (and saved) with the
   // last one: here a "tiny model" of the small preset's shape.
