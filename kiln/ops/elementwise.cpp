@@ -67,12 +67,18 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, const char* nam
   return out;
 }
 
-// Records a unary op whose gradient is g * deriv(saved), deriv computed by `grad_fn`.
-Tensor unary_op(UnaryOp op, const Tensor& a, const char* name, std::function<Tensor(const Tensor& g, const Tensor& a, const Tensor& y)> grad_fn,
-                double scalar = 0.0) {
+// What a unary op's gradient reads: only that is saved (as PyTorch: add_scalar, mul_scalar and
+// neg save nothing, so a later in-place write to their input or output is no error, and no
+// activation is kept for them).
+enum class Saves { nothing, input, output };
+
+// Records a unary op whose gradient is g * deriv(saved), deriv computed by `grad_fn` (the tensor
+// it does not save is passed undefined).
+Tensor unary_op(UnaryOp op, const Tensor& a, const char* name, Saves saves,
+                std::function<Tensor(const Tensor& g, const Tensor& a, const Tensor& y)> grad_fn, double scalar = 0.0) {
   Tensor y = unary_raw(op, a, scalar, name);
   if (any_requires_grad({a})) {
-    SavedTensor sa(a), sy(y);
+    SavedTensor sa(saves == Saves::input ? a : Tensor()), sy(saves == Saves::output ? y : Tensor());
     std::string n = name;
     record(name, {a}, y, [sa, sy, grad_fn, n](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{grad_fn(g[0], sa.get(n), sy.get(n))};
@@ -163,63 +169,69 @@ Tensor maximum(const Tensor& a, const Tensor& b) { return select_max_min(BinaryO
 Tensor minimum(const Tensor& a, const Tensor& b) { return select_max_min(BinaryOp::minimum, a, b, "minimum"); }
 
 Tensor add(const Tensor& a, double b) {
-  return unary_op(UnaryOp::add_scalar, a, "add_scalar", [](const Tensor& g, const Tensor&, const Tensor&) { return g; }, b);
+  return unary_op(UnaryOp::add_scalar, a, "add_scalar", Saves::nothing,
+                  [](const Tensor& g, const Tensor&, const Tensor&) { return g; }, b);
 }
 Tensor mul(const Tensor& a, double b) {
-  return unary_op(UnaryOp::mul_scalar, a, "mul_scalar", [b](const Tensor& g, const Tensor&, const Tensor&) { return mul(g, b); }, b);
+  return unary_op(UnaryOp::mul_scalar, a, "mul_scalar", Saves::nothing,
+                  [b](const Tensor& g, const Tensor&, const Tensor&) { return mul(g, b); }, b);
 }
 Tensor pow(const Tensor& a, double p) {
-  return unary_op(UnaryOp::pow_scalar, a, "pow", [p](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op(UnaryOp::pow_scalar, a, "pow", Saves::input, [p](const Tensor& g, const Tensor& x, const Tensor&) {
     if (p == 0.0) return zeros_like(g);  // x^0 is 1: as torch, not 0 · x^-1 (NaN at x = 0)
     return mul(g, mul(pow(x, p - 1.0), p));
   }, p);
 }
 Tensor neg(const Tensor& a) {
-  return unary_op(UnaryOp::neg, a, "neg", [](const Tensor& g, const Tensor&, const Tensor&) { return neg(g); });
+  return unary_op(UnaryOp::neg, a, "neg", Saves::nothing,
+                  [](const Tensor& g, const Tensor&, const Tensor&) { return neg(g); });
 }
 Tensor exp(const Tensor& a) {
-  return unary_op(UnaryOp::exp, a, "exp", [](const Tensor& g, const Tensor&, const Tensor& y) { return mul(g, y); });
+  return unary_op(UnaryOp::exp, a, "exp", Saves::output,
+                  [](const Tensor& g, const Tensor&, const Tensor& y) { return mul(g, y); });
 }
 Tensor log(const Tensor& a) {
-  return unary_op(UnaryOp::log, a, "log", [](const Tensor& g, const Tensor& x, const Tensor&) { return div(g, x); });
+  return unary_op(UnaryOp::log, a, "log", Saves::input,
+                  [](const Tensor& g, const Tensor& x, const Tensor&) { return div(g, x); });
 }
 Tensor sqrt(const Tensor& a) {
-  return unary_op(UnaryOp::sqrt, a, "sqrt", [](const Tensor& g, const Tensor&, const Tensor& y) { return div(mul(g, 0.5), y); });
+  return unary_op(UnaryOp::sqrt, a, "sqrt", Saves::output,
+                  [](const Tensor& g, const Tensor&, const Tensor& y) { return div(mul(g, 0.5), y); });
 }
 Tensor rsqrt(const Tensor& a) {
-  return unary_op(UnaryOp::rsqrt, a, "rsqrt", [](const Tensor& g, const Tensor&, const Tensor& y) {
+  return unary_op(UnaryOp::rsqrt, a, "rsqrt", Saves::output, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(mul(g, pow(y, 3.0)), -0.5);
   });
 }
 Tensor tanh(const Tensor& a) {
-  return unary_op(UnaryOp::tanh, a, "tanh", [](const Tensor& g, const Tensor&, const Tensor& y) {
+  return unary_op(UnaryOp::tanh, a, "tanh", Saves::output, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, add(neg(mul(y, y)), 1.0));
   });
 }
 Tensor sigmoid(const Tensor& a) {
-  return unary_op(UnaryOp::sigmoid, a, "sigmoid", [](const Tensor& g, const Tensor&, const Tensor& y) {
+  return unary_op(UnaryOp::sigmoid, a, "sigmoid", Saves::output, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, mul(y, add(neg(y), 1.0)));
   });
 }
 Tensor silu(const Tensor& a) {
-  return unary_op(UnaryOp::silu, a, "silu", [](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op(UnaryOp::silu, a, "silu", Saves::input, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return mul(g, unary_raw(UnaryOp::silu_deriv, x, 0, "silu_backward"));
   });
 }
 Tensor gelu(const Tensor& a, bool tanh_approximation) {
   UnaryOp f = tanh_approximation ? UnaryOp::gelu_tanh : UnaryOp::gelu;
   UnaryOp d = tanh_approximation ? UnaryOp::gelu_tanh_deriv : UnaryOp::gelu_deriv;
-  return unary_op(f, a, "gelu", [d](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op(f, a, "gelu", Saves::input, [d](const Tensor& g, const Tensor& x, const Tensor&) {
     return mul(g, unary_raw(d, x, 0, "gelu_backward"));
   });
 }
 Tensor abs(const Tensor& a) {
-  return unary_op(UnaryOp::abs, a, "abs", [](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op(UnaryOp::abs, a, "abs", Saves::input, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return mul(g, unary_raw(UnaryOp::sign, x, 0, "abs_backward"));
   });
 }
 Tensor relu(const Tensor& a) {
-  return unary_op(UnaryOp::relu, a, "relu", [](const Tensor& g, const Tensor& x, const Tensor&) {
+  return unary_op(UnaryOp::relu, a, "relu", Saves::input, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return mul(g, unary_raw(UnaryOp::step, x, 0, "relu_backward"));
   });
 }

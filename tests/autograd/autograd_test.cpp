@@ -247,3 +247,29 @@ TEST(Autograd, ConcurrentBackwardsShareALeaf) {
   b.join();
   for (double g : vals(w.grad())) ASSERT_EQ(g, 2000.0);
 }
+
+// Unary ops save only what their gradient reads, as PyTorch's: add_scalar, mul_scalar and neg
+// save nothing (an in-place write to their input failed the backward, and every op kept both
+// its input and its output alive), exp keeps its output, log its input.
+TEST(Autograd, OpsSaveOnlyWhatTheirGradientReads) {
+  Tensor w = ones({3}, DType::f64).requires_grad_();
+  Tensor y = add(mul(neg(w), 2.0), 1.0);
+  {
+    NoGradGuard ng;
+    w.fill_(5);
+  }
+  sum(y).backward();
+  EXPECT_EQ(vals(w.grad()), (std::vector<double>{-2, -2, -2}));
+  Tensor x = ones({3}, DType::f64).requires_grad_();
+  Tensor e = exp(x), l = log(x);
+  {
+    NoGradGuard ng;
+    e.fill_(2);
+  }
+  EXPECT_KILN_ERROR(sum(e).backward(), "exp backward", "modified by an in-place operation");
+  {
+    NoGradGuard ng;
+    x.fill_(2);
+  }
+  EXPECT_KILN_ERROR(sum(l).backward(), "log backward", "modified by an in-place operation");
+}
