@@ -1,5 +1,7 @@
 // `kiln eval`: the loss and perplexity of a checkpoint on a text (consecutive windows), or
 // the logits of one token sequence written as safetensors (to compare implementations).
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/ops.h"
 #include "kiln/train/checkpoint.h"
+#include "kiln/train/report.h"
 
 namespace kiln::cli {
 
@@ -93,8 +96,14 @@ int run_eval(const Args& args) {
   const int64_t windows = (static_cast<int64_t>(stream.size()) - 1) / seq;
   double loss = 0;
   int64_t count = 0, done = 0;
+  // Progress on stderr as training shows it (a long text showed nothing until the end).
+  const int64_t batches = (windows + batch - 1) / batch;
+  const int64_t total = max_batches > 0 ? std::min(max_batches, batches) : batches;
+  train::Progress progress(stderr, total, 1);
+  const auto t0 = std::chrono::steady_clock::now();
   for (int64_t w0 = 0; w0 < windows; w0 += batch) {
-    if (max_batches > 0 && done++ >= max_batches) break;
+    if (max_batches > 0 && done >= max_batches) break;
+    ++done;
     const int64_t nb = std::min(batch, windows - w0);
     std::vector<int64_t> in(static_cast<size_t>(nb * seq)), tg(in.size());
     for (int64_t b = 0; b < nb; ++b)
@@ -105,7 +114,11 @@ int run_eval(const Args& args) {
       }
     loss += model->loss_sum(from_vector(in, {nb, seq}, dev), from_vector(tg, {nb, seq}, dev)).item();
     count += nb * seq;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    progress.update(done, loss / static_cast<double>(count), static_cast<double>(count) / s,
+                    s / static_cast<double>(done) * static_cast<double>(total - done), memory_stats(dev).current_bytes);
   }
+  progress.finish();
   const double mean = loss / static_cast<double>(count);
   if (as_json)
     std::printf("{\"loss\": %.6f, \"perplexity\": %.6f, \"tokens\": %lld}\n", mean, std::exp(mean), (long long)count);
