@@ -51,7 +51,7 @@ void on_stop_signal(int sig) {
     return;
   }
   if (monotonic_ns() - g_signal_ns.load() < 1000000000) return;
-  say("\nkiln train: aborted, no checkpoint saved for the steps since the last one\n");
+  say("\nkiln train: aborted (steps since the last checkpoint are not saved)\n");
   std::_Exit(128 + sig);
 }
 
@@ -194,9 +194,9 @@ int run_train(const Args& args) {
   std::signal(SIGTERM, on_stop_signal);
   train::TrainHooks hooks;
   hooks.stop = &g_stop;
+  // The handlers stay until exit: a repeated signal that comes after the loop (timeout's second
+  // one, on a fast step) would otherwise kill the process as it prints its summary.
   train::TrainSummary s = train::run_training(c, hooks);
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   if (s.already_done) {
     std::fprintf(stderr, "the run in %s is already at its last step, %lld: nothing to train (pass a larger --steps to "
                  "continue it)\n", c.out.c_str(), (long long)s.start_step);
