@@ -46,10 +46,11 @@ int run_generate(const Args& args) {
   for (int32_t t : tok->encode(prompt)) ids.push_back(t);
   o.eos_id = tok->eos_id();
   const int64_t context = model->config.max_position_embeddings;
-  if (static_cast<int64_t>(ids.size()) >= context && context >= 2)
-    std::fprintf(stderr, "note: the prompt's %zu tokens do not fit the model's context of %lld positions; "
-                 "generating from its last %lld\n", ids.size(), static_cast<long long>(context),
-                 static_cast<long long>(context - 1));
+  const int64_t kept = nn::prompt_tokens_kept(static_cast<int64_t>(ids.size()), max_tokens, context);
+  if (kept < static_cast<int64_t>(ids.size()) && context >= 2)
+    std::fprintf(stderr, "note: the prompt's %zu tokens and --max-tokens %lld do not fit the model's context of %lld "
+                 "positions; generating from the prompt's last %lld\n", ids.size(), static_cast<long long>(max_tokens),
+                 static_cast<long long>(context), static_cast<long long>(kept));
   std::printf("%s", prompt.c_str());
   std::fflush(stdout);
   // Each token prints what it adds to the decoded text after the prompt (spaces SentencePiece

@@ -62,6 +62,12 @@ int32_t sample_token(const std::vector<float>& logits, const GenerateOptions& o,
   return idx[keep - 1];
 }
 
+int64_t prompt_tokens_kept(int64_t prompt_len, int64_t max_new_tokens, int64_t context) {
+  // P prompt tokens and N new ones feed P + N - 1 positions (the last token is not fed back).
+  const int64_t room = context - std::max<int64_t>(max_new_tokens, 1) + 1;
+  return std::min(prompt_len, std::max(room, context / 2));
+}
+
 std::vector<int32_t> generate(const LlamaForCausalLM& model, const std::vector<int32_t>& prompt_in,
                               const GenerateOptions& o, const std::function<void(int32_t)>& on_token) {
   NoGradGuard ng;
@@ -71,7 +77,8 @@ std::vector<int32_t> generate(const LlamaForCausalLM& model, const std::vector<i
   KILN_CHECK(limit >= 2, "generate: the model's context (max_position_embeddings=", limit,
              ") leaves no position for a new token after the prompt");
   std::vector<int32_t> prompt = prompt_in;
-  if (static_cast<int64_t>(prompt.size()) >= limit) prompt.erase(prompt.begin(), prompt.end() - (limit - 1));
+  const int64_t keep = prompt_tokens_kept(static_cast<int64_t>(prompt.size()), o.max_new_tokens, limit);
+  prompt.erase(prompt.begin(), prompt.end() - keep);
   const Device dev = model.lm_head_weight().device();
   KVCache cache = model.make_cache();
   std::vector<int64_t> ids(prompt.begin(), prompt.end());

@@ -22,9 +22,14 @@ struct GenerateOptions {
   void validate() const;
 };
 
+// How many of a prompt's last tokens generate keeps in a context of `context` positions: all
+// that leave room for max_new_tokens, but at least half the context (and at most all of it). An
+// 801-token prompt in 256 positions kept 255, so 2 of 5 tokens came back; now 252, and all 5.
+int64_t prompt_tokens_kept(int64_t prompt_len, int64_t max_new_tokens, int64_t context);
+
 // Returns the new tokens (not the prompt). `on_token` (optional) sees each as it is sampled.
-// A prompt of max_position_embeddings tokens or more keeps its last max_position_embeddings − 1;
-// generation stops early when the context is full (fewer than max_new_tokens come back).
+// The prompt keeps its last prompt_tokens_kept(...) tokens; generation stops early when the
+// context is full (fewer than max_new_tokens come back).
 std::vector<int32_t> generate(const LlamaForCausalLM& model, const std::vector<int32_t>& prompt,
                               const GenerateOptions& options, const std::function<void(int32_t)>& on_token = nullptr);
 

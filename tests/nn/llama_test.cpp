@@ -406,8 +406,19 @@ TEST(Generate, TheContextBoundsPromptAndOutput) {
   o.temperature = 0;
   // 3 prompt positions + 5 fed back = 8; the 6th token is sampled from a full context
   EXPECT_EQ(generate(m, {1, 2, 3}, o).size(), 6u);
-  EXPECT_EQ(generate(m, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, o).size(), 2u);  // its last 7, then 1 fed back
-  EXPECT_EQ(generate(m, {4, 5, 6, 7, 8, 9, 10}, o), generate(m, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, o));
+  // A long prompt keeps what leaves room for the new tokens, but at least half the context: with
+  // 100 asked, its last 4 (then 5 come back); with 3 asked, its last 6 and all 3 (it kept its last
+  // 7 either way, so 2 came back).
+  EXPECT_EQ(prompt_tokens_kept(10, 100, 8), 4);
+  EXPECT_EQ(prompt_tokens_kept(10, 3, 8), 6);
+  EXPECT_EQ(prompt_tokens_kept(10, 1, 8), 8);
+  EXPECT_EQ(prompt_tokens_kept(3, 100, 8), 3);
+  EXPECT_EQ(generate(m, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, o).size(), 5u);
+  EXPECT_EQ(generate(m, {7, 8, 9, 10}, o), generate(m, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, o));
+  o.max_new_tokens = 3;
+  EXPECT_EQ(generate(m, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, o), generate(m, {5, 6, 7, 8, 9, 10}, o));
+  EXPECT_EQ(generate(m, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, o).size(), 3u);
+  o.max_new_tokens = 100;
   c.max_position_embeddings = 1;
   LlamaForCausalLM one(c, 9);
   try {
