@@ -120,6 +120,9 @@ int run_eval(const Args& args) {
   }
   progress.finish();
   const double mean = loss / static_cast<double>(count);
+  // As generate refuses non-finite logits: a NaN loss printed as a result (exit 0) read as one.
+  KILN_CHECK(std::isfinite(mean), "eval: the loss is ", mean, " over ", count,
+             " tokens: the model's outputs are not finite (are the checkpoint's weights?)");
   if (as_json)
     std::printf("{\"loss\": %.6f, \"perplexity\": %.6f, \"tokens\": %lld}\n", mean, std::exp(mean), (long long)count);
   else

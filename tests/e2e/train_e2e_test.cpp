@@ -304,6 +304,18 @@ TEST(TrainCli, EvalAndGenerateRefuseATokenizerLargerThanTheVocabulary) {
   CliRun e = run_cli("eval --seq 16 --data " + (d / "text.txt").string() + ck);
   EXPECT_EQ(e.status, 1) << e.output;
   EXPECT_NE(e.output.find("kiln eval: error: the tokenizer has 259 ids, the model only 64"), std::string::npos) << e.output;
+  // Weights that hold NaN: an error, as generate's (eval printed "loss nan" and exited 0).
+  nn::LlamaForCausalLM nan_model(train::preset("tiny").model_config(300), 1);
+  {
+    NoGradGuard ng;
+    nan_model.named_parameters().back().second->fill_(NAN);
+  }
+  cd.model = &nan_model;
+  train::save_checkpoint((d / "nan").string(), cd);
+  CliRun n = run_cli("eval --seq 16 --tokenizer byte --data " + (d / "text.txt").string() + " --ckpt " +
+                     (d / "nan").string());
+  EXPECT_EQ(n.status, 1) << n.output;
+  EXPECT_NE(n.output.find("kiln eval: error: the loss is nan"), std::string::npos) << n.output;
   fs::remove_all(d);
 }
 
