@@ -1,5 +1,7 @@
 // `kiln eval`: the loss and perplexity of a checkpoint on a text (consecutive windows), or
 // the logits of one token sequence written as safetensors (to compare implementations).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -86,8 +88,8 @@ int run_eval(const Args& args) {
 
   auto tok = train::load_tokenizer_for(*model, dir, tokenizer, "eval");
   // the token cache goes to the temporary directory, not next to the user's text
-  data::TokenStream stream =
-      data::load_corpus(data, *tok, data::user_cache_dir("kiln-token-cache"));
+  const std::optional<std::string> cache = data::user_cache_dir("kiln-token-cache");
+  data::TokenStream stream = data::load_corpus(data, *tok, cache.value_or(""), nullptr, cache.has_value());
   KILN_CHECK(seq > 0, "--seq ", seq, " must be positive");
   KILN_CHECK(batch > 0, "--batch ", batch, " must be positive");
   seq = std::min<int64_t>(seq, model->config.max_position_embeddings);
@@ -99,7 +101,8 @@ int run_eval(const Args& args) {
   // Progress on stderr as training shows it (a long text showed nothing until the end).
   const int64_t batches = (windows + batch - 1) / batch;
   const int64_t total = max_batches > 0 ? std::min(max_batches, batches) : batches;
-  train::Progress progress(stderr, total, 1);
+  // (With --json only on a terminal: `kiln eval --json ... 2>&1 | jq` takes one JSON line.)
+  train::Progress progress(as_json && !::isatty(STDERR_FILENO) ? nullptr : stderr, total, 1);
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t w0 = 0; w0 < windows; w0 += batch) {
     if (max_batches > 0 && done >= max_batches) break;

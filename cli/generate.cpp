@@ -1,4 +1,5 @@
 // `kiln generate`: streams text sampled from a checkpoint (KV-cache decoding).
+#include <algorithm>
 #include <cstdio>
 
 #include "cli/args.h"
@@ -58,8 +59,11 @@ int run_generate(const Args& args) {
   // inside a character.
   std::vector<int32_t> generated;
   size_t printed = 0;
+  // The prompt's last few tokens are context enough (a piece's space, a character's bytes) and
+  // keep each token's decode short.
+  const std::vector<int32_t> prompt_tail(ids.end() - std::min<std::ptrdiff_t>(8, std::ssize(ids)), ids.end());
   auto print_new = [&](bool last) {
-    const std::string text = tok->decode_continuation(ids, generated);
+    const std::string text = tok->decode_continuation(prompt_tail, generated);
     if (text.size() <= printed || (!last && data::ends_mid_character(text))) return;
     std::printf("%s", data::displayable(std::string_view(text).substr(printed)).c_str());
     std::fflush(stdout);

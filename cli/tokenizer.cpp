@@ -10,9 +10,11 @@ namespace kiln::cli {
 
 int run_tokenizer(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf("usage: kiln tokenizer train [--vocab N] [--model-type bpe|unigram] [--out PREFIX] FILE...\n"
-                "Trains a SentencePiece tokenizer; writes PREFIX.model (use it with --tokenizer).\n");
-    return args.empty() ? 2 : 0;  // a missing subcommand is a usage error, as for kiln bench
+    // A missing subcommand is a usage error (stderr, status 2, as kiln bench); --help is not.
+    std::fprintf(args.empty() ? stderr : stdout,
+                 "usage: kiln tokenizer train [--vocab N] [--model-type bpe|unigram] [--out PREFIX] FILE...\n"
+                 "Trains a SentencePiece tokenizer; writes PREFIX.model (use it with --tokenizer).\n");
+    return args.empty() ? 2 : 0;
   }
   KILN_CHECK(args[0] == "train", "tokenizer: unknown subcommand '", args[0], "' (expected: train)");
   data::SentencePieceTrainOptions o;

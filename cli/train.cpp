@@ -42,15 +42,24 @@ void say(const char* text) {  // write(2): async-signal-safe, unlike stdio
 // a checkpoint; it says so at once (a slow step showed nothing for 48 s). Another within a
 // second is the same request twice (timeout signals the child and then its process group: one
 // such pair aborted the run without a checkpoint or a word); a later one aborts, saying so.
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free &&
+              std::atomic<int64_t>::is_always_lock_free);
+std::atomic<bool> g_loop_done{false};     // the run has left its loop (summary, sample)
+
 void on_stop_signal(int sig) {
-  if (!g_stop.load()) {
+  bool first = false;
+  if (g_stop.compare_exchange_strong(first, true)) {  // one thread takes the first signal
     g_signal.store(sig);
     g_signal_ns.store(monotonic_ns());
-    g_stop.store(true);
-    say("\nkiln train: stopping after this step and saving a checkpoint (interrupt again to abort without one)\n");
+    say(g_loop_done.load() ? "\nkiln train: stopping (the run has finished training)\n"
+                           : "\nkiln train: stopping after this step and saving a checkpoint (interrupt again, a "
+                             "second later, to abort without one)\n");
     return;
   }
-  if (monotonic_ns() - g_signal_ns.load() < 1000000000) return;
+  if (monotonic_ns() - g_signal_ns.load() < 1000000000) {
+    say("kiln train: already stopping\n");
+    return;
+  }
   say("\nkiln train: aborted (steps since the last checkpoint are not saved)\n");
   std::_Exit(128 + sig);
 }
@@ -160,7 +169,10 @@ int run_train(const Args& args) {
     KILN_CHECK(!p.given("--config"), "--resume continues a run with its saved settings, so --config does not apply; "
                "give the settings a resumed run may change as flags");
     std::string differ;
-    for (const auto& [key, value] : c.to_json().as_object()) {
+    // Named: a range-for over c.to_json().as_object() read the temporary after it was destroyed
+    // (a 140 TB allocation from a garbage size, "out of host memory", once memory was reused).
+    const json::Value settings = c.to_json();
+    for (const auto& [key, value] : settings.as_object()) {
       const std::string flag = flag_of(key);
       if (key == "out" || !p.given(flag) || std::find(may_change.begin(), may_change.end(), key) != may_change.end())
         continue;
@@ -183,13 +195,14 @@ int run_train(const Args& args) {
   // The default run directory never takes over an earlier run: the next free runs/kiln-N does.
   if (c.resume.empty() && !p.given("--out") && c.out == train::TrainConfig{}.out && !c.overwrite) {
     const std::string base = c.out;
-    for (int n = 2; !train::earlier_run(c.out).empty(); ++n) c.out = base + "-" + std::to_string(n);
+    for (int n = 2; train::earlier_run(c.out).exists(); ++n) c.out = base + "-" + std::to_string(n);
     if (c.out != base)
       std::fprintf(stderr, "%s holds an earlier run: this one goes to %s\n", base.c_str(), c.out.c_str());
   }
 
   g_stop.store(false);
   g_signal.store(0);
+  g_loop_done.store(false);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   train::TrainHooks hooks;
@@ -197,6 +210,7 @@ int run_train(const Args& args) {
   // The handlers stay until exit: a repeated signal that comes after the loop (timeout's second
   // one, on a fast step) would otherwise kill the process as it prints its summary.
   train::TrainSummary s = train::run_training(c, hooks);
+  g_loop_done.store(true);
   if (s.already_done) {
     std::fprintf(stderr, "the run in %s is already at its last step, %lld: nothing to train (pass a larger --steps to "
                  "continue it)\n", c.out.c_str(), (long long)s.start_step);

@@ -11,11 +11,6 @@ namespace kiln::attention {
 namespace detail {
 
 namespace {
-// The layout's block tables as the kernels read them (raw pointers, no bounds checks there): i32,
-// contiguous, shaped [Bm, Hm, n] (counts) and [Bm, Hm, n, ≥ 1] (indices) on the layout's device;
-// on the CPU also their values (counts within the row, partial + full at most the other side's
-// blocks, indices in range: O(blocks)). A hand-edited layout segfaulted the kernels or gave
-// silent zeros. (A GPU layout's values would need a copy back; they come from the builders.)
 // The q tables (per kv block: the backward's dK/dV walk) must list exactly the tiles of the kv
 // tables (the forward's and dQ's), each as the same class: an edited q side gave dK off by 64 %
 // with a correct output. (Called once both sides are valid and free of repeats: then the q
@@ -53,6 +48,12 @@ void check_transposed_tables(const BlockLayout& l) {
   }
 }
 
+// The layout's block tables as the kernels read them (raw pointers, no bounds checks there): i32,
+// contiguous, shaped [Bm, Hm, n] (counts) and [Bm, Hm, n, ≥ 1] (indices) on the layout's device;
+// on the CPU also their values (counts within the row, partial + full at most the other side's
+// blocks, indices in range, no block twice within a row, the q tables matching the kv tables:
+// O(tiles)). A hand-edited layout segfaulted the kernels or gave silent zeros or wrong
+// gradients. (A GPU layout's values would need a copy back; they come from the builders.)
 void check_block_tables(const BlockLayout& l) {
   struct Side {
     const char* name;

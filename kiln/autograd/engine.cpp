@@ -1,6 +1,7 @@
 // The backward engine: topological order over the graph reachable from the roots, gradients
 // summed per node input in a fixed order (so results are deterministic), leaves accumulated
-// through AccumulateGrad. Also grad mode, determinism flag and the Tensor autograd methods.
+// through AccumulateGrad (under the leaf's lock), and graphs freed without recursion
+// (Node::~Node). Also grad mode, determinism flag, SavedTensor and the Tensor autograd methods.
 #include <atomic>
 #include <map>
 #include <unordered_map>
@@ -23,14 +24,18 @@ void set_grad_enabled(bool on) { t_grad_enabled = on; }
 bool deterministic() { return g_deterministic.load(); }
 void set_deterministic(bool on) { g_deterministic.store(on); }
 
-// Frees a chain of nodes without recursion: each node's destructor would free the next through
-// its edge (a 200 000-op chain overflowed an 8 MB stack when its graph went away). The nodes
-// only this one holds are taken over and freed one at a time, so no destructor goes deep.
+// Frees a graph without recursion: each node's destructor would free the next through its edge
+// (a 200 000-op chain overflowed an 8 MB stack when its graph went away). The nodes only this
+// one holds are taken over and freed one at a time; every other edge is dropped at once, so that
+// a node reached twice (a residual x + f(x), or x * x) comes to be held once and is taken over
+// in its turn instead of being freed from inside a member destructor.
 Node::~Node() {
   std::vector<std::shared_ptr<Node>> owned;
   auto take_sole = [&](std::vector<Edge>& edges) {
-    for (Edge& e : edges)
+    for (Edge& e : edges) {
       if (e.node && e.node.use_count() == 1) owned.push_back(std::move(e.node));
+      else e.node.reset();
+    }
   };
   take_sole(next);
   while (!owned.empty()) {
@@ -82,9 +87,14 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
     else leaf.set_grad(g.contiguous().is_same(g) ? g.clone() : g.contiguous());
   } else {
     NoGradGuard ng;
-    // A 16-bit .grad given by set_grad to a wider leaf (the optimizers' mixed precision) sums in
-    // the wider dtype and is stored back in its own ("add: dtype mismatch" came from here).
-    existing.copy_(existing.dtype() == g.dtype() ? add(existing, g) : add(existing.to(g.dtype()), g));
+    // A .grad of another dtype than the leaf's (set_grad: the optimizers' mixed precision) sums
+    // in the wider of the two and is stored back in its own ("add: dtype mismatch" came from here).
+    if (existing.dtype() == g.dtype()) {
+      existing.copy_(add(existing, g));
+    } else {
+      const DType wide = itemsize(existing.dtype()) >= itemsize(g.dtype()) ? existing.dtype() : g.dtype();
+      existing.copy_(add(existing.to(wide), g.to(wide)));
+    }
   }
   return {};
 }

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "kiln/core/rng.h"
+#include "kiln/io/file.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln::data {
@@ -43,13 +44,24 @@ TokenStream tokenize_documents(const std::vector<std::string_view>& docs, const 
 
 namespace {
 
-// Version 2: a trailing FNV-1a of the ids (version 1 files are rebuilt).
+// Version 2: a trailing checksum of the ids and the key (version 1 files are rebuilt).
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'T', 'O', 'K', '2'};
 
-uint64_t stream_checksum(const TokenStream& s) {
-  const uint64_t h = fnv1a({reinterpret_cast<const char*>(s.tokens.data()), s.tokens.size() * 4});
-  return fnv1a({reinterpret_cast<const char*>(s.doc.data()), s.doc.size() * 4}, h);
+// A 64-bit hash of 32-bit words, two at a time (several GB/s: a cache hit of a billion tokens
+// is not held up by its check, as a byte-wise FNV would hold it).
+uint64_t hash_words(const std::vector<int32_t>& v, uint64_t h) {
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  size_t i = 0;
+  for (; i + 1 < v.size(); i += 2) {
+    const uint64_t w = static_cast<uint32_t>(v[i]) | (uint64_t{static_cast<uint32_t>(v[i + 1])} << 32);
+    h = (h ^ w) * kMul;
+    h ^= h >> 29;
+  }
+  if (i < v.size()) h = ((h ^ static_cast<uint32_t>(v[i])) * kMul) ^ (h >> 29);
+  return (h ^ v.size()) * kMul;
 }
+
+uint64_t stream_checksum(const TokenStream& s, uint64_t key) { return hash_words(s.doc, hash_words(s.tokens, key)); }
 
 std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -60,7 +72,7 @@ std::string read_file(const fs::path& p) {
 // A cache is used only when it is the user's own file, whole and unchanged (its count fits its
 // size, its checksum its ids); anything else is rebuilt. (A cache in a shared folder with its ids
 // rewritten changed an evaluation's loss without a word.)
-bool read_cache(const fs::path& p, TokenStream& s) {
+bool read_cache(const fs::path& p, uint64_t key, TokenStream& s) {
   struct stat st {};
   if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) return false;
   std::ifstream f(p, std::ios::binary);
@@ -78,36 +90,38 @@ bool read_cache(const fs::path& p, TokenStream& s) {
   f.read(reinterpret_cast<char*>(s.tokens.data()), static_cast<std::streamsize>(n * 4));
   f.read(reinterpret_cast<char*>(s.doc.data()), static_cast<std::streamsize>(n * 4));
   f.read(reinterpret_cast<char*>(&checksum), 8);
-  return f.good() && f.peek() == EOF && checksum == stream_checksum(s);
+  return f.good() && f.peek() == EOF && checksum == stream_checksum(s, key);
 }
 
-void write_cache(const fs::path& p, const TokenStream& s) {
-  fs::path tmp = p;
-  tmp += ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    uint64_t n = s.tokens.size();
-    f.write(kMagic, 8);
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f.write(reinterpret_cast<const char*>(s.tokens.data()), static_cast<std::streamsize>(n * 4));
-    f.write(reinterpret_cast<const char*>(s.doc.data()), static_cast<std::streamsize>(n * 4));
-    const uint64_t checksum = stream_checksum(s);
-    f.write(reinterpret_cast<const char*>(&checksum), 8);
-    if (!f.good()) return;  // a cache is an optimisation: failing to write it is not an error
+// Through io::AtomicWriter (a fresh temporary name, O_EXCL: a planted symlink is not followed).
+void write_cache(const fs::path& p, uint64_t key, const TokenStream& s) {
+  try {
+    io::AtomicWriter w(p.string());
+    const uint64_t n = s.tokens.size(), checksum = stream_checksum(s, key);
+    w.write(kMagic, 8);
+    w.write(&n, 8);
+    w.write(s.tokens.data(), n * 4);
+    w.write(s.doc.data(), n * 4);
+    w.write(&checksum, 8);
+    w.commit();
+  } catch (const Error&) {
+    // a cache is an optimisation: failing to write it is not an error
   }
-  std::error_code ec;
-  fs::rename(tmp, p, ec);
 }
 
 }  // namespace
 
-std::string user_cache_dir(const std::string& name) {
+std::optional<std::string> user_cache_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / (name + "-" + std::to_string(::geteuid()));
-  ::mkdir(dir.c_str(), 0700);  // exists already, or cannot be made: load_corpus then skips the cache
+  ::mkdir(dir.c_str(), 0700);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+    return std::nullopt;
   return dir.string();
 }
 
-TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir, bool* cache_hit) {
+TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir, bool* cache_hit,
+                        bool use_cache) {
   fs::path root(path);
   KILN_CHECK(fs::exists(root), "data: '", path, "' does not exist");
   std::vector<fs::path> files;
@@ -141,16 +155,20 @@ TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std
   fs::path dir = cache_dir.empty() ? (fs::is_directory(root) ? root : root.parent_path()) : fs::path(cache_dir);
   fs::path cache = dir / name;
   TokenStream s;
-  if (read_cache(cache, s)) {
+  if (use_cache && read_cache(cache, h, s)) {
     if (cache_hit) *cache_hit = true;
+    s.source_hash = h;
     return s;
   }
   if (cache_hit) *cache_hit = false;
   std::vector<std::string_view> views(texts.begin(), texts.end());
   s = tokenize_documents(views, tok);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  write_cache(cache, s);
+  s.source_hash = h;
+  if (use_cache) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    write_cache(cache, h, s);
+  }
   return s;
 }
 

@@ -6,6 +6,7 @@
 // the number of batches drawn, so a checkpoint can restore it exactly.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,9 @@ namespace kiln::data {
 struct TokenStream {
   std::vector<int32_t> tokens;
   std::vector<int32_t> doc;
+  // load_corpus: the hash of the tokenizer and the texts (file names included) it came from,
+  // its cache key; 0 from tokenize_documents.
+  uint64_t source_hash = 0;
   size_t size() const { return tokens.size(); }
 };
 
@@ -29,11 +33,14 @@ TokenStream tokenize_documents(const std::vector<std::string_view>& docs, const 
 // file), through a cache file `cache_dir/tokens-<hash>.bin` (created when absent; cache_dir
 // empty: next to the data). `cache_hit` (optional) tells whether the cache was used.
 // A cache file is used only when it is the user's own, whole and unchanged (a count that fits
-// its size, a checksum of its ids); else it is rebuilt.
+// its size, a checksum of its ids and its key); else it is rebuilt. `use_cache` false: neither
+// read nor written.
 TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir,
-                        bool* cache_hit = nullptr);
-// A per-user cache folder in the temporary directory, NAME-<uid>, created with mode 0700.
-std::string user_cache_dir(const std::string& name);
+                        bool* cache_hit = nullptr, bool use_cache = true);
+// A per-user cache folder in the temporary directory, NAME-<uid>, created with mode 0700; none
+// (nullopt) when that name is taken by anything but a folder of the user's own that only they
+// can reach (another user could plant one, or a symlink, at a name anyone can predict).
+std::optional<std::string> user_cache_dir(const std::string& name);
 
 struct Batch {
   Tensor input;    // [B, T] i64

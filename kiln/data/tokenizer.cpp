@@ -1,6 +1,8 @@
-// The byte tokenizer and load_tokenizer (SentencePiece bodies live in sentencepiece.cpp).
+// The byte tokenizer, load_tokenizer, and text for streaming and display (decode_continuation,
+// ends_mid_character, displayable). SentencePiece bodies live in sentencepiece.cpp.
 #include "kiln/data/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -19,13 +21,19 @@ std::string Tokenizer::decode_continuation(const std::vector<int32_t>& context,
                                            const std::vector<int32_t>& continuation) const {
   std::vector<int32_t> all = context;
   all.insert(all.end(), continuation.begin(), continuation.end());
+  // Past what the two decodes share: when the context's decode ends inside a character (a
+  // U+FFFD the continuation completes) that character comes with the continuation.
   const std::string whole = decode(all), head = decode(context);
-  if (whole.compare(0, head.size(), head) == 0) return whole.substr(head.size());
-  return decode(continuation);
+  const size_t common = static_cast<size_t>(
+      std::mismatch(head.begin(), head.end(), whole.begin(), whole.end()).first - head.begin());
+  return whole.substr(common);
 }
 
+namespace {
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD, UTF-8
+}  // namespace
+
 bool ends_mid_character(std::string_view text) {
-  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
   if (text.size() >= kReplacement.size() && text.substr(text.size() - kReplacement.size()) == kReplacement) return true;
   // Back over at most 3 continuation bytes to the sequence's first byte.
   size_t i = text.size(), tail = 0;
@@ -37,7 +45,6 @@ bool ends_mid_character(std::string_view text) {
 }
 
 std::string displayable(std::string_view text) {
-  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {

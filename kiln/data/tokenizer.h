@@ -23,8 +23,8 @@ class Tokenizer {
   virtual std::string fingerprint() const = 0;  // identifies the vocabulary (cache keys)
   // Writes the tokenizer's files into `dir` (tokenizer_config.json, tokenizer.model, ...).
   virtual void save(const std::string& dir) const = 0;
-  // The text `continuation` adds after `context`: decode(context + continuation) past
-  // decode(context) (decode(continuation) alone when the first does not start with the second).
+  // The text `continuation` adds after `context`: decode(context + continuation) past what it
+  // shares with decode(context). Callers that stream pass the context's last few tokens.
   // Token by token decoding loses what depends on the neighbours: SentencePiece drops a piece's
   // leading space at the start of a decode ("hello world" came out "helloworld") and joins
   // byte-fallback pieces into characters only when they are decoded together.

@@ -99,29 +99,42 @@ Tensor MappedFile::view(uint64_t begin, const Shape& shape, DType dtype, const s
   return Tensor::from_storage(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
+namespace {
+// The file a path names, through symlinks (a dangling one included: writing through it creates
+// its target, as open(2) would). At most 40 links, as the kernel's limit.
+std::string through_symlinks(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat lst {};
+    if (::lstat(p.c_str(), &lst) != 0 || !S_ISLNK(lst.st_mode)) return p.string();
+    std::error_code ec;
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) return p.string();
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  fail(path, ": too many levels of symbolic links");
+}
+}  // namespace
+
 AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
   KILN_CHECK(!path_.empty(), "cannot write a file at an empty path");
+  target_ = through_symlinks(path_);  // the link is kept, the file it names replaced
   struct stat st {};
-  const bool exists = ::stat(path_.c_str(), &st) == 0;
+  const bool exists = ::stat(target_.c_str(), &st) == 0;
   // The rename would replace whatever is there: /dev/null, a pipe or a socket became a regular
   // file (as root, the system's /dev/null). Such a target, or a folder, is refused.
   KILN_CHECK(!exists || S_ISREG(st.st_mode), path_, ": exists and is not a regular file (",
              S_ISDIR(st.st_mode) ? "a folder" : "a device, pipe or socket", "): refusing to replace it");
-  // Through a symlink: the file it names is replaced, the link kept (as a plain open would).
-  struct stat lst {};
-  if (exists && ::lstat(path_.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
-    std::error_code ec;
-    const std::filesystem::path target = std::filesystem::canonical(path_, ec);
-    if (!ec) path_ = target.string();
-  }
-  // The temporary file is created as open(2) creates one (mode 0666 less the umask), then takes
-  // the mode of the file it replaces (a 0600 file became 0644).
+  // The temporary file is created as open(2) creates one (mode 0666 less the umask), or, when it
+  // replaces a file, owner-only until it takes that file's mode (a 0600 file became 0644, and
+  // a wider mode in between would let others open what is written).
   std::random_device rd;
   for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
     char suffix[32];
     std::snprintf(suffix, sizeof suffix, ".tmp.%08x", static_cast<unsigned>(rd()));
-    tmp_ = path_ + suffix;
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    tmp_ = target_ + suffix;
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, exists ? 0600 : 0666);
     if (fd_ < 0 && errno != EEXIST) break;
   }
   KILN_CHECK(fd_ >= 0, path_, ": cannot create a temporary file next to it: ", errno_text());
@@ -166,12 +179,12 @@ void AtomicWriter::commit() {
   KILN_CHECK(::fsync(fd_) == 0, path_, ": fsync failed: ", errno_text());
   ::close(fd_);
   fd_ = -1;
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+  if (::rename(tmp_.c_str(), target_.c_str()) != 0) {
     std::string why = errno_text();
     ::unlink(tmp_.c_str());
     fail(path_, ": cannot rename the temporary file into place: ", why);
   }
-  int dfd = ::open(parent_dir(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dfd = ::open(parent_dir(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);

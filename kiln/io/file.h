@@ -57,7 +57,7 @@ class AtomicWriter {
   void commit();
 
  private:
-  std::string path_, tmp_;
+  std::string path_, target_, tmp_;  // as given (for messages), through symlinks, the temporary
   int fd_ = -1;
   uint64_t written_ = 0;
 };

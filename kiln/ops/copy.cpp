@@ -1,5 +1,6 @@
-// Copies and conversions: contiguous, clone, to(dtype), to(device), and the in-place
-// copy_/fill_ (which bump the version counter and are refused on leaves that require grad).
+// Copies and conversions: contiguous, clone, to(dtype), to(device), the in-place copy_/fill_
+// (which bump the version counter and are refused on leaves that require grad), and the
+// in-place guards (check_inplace, check_inplace_source).
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
 #include "kiln/kernels/copy.h"

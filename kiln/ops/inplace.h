@@ -1,6 +1,6 @@
 // check_inplace: the guard every in-place op calls first. Refuses leaves that require grad
 // (and tensors in a graph) while grad mode is on, then bumps the version counter so backward
-// can detect the write.
+// can detect the write. check_inplace_source: the guard for an in-place op's source.
 #pragma once
 #include "kiln/core/tensor.h"
 

@@ -127,16 +127,18 @@ OptimizerState Optimizer::state_dict() const {
   j["lr"] = lr_;
   j["weight_decay"] = weight_decay_;
   save_hyperparameters(j);
-  json::Value no_decay = json::Value::array();
+  json::Value no_decay = json::Value::array(), names = json::Value::array();
   json::Value steps = json::Value::object();
   for (size_t i = 0; i < params_.size(); ++i) {
     const std::string& name = params_[i].first;
+    names.push_back(name);
     if (!decay_[i]) no_decay.push_back(name);
     if (state_[i].step == 0) continue;
     steps[name] = state_[i].step;
     for (size_t k = 0; k < buffer_names_.size(); ++k)
       s.tensors.emplace_back(buffer_names_[k] + "." + name, state_[i].buffers[k]);
   }
+  j["params"] = std::move(names);
   j["no_decay"] = std::move(no_decay);
   j["param_steps"] = std::move(steps);
   return s;
@@ -163,6 +165,20 @@ void Optimizer::load_state_dict(const OptimizerState& state) {
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].first] = i;
 
+  // The parameters the state was saved for (states written before this list load as before):
+  // as torch's parameter-group check, a state for W, b loaded into an optimizer over W, b, E
+  // restored the step count while E started over.
+  if (const json::Value* saved = j.find("params")) {
+    std::set<std::string> in_state;
+    for (const json::Value& v : saved->as_array("params")) {
+      const std::string& name = v.as_string("params entry");
+      KILN_CHECK(index.count(name), op, ": the state is for parameter '", name, "', which this optimizer does not have");
+      in_state.insert(name);
+    }
+    for (const auto& [name, p] : params_)
+      KILN_CHECK(in_state.count(name), op, ": parameter '", name, "' of this optimizer is not in the state (it was "
+                 "saved for ", in_state.size(), " parameters, this optimizer has ", params_.size(), ")");
+  }
   std::set<std::string> no_decay;
   for (const json::Value& v : member("no_decay").as_array("no_decay")) {
     const std::string& name = v.as_string("no_decay entry");

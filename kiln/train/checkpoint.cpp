@@ -123,24 +123,34 @@ void load_model_state(nn::LlamaForCausalLM& model, const std::vector<std::pair<s
   NoGradGuard ng;
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [n, t] : tensors) by_name[n] = &t;
-  for (auto& [name, p] : model.named_parameters()) {
+  auto params = model.named_parameters();
+  // Everything is checked before anything is written: a load that fails leaves the model as it
+  // was (a missing layer left 15 of 30 parameters overwritten).
+  std::vector<const Tensor*> sources;
+  for (auto& [name, p] : params) {
+    // Every parameter by its own name: an untied model's missing lm_head.weight took the
+    // embedding's values without a word (a tied model has no lm_head parameter).
     auto it = by_name.find(name);
-    if (it == by_name.end() && name == "lm_head.weight") it = by_name.find("model.embed_tokens.weight");
     KILN_CHECK(it != by_name.end(), "checkpoint: tensor '", name, "' is missing");
     const Tensor& src = *it->second;
     KILN_CHECK(src.shape() == p->shape(), "checkpoint: tensor '", name, "' has shape ", src.shape(),
                ", the model expects ", p->shape());
     KILN_CHECK(is_floating(src.dtype()), "checkpoint: tensor '", name, "' has dtype ", dtype_name(src.dtype()));
+    sources.push_back(&src);
+  }
+  for (const auto& [n, t] : tensors) {
+    bool known = n.find("rotary_emb") != std::string::npos;
+    for (auto& [name, p] : params) known = known || name == n;
+    if (n == "lm_head.weight" && model.config.tie_word_embeddings) known = true;
+    KILN_CHECK(known, "checkpoint: unexpected tensor '", n, "' (not a parameter of this Llama config)");
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor* p = params[i].second;
+    const Tensor& src = *sources[i];
     Tensor v = src.dtype() == p->dtype() ? src : src.to(p->dtype());
     if (v.device() != p->device()) v = v.to(p->device());
     // write into the existing storage so that optimizers holding the parameter see it
     p->copy_(v);
-  }
-  for (const auto& [n, t] : tensors) {
-    bool known = n.find("rotary_emb") != std::string::npos;
-    for (auto& [name, p] : model.named_parameters()) known = known || name == n;
-    if (n == "lm_head.weight" && model.config.tie_word_embeddings) known = true;
-    KILN_CHECK(known, "checkpoint: unexpected tensor '", n, "' (not a parameter of this Llama config)");
   }
 }
 
@@ -268,16 +278,16 @@ void mark_latest(const std::string& run_dir, const std::string& name, int64_t ke
   }
 }
 
-std::string earlier_run(const std::string& run_dir) {
+EarlierRun earlier_run(const std::string& run_dir) {
   const fs::path run(run_dir);
   std::error_code ec;
-  if (!fs::is_directory(run, ec)) return "";
-  if (fs::exists(run / "latest", ec)) return "checkpoint " + read_latest(run);
+  if (!fs::is_directory(run, ec)) return {};
+  if (fs::exists(run / "latest", ec)) return {"checkpoint " + read_latest(run), true};
   for (const auto& e : fs::directory_iterator(run, ec))
-    if (is_checkpoint_dir(e)) return "checkpoint " + e.path().filename().string();
+    if (is_checkpoint_dir(e)) return {"checkpoint " + e.path().filename().string(), true};
   const fs::path metrics = run / "metrics.jsonl";
-  if (fs::exists(metrics, ec) && fs::file_size(metrics, ec) > 0) return "metrics.jsonl";
-  return "";
+  if (fs::exists(metrics, ec) && fs::file_size(metrics, ec) > 0) return {"metrics.jsonl", false};
+  return {};
 }
 
 void remove_earlier_run(const std::string& run_dir) {

@@ -57,10 +57,15 @@ std::string why_no_checkpoint(const std::string& dir);
 // Updates `run_dir/latest` (atomically) to name checkpoint `name`, and deletes the oldest
 // step-* checkpoints beyond `keep`.
 void mark_latest(const std::string& run_dir, const std::string& name, int64_t keep);
-// What of an earlier run `run_dir` holds ("checkpoint step-6", "metrics.jsonl"; "" when none:
-// no `latest`, no step-* checkpoint, no non-empty metrics.jsonl). A fresh run there would
-// rewrite its metrics and prune its checkpoints among the new ones.
-std::string earlier_run(const std::string& run_dir);
+// What of an earlier run `run_dir` holds (none: no `latest`, no step-* checkpoint, no non-empty
+// metrics.jsonl). A fresh run there would rewrite its metrics and prune its checkpoints among
+// the new ones.
+struct EarlierRun {
+  std::string what;             // "checkpoint step-N" or "metrics.jsonl"; empty: none
+  bool has_checkpoint = false;  // so that it can be resumed
+  bool exists() const { return !what.empty(); }
+};
+EarlierRun earlier_run(const std::string& run_dir);
 // Removes an earlier run's files from `run_dir` (checkpoints, latest, metrics.jsonl, loss.svg,
 // profile.json); anything else there (a token cache, the user's files) stays.
 void remove_earlier_run(const std::string& run_dir);

@@ -358,10 +358,14 @@ json::Value parse_toml(const std::string& text, const std::string& source) {
           num.push_back(val[i]);
           continue;
         }
-        // TOML allows '_' only between two digits (1_000); 1__0 and 4_ are not numbers.
-        KILN_CHECK(i > 0 && i + 1 < val.size() && std::isxdigit(static_cast<unsigned char>(val[i - 1])) &&
-                       std::isxdigit(static_cast<unsigned char>(val[i + 1])),
-                   where(), ": value '", val, "': TOML allows '_' only between two digits");
+        // TOML allows '_' only between two digits (1_000, 0xff_ff); 1__0, 4_ and 1_e5 are not numbers.
+        const bool hex = val.size() > 2 && val[0] == '0' && val[1] == 'x';
+        auto digit = [&](char ch) {
+          const auto u = static_cast<unsigned char>(ch);
+          return hex ? std::isxdigit(u) != 0 : std::isdigit(u) != 0;
+        };
+        KILN_CHECK(i > 0 && i + 1 < val.size() && digit(val[i - 1]) && digit(val[i + 1]), where(), ": value '", val,
+                   "': TOML allows '_' only between two digits");
       }
       std::optional<json::Value> n = parse_toml_number(num, where());
       KILN_CHECK(n.has_value(), where(), ": value '", val,

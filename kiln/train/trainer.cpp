@@ -90,15 +90,14 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   // with another --steps recomputed it (100000 steps resumed with --steps 130: the lr jumped 7x).
   if (resume_dir.empty() && cfg.warmup < 0) cfg.warmup = std::max<int64_t>(1, cfg.steps / 20);
   if (resume_dir.empty()) {  // a fresh run: an earlier one in `out` would be mixed into it
-    const std::string earlier = earlier_run(cfg.out);
+    const EarlierRun earlier = earlier_run(cfg.out);
     // Without a checkpoint (a run stopped before its first save) there is nothing to resume.
-    const bool resumable = earlier.rfind("checkpoint", 0) == 0;
-    KILN_CHECK(earlier.empty() || cfg.overwrite, "train: --out ", cfg.out, " holds an earlier run (", earlier,
-               resumable ? "); continue it with --resume " + cfg.out + ", choose another --out, or pass --overwrite to "
-                           "replace it"
-                         : " and no checkpoint, so it cannot be resumed); choose another --out, or pass --overwrite "
-                           "to replace it");
-    if (!earlier.empty()) remove_earlier_run(cfg.out);
+    KILN_CHECK(!earlier.exists() || cfg.overwrite, "train: --out ", cfg.out, " holds an earlier run (", earlier.what,
+               earlier.has_checkpoint ? "); continue it with --resume " + cfg.out + ", choose another --out, or pass "
+                                        "--overwrite to replace it"
+                                      : " and no checkpoint, so it cannot be resumed); choose another --out, or pass "
+                                        "--overwrite to replace it");
+    if (earlier.exists()) remove_earlier_run(cfg.out);
   }
   set_deterministic(cfg.deterministic);
   const Device dev = Device::parse(cfg.device);
@@ -184,17 +183,18 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
                   : ("resumed at step " + std::to_string(step)).c_str());
     progress.message(buf);
   }
-  // The run's tokens: a resume on other data continues at the sampler's position in it (the
-  // docs' bitwise resume no longer holds), which is said, not silently done.
-  const std::string data_checksum = [&] {
+  // The run's data: a resume on other data continues at the sampler's position in it (the docs'
+  // bitwise resume no longer holds), which is said, not silently done.
+  const std::string data_checksum = [&] {  // of the tokenizer and the texts (load_corpus hashed them already)
+    const uint64_t h = cfg.data.empty() ? data::fnv1a(data::default_corpus(), data::fnv1a(tok->fingerprint()))
+                                        : stream.source_hash;
     char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(data::fnv1a(
-        {reinterpret_cast<const char*>(stream.tokens.data()), stream.tokens.size() * sizeof(int32_t)})));
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
     return std::string(hex);
   }();
   if (const json::Value* saved = resume_dir.empty() ? nullptr : resume_state.find("data_checksum");
       saved && saved->is_string() && saved->as_string() != data_checksum)
-    progress.message("note: the training data differs from the run's (its tokens' checksum changed): resuming at the "
+    progress.message("note: the training data differs from the run's (its texts' checksum changed): resuming at the "
                      "sampler's position in this data, so the run will not match an uninterrupted one");
   if (saved_steps >= 0 && saved_steps != cfg.steps)
     progress.message("note: --steps " + std::to_string(cfg.steps) + " (the run had " + std::to_string(saved_steps) +

@@ -206,6 +206,16 @@ TEST(Autograd, DeepGraphsSavedIndicesAndInPlaceSources) {
     Tensor y = x;
     for (int i = 0; i < 300000; ++i) y = mul(y, 1.0);
   }  // freed without a backward
+  // Nodes reached twice: a residual chain (y + f(y), a transformer's shape) and y * y; freeing
+  // them recursed once per node until the edges that are not the last hold were dropped first.
+  {
+    Tensor x = full({1}, 1.0, DType::f64).requires_grad_();
+    Tensor y = x, z = x;
+    for (int i = 0; i < 150000; ++i) {
+      y = add(mul(y, 1.0), y);
+      z = mul(z, z);
+    }
+  }
   // add_ records no history: a source that requires grad lost its gradient (w.grad [1, 2, 3]
   // where PyTorch gives [2, 4, 6]); as copy_, it is an error.
   Tensor w = arange(1, 4, 1, DType::f64).requires_grad_();
@@ -223,12 +233,18 @@ TEST(Autograd, DeepGraphsSavedIndicesAndInPlaceSources) {
   Tensor r = rotary_embedding(q, c, sn);
   c.fill_(0);
   EXPECT_KILN_ERROR(sum(r).backward(), "rotary_embedding backward", "modified by an in-place operation");
-  // A bf16 .grad set on an f32 leaf accumulates ("add: dtype mismatch" from inside backward).
+  // A .grad of another dtype accumulates in the wider one ("add: dtype mismatch" from inside
+  // backward): bf16 on an f32 leaf, and f32 on a bf16 leaf, where 1 + 1/512 needs f32.
   Tensor p = ones({2}).requires_grad_();
   p.set_grad(full({2}, 1.0, DType::bf16));
   sum(mul(p, 3.0)).backward();
   EXPECT_EQ(p.grad().dtype(), DType::bf16);
   EXPECT_EQ(vals(p.grad()), (std::vector<double>{4, 4}));
+  Tensor pb = ones({2}, DType::bf16).requires_grad_();
+  pb.set_grad(full({2}, 1.0, DType::f32));
+  sum(mul(pb, 1.0 / 512)).backward();
+  EXPECT_EQ(pb.grad().dtype(), DType::f32);
+  EXPECT_EQ(vals(pb.grad()), (std::vector<double>{1 + 1.0 / 512, 1 + 1.0 / 512}));
   // The root that needs no gradient is named by its index (it said element 0).
   Tensor a = ones({1}).requires_grad_(), none = ones({1});
   EXPECT_KILN_ERROR(run_backward({mul(a, 2.0), none}, {ones({1}), ones({1})}, false), "element 1 of tensors");

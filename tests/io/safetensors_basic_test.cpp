@@ -113,6 +113,11 @@ TEST(Safetensors, SaveRespectsWhatThePathIs) {
   save_safetensors(link, one);
   EXPECT_TRUE(std::filesystem::is_symlink(link));
   EXPECT_EQ(load_safetensors(target)[0].first, "x");
+  // A dangling link (relative): its target is created, the link kept (the link was replaced).
+  std::filesystem::create_symlink("made.safetensors", dir.file("dangling.safetensors"));
+  save_safetensors(dir.file("dangling.safetensors"), one);
+  EXPECT_TRUE(std::filesystem::is_symlink(dir.file("dangling.safetensors")));
+  EXPECT_EQ(load_safetensors(dir.file("made.safetensors"))[0].first, "x");
   // Modes: the replaced file's; a new file's is 0666 less the umask.
   namespace fs = std::filesystem;
   fs::permissions(target, fs::perms::owner_read | fs::perms::owner_write);

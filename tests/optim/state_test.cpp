@@ -197,10 +197,14 @@ TEST(OptimizerState, MismatchedLoadsThrowAndChangeNothing) {
   EXPECT_NO_THROW(dst->load_state_dict(good));
   EXPECT_EQ(dst->step_count(), 1);
 
-  // A state of another parameter set.
+  // A state of another parameter set: fewer parameters, or more (from a probe: a state for p0, p1
+  // loaded into an optimizer over p0, p1, p2 restored the step count while p2 started over).
   NamedTensors other = make_params({{2, 3}}, 3);
   auto small = make_adamw(other);
-  expect_load_fails(*small, good, "not a parameter");
+  expect_load_fails(*small, good, "the state is for parameter 'p1', which this optimizer does not have");
+  NamedTensors more = make_params({{2, 3}, {5}, {4}}, 3);
+  auto large = make_adamw(more);
+  expect_load_fails(*large, good, "parameter 'p2' of this optimizer is not in the state (it was saved for 2");
   // SGD with and without momentum buffers do not mix.
   SgdOptions so;
   so.momentum = 0.9;

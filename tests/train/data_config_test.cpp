@@ -165,10 +165,24 @@ TEST(Data, TokenCacheIsWrittenOnceAndReused) {
   EXPECT_EQ(s1.tokens, s3b.tokens);
   data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit);
   EXPECT_TRUE(hit);
-  const std::string user_dir = data::user_cache_dir("kiln-test-cache");
-  EXPECT_NE(user_dir.find("kiln-test-cache-" + std::to_string(::geteuid())), std::string::npos);
-  EXPECT_EQ(fs::status(user_dir).permissions() & fs::perms::all, fs::perms::owner_all);
-  fs::remove_all(user_dir);
+  const std::optional<std::string> user_dir = data::user_cache_dir("kiln-test-cache");
+  ASSERT_TRUE(user_dir.has_value());
+  EXPECT_NE(user_dir->find("kiln-test-cache-" + std::to_string(::geteuid())), std::string::npos);
+  EXPECT_EQ(fs::status(*user_dir).permissions() & fs::perms::all, fs::perms::owner_all);
+  // A folder at that name that others can reach (planted, or widened) is not used; nor a symlink.
+  fs::permissions(*user_dir, fs::perms::owner_all | fs::perms::group_all | fs::perms::others_all);
+  EXPECT_FALSE(data::user_cache_dir("kiln-test-cache").has_value());
+  fs::remove_all(*user_dir);
+  fs::create_directories(d / "elsewhere");
+  fs::permissions(d / "elsewhere", fs::perms::owner_all);
+  fs::create_directory_symlink(d / "elsewhere", *user_dir);
+  EXPECT_FALSE(data::user_cache_dir("kiln-test-cache").has_value());
+  fs::remove(*user_dir);
+  // Without the cache: tokenized, nothing written.
+  const size_t files_before = std::distance(fs::directory_iterator(d / "out"), {});
+  data::load_corpus((d / "corpus").string(), tok, (d / "out").string(), &hit, false);
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(static_cast<size_t>(std::distance(fs::directory_iterator(d / "out"), {})), files_before);
   // A run directory inside the data folder (its cache directory) is not read as text.
   fs::create_directories(d / "corpus" / "run" / "step-1");
   std::ofstream(d / "corpus" / "run" / "metrics.jsonl") << "{\"step\": 1}\n";
@@ -260,7 +274,7 @@ TEST(Config, TomlSubset) {
   // byte order mark is skipped (it became part of the first key: "unknown key '\xEF\xBB\xBFsteps'").
   EXPECT_EQ(train::parse_toml("steps = 1_000").find("steps")->as_int(), 1000);
   EXPECT_EQ(train::parse_toml("x = 0xff_ff").find("x")->as_int(), 0xffff);
-  for (const char* bad : {"steps = 1__0", "steps = 4_", "steps = _4", "lr = 1_.5"})
+  for (const char* bad : {"steps = 1__0", "steps = 4_", "steps = _4", "lr = 1_.5", "lr = 1_e5", "lr = 1e_5"})
     expect_error([&] { train::parse_toml(bad); }, "'_' only between two digits");
   EXPECT_EQ(train::parse_toml("\xEF\xBB\xBFsteps = 3").find("steps")->as_int(), 3);
   // resume cannot come from a config file (a resumed run refuses --config); overwrite can.

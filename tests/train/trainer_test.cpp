@@ -90,6 +90,31 @@ TEST(Checkpoint, RoundTripInHuggingFaceLayout) {
   fs::remove_all(d);
 }
 
+// (From a probe.) An untied model's missing lm_head.weight is an error (it took the embedding's
+// values without a word), and a load that fails leaves the model as it was (a missing layer left
+// 15 of 30 parameters overwritten).
+TEST(Checkpoint, ModelStateLoadsAllOrNothing) {
+  nn::LlamaConfig c = train::preset("tiny").model_config(259);
+  nn::LlamaForCausalLM src(c, 5), dst(c, 6);
+  auto state = train::model_state(src);
+  std::erase_if(state, [](const auto& kv) { return kv.first == "lm_head.weight"; });
+  const auto before = logits_of(dst);
+  try {
+    train::load_model_state(dst, state);
+    ADD_FAILURE() << "no error for a missing lm_head.weight";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'lm_head.weight' is missing"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(logits_of(dst), before);  // nothing was written
+  c.num_hidden_layers += 1;
+  nn::LlamaForCausalLM deeper(c, 7);
+  const auto deeper_before = logits_of(deeper);
+  EXPECT_THROW(train::load_model_state(deeper, train::model_state(src)), Error);
+  EXPECT_EQ(logits_of(deeper), deeper_before);
+  train::load_model_state(dst, train::model_state(src));
+  EXPECT_EQ(logits_of(dst), logits_of(src));
+}
+
 TEST(Checkpoint, FailedWriteLeavesThePreviousCheckpoint) {
   fs::path d = temp_dir("atomic");
   nn::LlamaConfig c = train::preset("tiny").model_config(259);
