@@ -82,7 +82,11 @@ int run_eval(const Args& args) {
     KILN_CHECK(!ids.empty(), "--ids: no ids");
     Tensor logits = model->logits(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, dev));
     io::save_safetensors(logits_out, {{"logits", logits.to(DType::f32).to(kCPU).contiguous()}});
-    std::printf("wrote logits %s to %s\n", shape_str(logits.shape()).c_str(), logits_out.c_str());
+    if (as_json)  // --json applies here too (it printed the sentence)
+      std::printf("{\"logits_shape\": %s, \"path\": %s}\n", shape_str(logits.shape()).c_str(),
+                  json::quote(logits_out).c_str());
+    else
+      std::printf("wrote logits %s to %s\n", shape_str(logits.shape()).c_str(), logits_out.c_str());
     return 0;
   }
 

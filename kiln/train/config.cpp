@@ -237,7 +237,7 @@ void set_config_value(TrainConfig& c, const std::string& key_in, const json::Val
   try {
     it->second(c, v);
   } catch (const Error& e) {
-    fail("config: key '", key_in, "': ", e.what());
+    fail("config: key '", key_in, "' = ", v.dump(), ": ", e.what());  // the value too, as the docs say
   }
 }
 

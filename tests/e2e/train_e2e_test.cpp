@@ -129,6 +129,9 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   CliRun e = run_cli("eval --ckpt " + out.string() + " --ids 1,2,3 --logits-out " + (out / "l.safetensors").string());
   ASSERT_EQ(e.status, 0) << e.output;
   EXPECT_EQ(io::load_safetensors((out / "l.safetensors").string())[0].second.shape(), (Shape{1, 3, 259}));
+  CliRun ej = run_cli("eval --json --ckpt " + out.string() + " --ids 1,2 --logits-out " + (out / "l2.safetensors").string());
+  ASSERT_EQ(ej.status, 0) << ej.output;
+  EXPECT_EQ(json::parse(ej.output).find("logits_shape")->size(), 3u) << ej.output;  // --json applies here too
   // --logits-out never replaces a file of the checkpoint it reads
   const fs::path weights = out / "step-6" / "model.safetensors";
   const auto weights_bytes = fs::file_size(weights);
