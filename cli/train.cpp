@@ -149,6 +149,16 @@ int run_train(const Args& args) {
   if (!p.parse(args)) return 0;
   KILN_CHECK(seed >= 0, "--seed: must be >= 0, got ", seed);
   c.seed = static_cast<uint64_t>(seed);
+  if (c.resume.empty() && !p.given("--device") && c.device == train::preset(c.preset).device) {
+    // A preset's device the user never named ("device cuda:0 requested but kiln was built
+    // without CUDA" for --preset 125m on a CPU build): say where it comes from.
+    try {
+      check_device_available(Device::parse(c.device), "train");
+    } catch (const Error& e) {
+      fail("the '", c.preset, "' preset trains on ", c.device, " (", e.what(),
+           "); pass --device cpu to train on the CPU");
+    }
+  }
   if (!c.resume.empty()) {
     // A resumed run keeps its saved settings; of those a run may change, the flags not given
     // come from the checkpoint too (and --out defaults to the run directory resumed from).

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/core/device.h"
 #include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/ops.h"
@@ -231,6 +232,12 @@ TEST(TrainCli, BadValuesGiveClearMessages) {
   EXPECT_NE(r.output.find("--lr: '1e-320' is out of the range of a double"), std::string::npos) << r.output;
   r = run_cli("train --preset galaxy");
   EXPECT_NE(r.output.find("preset 'galaxy'"), std::string::npos) << r.output;
+  if (cuda_device_count() == 0) {  // a preset's own device, never named by the user, is named as the preset's
+    r = run_cli("train --preset 125m --steps 1");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.output.find("the '125m' preset trains on cuda"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("pass --device cpu"), std::string::npos) << r.output;
+  }
   r = run_cli("train --batch 100000000000 --steps 1");  // was "out of host memory", naming no flag
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("batch=100000000000 x seq=128 x accum=1 is more than 2^40 tokens per step; use a smaller "
