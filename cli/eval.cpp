@@ -96,7 +96,11 @@ int run_eval(const Args& args) {
   data::TokenStream stream = data::load_corpus(data, *tok, cache.value_or(""), nullptr, cache.has_value());
   KILN_CHECK(seq > 0, "--seq ", seq, " must be positive");
   KILN_CHECK(batch > 0, "--batch ", batch, " must be positive");
-  seq = std::min<int64_t>(seq, model->config.max_position_embeddings);
+  if (seq > model->config.max_position_embeddings) {  // clamped with only "(windows of N)" to tell
+    std::fprintf(stderr, "note: --seq %lld is longer than the model's context; windows of %lld\n",
+                 static_cast<long long>(seq), static_cast<long long>(model->config.max_position_embeddings));
+    seq = model->config.max_position_embeddings;
+  }
   KILN_CHECK(static_cast<int64_t>(stream.size()) > seq, "eval: the text has ", stream.size(),
              " tokens, fewer than --seq ", seq, " + 1");
   const int64_t windows = (static_cast<int64_t>(stream.size()) - 1) / seq;

@@ -1,12 +1,15 @@
 // `kiln inspect FILE [--json]`: lists the tensors of any checkpoint kiln::io::load reads
 // (dtype, shape, bytes), its metadata and totals. FILE may be a safetensors file, a sharded
-// checkpoint's index or folder, or a PyTorch zip checkpoint. Raw dtypes (F4, U32, ...) show too.
+// checkpoint's index or folder, a PyTorch zip checkpoint, or a training run's or checkpoint's folder
+// (its model's weights). Raw dtypes (F4, U32, ...) show too.
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "kiln/io/json.h"
 #include "kiln/io/load.h"
+#include "kiln/train/checkpoint.h"
 
 namespace kiln::cli {
 
@@ -19,6 +22,15 @@ int run_inspect(const Args& args) {
   p.positional("FILE", &path, "checkpoint file or folder");
   p.flag("--json", &as_json, "print one JSON object instead of a table");
   if (!p.parse(args)) return 0;
+  // A training run's folder or a checkpoint folder (as eval and generate take them): its model's
+  // weights (the folder also holds optimizer.safetensors, so as a folder of tensors it failed).
+  if (const std::string ck = std::filesystem::is_directory(path) ? train::find_checkpoint(path) : ""; !ck.empty()) {
+    for (const char* name : {"model.safetensors.index.json", "model.safetensors"})
+      if (std::filesystem::exists(std::filesystem::path(ck) / name)) {
+        path = (std::filesystem::path(ck) / name).string();
+        break;
+      }
+  }
 
   const io::FileFormat format = io::sniff_format(path);
   io::Metadata metadata;

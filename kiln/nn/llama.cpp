@@ -117,9 +117,9 @@ LlamaConfig LlamaConfig::from_json(const json::Value& v) {
     if (const json::Value* x = v.find(key); x && !x->is_null())
       KILN_CHECK(x->is_bool() && !x->as_bool(), "config.json: ", key, "=", x->dump(),
                  " is not supported (kiln's Llama has no bias terms)");
-  if (const json::Value* x = v.find("head_dim"); x && x->is_integer())
-    KILN_CHECK(x->as_int() * c.num_attention_heads == c.hidden_size, "config.json: head_dim=", x->as_int(),
-               " differs from hidden_size/num_attention_heads (not supported)");
+  if (const json::Value* x = v.find("head_dim"); x && !x->is_null())  // a float (8.0) skipped the check
+    KILN_CHECK(x->is_integer() && x->as_int() * c.num_attention_heads == c.hidden_size, "config.json: head_dim=",
+               x->dump(), " is not hidden_size/num_attention_heads as an integer (other head dims are not supported)");
   // RoPE parameters: transformers 4.x writes rope_theta (+ rope_scaling, null or a dict);
   // 5.x writes rope_parameters {rope_type, rope_theta}. Only the default rope type is supported.
   for (const char* key : {"rope_scaling", "rope_parameters"}) {

@@ -130,6 +130,10 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   CliRun e = run_cli("eval --ckpt " + out.string() + " --ids 1,2,3 --logits-out " + (out / "l.safetensors").string());
   ASSERT_EQ(e.status, 0) << e.output;
   EXPECT_EQ(io::load_safetensors((out / "l.safetensors").string())[0].second.shape(), (Shape{1, 3, 259}));
+  CliRun in = run_cli("inspect " + out.string());  // a run folder, as eval takes it (it failed)
+  ASSERT_EQ(in.status, 0) << in.output;
+  EXPECT_NE(in.output.find("step-6/model.safetensors"), std::string::npos) << in.output;
+  EXPECT_NE(in.output.find("model.layers.0.self_attn.q_proj.weight"), std::string::npos) << in.output;
   CliRun ej = run_cli("eval --json --ckpt " + out.string() + " --ids 1,2 --logits-out " + (out / "l2.safetensors").string());
   ASSERT_EQ(ej.status, 0) << ej.output;
   EXPECT_EQ(json::parse(ej.output).find("logits_shape")->size(), 3u) << ej.output;  // --json applies here too

@@ -302,7 +302,10 @@ TEST(Llama, ConfigJsonRoundTrip) {
   for (const auto& [key, value, needle] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"hidden_act", R"("gelu")", "hidden_act=\"gelu\" is not supported"},
            {"attention_bias", "true", "attention_bias=true is not supported"},
-           {"mlp_bias", "true", "mlp_bias=true is not supported"}}) {
+           {"mlp_bias", "true", "mlp_bias=true is not supported"},
+           // (from a probe) a float head_dim skipped the check; one that is not hidden / heads fails
+           {"head_dim", "8.0", "head_dim=8.0 is not hidden_size/num_attention_heads"},
+           {"head_dim", "3", "head_dim=3 is not hidden_size/num_attention_heads"}}) {
     json::Value x = json::parse(v.dump());
     x[key] = json::parse(value);
     try {
