@@ -286,9 +286,10 @@ AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tenso
                                  bool use_flex) const {
   std::vector<int64_t> d;
   if (doc_ids.defined()) {
-    KILN_CHECK(past == 0, "LlamaModel: document ids cannot be combined with a KV cache");
     KILN_CHECK(doc_ids.dim() == 2 && doc_ids.size(0) == B && doc_ids.size(1) == T, "LlamaModel: doc_ids has shape ",
                doc_ids.shape(), ", expected [", B, ", ", T, "]");
+    // Ids are integers: a float id was truncated (0.5 joined document 0).
+    KILN_CHECK(is_integral(doc_ids.dtype()), "LlamaModel: doc_ids must be integers, got ", dtype_name(doc_ids.dtype()));
     d = doc_ids.to(DType::i64).to_vector<int64_t>();
   }
   const int64_t window = config.sliding_window;
@@ -339,6 +340,9 @@ Tensor LlamaModel::forward(const Tensor& ids, const Tensor& doc_ids, KVCache* ca
   KILN_CHECK(ids.dim() == 2, "LlamaModel: ids must be [batch, seq], got shape ", ids.shape());
   const int64_t B = ids.size(0), T = ids.size(1);
   const int64_t past = cache ? cache->length() : 0;
+  // With any cache, the prefill included: its K/V would be attended across documents by the
+  // decode steps after it (the check was past > 0 only).
+  KILN_CHECK(!(doc_ids.defined() && cache), "LlamaModel: document ids cannot be combined with a KV cache");
   if (cache && !(cache->k.empty() && cache->v.empty())) {
     // A cache from an earlier call of this model: every layer's K and V [B, Hkv, past, head_dim]
     // (an inconsistent one segfaulted in the attention's concatenation).

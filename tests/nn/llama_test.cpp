@@ -13,6 +13,7 @@
 #include "kiln/nn/generate.h"
 #include "kiln/nn/llama.h"
 #include "kiln/ops/ops.h"
+#include "tests/ops/harness.h"
 
 using namespace kiln;
 using namespace kiln::nn;
@@ -243,6 +244,11 @@ TEST(Llama, DocumentMaskIsolatesDocuments) {
   bool differs = false;
   for (size_t i = 0; i < 3 * V; ++i) differs = differs || l1[i] != l2[i];
   EXPECT_TRUE(differs);
+  // (From a probe) float ids were truncated (0.5 joined document 0), and a document-masked
+  // prefill into a KV cache was allowed (the decode steps after it attend across documents).
+  EXPECT_KILN_ERROR(m.logits(from_vector(ids, {1, 8}), docs.to(DType::f32)), "doc_ids must be integers", "f32");
+  KVCache cache = m.make_cache();
+  EXPECT_KILN_ERROR(m.logits(from_vector(ids, {1, 8}), docs, &cache), "cannot be combined with a KV cache");
 }
 
 TEST(Llama, BadConfigValuesGiveClearMessages) {
