@@ -39,9 +39,8 @@ bool ends_mid_character(std::string_view text) {
   size_t i = text.size(), tail = 0;
   while (i > 0 && tail < 3 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) --i, ++tail;
   if (i == 0) return tail > 0;
-  const auto lead = static_cast<unsigned char>(text[i - 1]);
-  const size_t want = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;  // continuation bytes it needs
-  return lead >= 0xC0 && tail < want;
+  const int len = json::utf8_lead_length(static_cast<unsigned char>(text[i - 1]));
+  return len > 1 && tail + 1 < static_cast<size_t>(len);  // fewer bytes than its lead byte announces
 }
 
 std::string displayable(std::string_view text) {

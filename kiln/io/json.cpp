@@ -26,9 +26,13 @@ const char* kind_name(Value::Kind k) {
 }
 }  // namespace
 
+int utf8_lead_length(unsigned char b0) {
+  return b0 < 0x80 ? 1 : (b0 >> 5) == 0x6 ? 2 : (b0 >> 4) == 0xE ? 3 : (b0 >> 3) == 0x1E ? 4 : 0;
+}
+
 size_t utf8_sequence_length(std::string_view s, size_t i) {
   const auto b0 = static_cast<unsigned char>(s[i]);
-  const int len = b0 < 0x80 ? 1 : (b0 >> 5) == 0x6 ? 2 : (b0 >> 4) == 0xE ? 3 : (b0 >> 3) == 0x1E ? 4 : 0;
+  const int len = utf8_lead_length(b0);
   if (len == 0 || i + static_cast<size_t>(len) > s.size()) return 0;
   uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1Fu) : len == 3 ? (b0 & 0x0Fu) : (b0 & 0x07u);
   for (int k = 1; k < len; ++k) {
@@ -48,6 +52,12 @@ size_t invalid_utf8_at(std::string_view s) {
     i += n;
   }
   return std::string_view::npos;
+}
+
+void check_utf8(std::string_view s, std::string_view what, std::string_view why) {
+  const size_t bad = invalid_utf8_at(s);
+  KILN_CHECK(bad == std::string_view::npos, what, " is not valid UTF-8 (byte ", bad, ")", why.empty() ? "" : ": ",
+             why);
 }
 
 #define KILN_JSON_EXPECT(cond, kindword) \
@@ -103,9 +113,7 @@ size_t Value::size() const {
 
 std::string quote(std::string_view s) {
   // JSON text is UTF-8: raw bytes would make a file that no reader (kiln's included) accepts.
-  const size_t bad = invalid_utf8_at(s);
-  KILN_CHECK(bad == std::string_view::npos, "JSON: cannot write a string that is not valid UTF-8 (byte ", bad, " of ",
-             s.size(), ")");
+  check_utf8(s, "JSON: a string to write");
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {

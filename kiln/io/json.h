@@ -77,10 +77,15 @@ Value parse(std::string_view text, const ParseOptions& options = {});
 // Escapes a string as a JSON string literal (with the quotes); a string that is not valid UTF-8
 // is a kiln::Error (no reader would take the file).
 std::string quote(std::string_view s);
+// The length (1 to 4) a UTF-8 sequence starting with byte b0 has; 0 for a continuation byte or
+// one that starts none.
+int utf8_lead_length(unsigned char b0);
 // The bytes of the valid UTF-8 sequence at s[i] (1 to 4), 0 when none starts there (overlong
 // forms, surrogates and code points past U+10FFFF are invalid).
 size_t utf8_sequence_length(std::string_view s, size_t i);
 // The offset of the first byte that is not valid UTF-8, npos when the whole string is.
 size_t invalid_utf8_at(std::string_view s);
+// kiln::Error "<what> is not valid UTF-8 (byte N)[: <why>]" unless s is valid UTF-8.
+void check_utf8(std::string_view s, std::string_view what, std::string_view why = {});
 
 }  // namespace kiln::json

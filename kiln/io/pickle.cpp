@@ -224,11 +224,9 @@ class Machine {
     r->s = std::string(bytes(len));
     // A str is UTF-8 in a pickle: Python's unpickler refuses other bytes, and a name kept with
     // them made safetensors that no reader took (convert wrote one).
-    if (k == Object::Kind::string) {
-      const size_t bad = json::invalid_utf8_at(r->s);
-      KILN_CHECK(bad == std::string::npos, what_, ": pickle string of ", len, " bytes is not valid UTF-8 (byte ", bad,
-                 "; malformed pickle)");
-    }
+    if (k == Object::Kind::string)
+      json::check_utf8(r->s, std::string(what_) + ": pickle string of " + std::to_string(len) + " bytes",
+                       "malformed pickle");
     push(r);
   }
   void need(size_t k, const char* op) {

@@ -129,14 +129,13 @@ std::string safetensors_header_bytes(const StoredTensors& tensors, const Metadat
     KILN_CHECK(d != nullptr, "save_safetensors: tensor '", s.name, "': unknown dtype \"", s.dtype, "\"");
     KILN_CHECK(s.name != "__metadata__", "save_safetensors: a tensor may not be named \"__metadata__\"");
     // The header is JSON, which readers (kiln's, Python's) refuse with raw non-UTF-8 bytes.
-    KILN_CHECK(json::invalid_utf8_at(s.name) == std::string::npos, "save_safetensors: the name of tensor ",
-               dts.size(), " is not valid UTF-8 (byte ", json::invalid_utf8_at(s.name), ")");
+    json::check_utf8(s.name, "save_safetensors: the name of tensor " + std::to_string(dts.size()));
     dts.push_back(d);
   }
-  for (const auto& [k, v] : metadata)
-    KILN_CHECK(json::invalid_utf8_at(k) == std::string::npos && json::invalid_utf8_at(v) == std::string::npos,
-               "save_safetensors: metadata entry ", json::invalid_utf8_at(k) == std::string::npos ? "'" + k + "'" : "",
-               " is not valid UTF-8");
+  for (const auto& [k, v] : metadata) {
+    json::check_utf8(k, "save_safetensors: a metadata key");
+    json::check_utf8(v, "save_safetensors: metadata entry '" + k + "'");
+  }
   // Descending alignment, then name: every tensor starts aligned to its element size.
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     uint64_t la = format_alignment(*dts[a]), lb = format_alignment(*dts[b]);

@@ -108,9 +108,7 @@ void TrainConfig::validate() const {
   // prompt or path with other bytes made a run that could never be resumed.
   for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"data", &data}, {"tokenizer", &tokenizer},
                                    {"prompt", &prompt}, {"out", &out}, {"resume", &resume}})
-    KILN_CHECK(json::invalid_utf8_at(*value) == std::string::npos, "config: ", key,
-               " is not valid UTF-8 (byte ", json::invalid_utf8_at(*value),
-               "): kiln stores a run's settings as JSON, which needs UTF-8");
+    json::check_utf8(*value, std::string("config: ") + key, "kiln stores a run's settings as JSON, which needs UTF-8");
   KILN_CHECK(attention == "auto" || attention == "reference" || attention == "flex", "config: attention='", attention,
              "' is not one of: auto, reference, flex");
   if (attention_mask.rfind("window:", 0) == 0) {
