@@ -75,6 +75,8 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   if (!impl) return {};
   std::lock_guard<std::mutex> lock(impl->autograd->mutex);
   Tensor leaf(impl);
+  // A leaf that stopped requiring grad after the graph was built gets no .grad (as PyTorch).
+  if (!leaf.requires_grad()) return {};
   Tensor g = grads.at(0);
   Tensor existing = leaf.grad();
   if (!existing.defined()) {

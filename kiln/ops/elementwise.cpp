@@ -110,8 +110,9 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor y = binary_raw(BinaryOp::mul, a, b, "mul");
   if (any_requires_grad({a, b})) {
-    SavedTensor sa(a), sb(b);
     bool ga = a.requires_grad(), gb = b.requires_grad();
+    // Each side's gradient reads the other side only: a side is saved when the other needs it.
+    SavedTensor sa(gb ? a : Tensor()), sb(ga ? b : Tensor());
     Shape sha = a.shape(), shb = b.shape();
     record("mul", {a, b}, y, [=](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{ga ? sum_to(mul(g[0], sb.get("mul")), sha) : Tensor(),
@@ -134,8 +135,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   }
   Tensor y = binary_raw(BinaryOp::div, a, b, "div");
   if (any_requires_grad({a, b})) {
-    SavedTensor sa(a), sb(b);
     bool ga = a.requires_grad(), gb = b.requires_grad();
+    SavedTensor sa(gb ? a : Tensor()), sb(b);  // a only for b's gradient
     Shape sha = a.shape(), shb = b.shape();
     record("div", {a, b}, y, [=](const std::vector<Tensor>& g) {
       Tensor bb = sb.get("div");

@@ -289,3 +289,32 @@ TEST(Autograd, OpsSaveOnlyWhatTheirGradientReads) {
   }
   EXPECT_KILN_ERROR(sum(l).backward(), "log backward", "modified by an in-place operation");
 }
+
+TEST(Autograd, ProductsSaveOnlyTheSideTheOtherGradientReads) {
+  // y = a * b and a / b with only a requiring grad: b is saved, a is not (its memory is not kept
+  // for the backward), as in PyTorch. b's side of a division reads a: saved when b requires grad.
+  for (const char* op : {"mul", "div", "div b"}) {
+    SCOPED_TRACE(op);
+    const bool division = op[0] == 'd', b_side = op[4] == 'b';
+    Tensor leaf = full({3}, 2.0, DType::f64).requires_grad_();
+    Tensor a = b_side ? full({3}, 3.0, DType::f64) : mul(leaf, 1.0);
+    Tensor b = b_side ? mul(leaf, 1.0) : full({3}, 4.0, DType::f64);
+    auto a_storage = a.storage(), b_storage = b.storage();
+    Tensor y = division ? div(a, b) : mul(a, b);
+    a = Tensor(), b = Tensor();
+    EXPECT_EQ(a_storage.use_count(), b_side ? 2 : 1);  // here and in y's saved tensors, or here only
+    EXPECT_EQ(b_storage.use_count(), 2);
+    sum(y).backward();
+    const double expected = b_side ? -3.0 / 4.0 : division ? 0.25 : 4.0;
+    EXPECT_EQ(vals(leaf.grad()), (std::vector<double>(3, expected)));
+  }
+}
+
+TEST(Autograd, ALeafThatStopsRequiringGradGetsNoGradient) {
+  Tensor w = ones({3}, DType::f64).requires_grad_(), v = ones({3}, DType::f64).requires_grad_();
+  Tensor y = sum(add(mul(w, 2.0), mul(v, 3.0)));
+  w.requires_grad_(false);  // after the graph was built: PyTorch's AccumulateGrad then skips it
+  y.backward();
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_EQ(vals(v.grad()), (std::vector<double>{3, 3, 3}));
+}
