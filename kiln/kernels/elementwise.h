@@ -61,7 +61,7 @@ KILN_HD A unary_math(A x, A s) {
     A u = kSqrt2OverPi * (x + A(0.044715) * x * x * x);
     A t = tanh(u);
     return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * kSqrt2OverPi * (A(1) + A(3 * 0.044715) * x * x);
-  } else if constexpr (Op == UnaryOp::step) return x > A(0) ? A(1) : A(0);
+  } else if constexpr (Op == UnaryOp::step) return x <= A(0) ? A(0) : A(1);  // NaN: 1, as torch's threshold_backward
   else return x;
 }
 

@@ -120,21 +120,7 @@ struct MeanDivisor {
 };
 MeanDivisor mean_divisor(const Tensor& target, int64_t v, const LinearCrossEntropyOptions& o) {
   const Device dev = target.device();
-  const int64_t ii = o.ignore_index;
-  Tensor keep;
-  const bool fits = target.dtype() == DType::i64 ||
-                    (ii >= std::numeric_limits<int32_t>::min() && ii <= std::numeric_limits<int32_t>::max());
-  if (!fits) {
-    keep = ones({target.numel()}, DType::f64, dev);  // no i32 target equals it: nothing is ignored
-  } else {
-    // Exact as an integer: through a double past 2^53 the ignored value would round, and the
-    // count would take rows the kernel ignores (a copy to the device only then; full() needs none).
-    constexpr int64_t kExactInDouble = int64_t{1} << 53;
-    const Tensor ignore = ii >= -kExactInDouble && ii <= kExactInDouble
-                              ? full({}, static_cast<double>(ii), target.dtype(), dev)
-                              : from_vector(std::vector<int64_t>{ii}, {}).to(dev);
-    keep = ne(target, ignore).to(DType::f64);
-  }
+  const Tensor keep = detail::not_ignored(target, o.ignore_index);  // exact for any ignore_index
   Tensor count = sum(keep);
   if (!o.weight.defined()) return {count, count};
   Tensor idx = minimum(maximum(target, zeros({}, target.dtype(), dev)),

@@ -1,6 +1,10 @@
 // cross_entropy (the unfused reference loss, PyTorch semantics: ignore_index, reduction,
-// label_smoothing) with a fused row kernel forward and backward, and parse_reduction.
+// label_smoothing) with a fused row kernel forward and backward, parse_reduction, and the
+// ignore_index mask its mean shares with linear_cross_entropy (detail::not_ignored).
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
@@ -10,6 +14,22 @@
 #include "kiln/ops/ops.h"
 
 namespace kiln {
+
+// ---- ignore_index mask (index_check.h) ----
+
+Tensor detail::not_ignored(const Tensor& ids, int64_t ignore) {
+  const Device dev = ids.device();
+  const bool fits = ids.dtype() == DType::i64 ||
+                    (ignore >= std::numeric_limits<int32_t>::min() && ignore <= std::numeric_limits<int32_t>::max());
+  if (!fits) return ones(ids.shape(), DType::f64, dev);  // no i32 id equals it: nothing is ignored
+  // Exact as an integer: past 2^53 through a double the value would round (a copy to the
+  // device only then; full() needs none).
+  constexpr int64_t kExactInDouble = int64_t{1} << 53;
+  const Tensor value = ignore >= -kExactInDouble && ignore <= kExactInDouble
+                           ? full({}, static_cast<double>(ignore), ids.dtype(), dev)
+                           : from_vector(std::vector<int64_t>{ignore}, {}).to(dev);
+  return ne(ids, value).to(DType::f64);
+}
 
 Reduction parse_reduction(const std::string& s) {
   if (s == "none") return Reduction::none;
@@ -52,7 +72,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
     if (n > 0)
       KILN_DEVICE_CALL(lc.device(), cross_entropy_forward, rows, lse, lc, tc, o.ignore_index, o.label_smoothing);
     if (o.reduction == Reduction::mean)
-      count = sum(ne(tc, full({}, static_cast<double>(o.ignore_index), tc.dtype(), tc.device())).to(sd));
+      count = sum(detail::not_ignored(tc, o.ignore_index)).to(sd);
     if (o.reduction == Reduction::none) out = rows.to(logits.dtype());
     else if (o.reduction == Reduction::sum) out = sum(rows).to(logits.dtype());
     else out = div(sum(rows), count).to(logits.dtype());

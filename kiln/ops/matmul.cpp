@@ -103,7 +103,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              " differ from weight's in_features ", weight.size(1), " (input ", x.shape(), ", weight ", weight.shape(), ")");
   Shape out_shape = x.shape();
   out_shape.back() = weight.size(0);
-  Tensor y = matmul(x.reshape({-1, weight.size(1)}), weight.t()).reshape(out_shape);
+  // The rows counted, not inferred: with in_features 0, -1 is ambiguous for 0 elements (torch: zeros).
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  Tensor y = matmul(x.reshape({rows, weight.size(1)}), weight.t()).reshape(out_shape);
   if (bias.defined()) {
     KILN_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias must be [", weight.size(0), "], got ",
                bias.shape());

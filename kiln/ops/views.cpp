@@ -135,9 +135,11 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   int64_t w = wrap_dim(d, dim(), "narrow");
   int64_t n = shape()[static_cast<size_t>(w)];
-  KILN_CHECK(start >= 0 && length >= 0 && start <= n && length <= n - start, "narrow: start ", start, " + length ",
-             length, " exceeds size ", n, " of dim ", d, " (both must be >= 0)");
-  return slice(w, start, start + length);
+  // As torch: start in [-n, n], a negative one counted from the end.
+  const int64_t s0 = start < 0 ? start + n : start;
+  KILN_CHECK(start >= -n && start <= n && length >= 0 && length <= n - s0, "narrow: start ", start, " + length ",
+             length, " exceeds size ", n, " of dim ", d, " (start must be in [", -n, ", ", n, "], length >= 0)");
+  return slice(w, s0, s0 + length);
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {

@@ -82,6 +82,18 @@ TEST(Unary, ReluKeepsNaN) {
     }
 }
 
+// relu's backward as torch's threshold_backward on the result: the gradient passes where
+// !(relu(x) <= 0), so at a NaN input too (x > 0 ? 1 : 0 gave 0); 0 at 0 and below.
+TEST(Unary, ReluBackwardPassesGradientAtNaN) {
+  for (Device dev : test_devices())
+    for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+      Tensor x = from_vector<double>({NAN, -1, 0, -0.0, 2}, {5}).to(dt).to(dev).requires_grad_();
+      sum(relu(x)).backward();
+      EXPECT_EQ(x.grad().to(DType::f64).to_vector<double>(), (std::vector<double>{1, 0, 0, 0, 1}))
+          << dev.str() << " " << dtype_name(dt);
+    }
+}
+
 namespace {
 
 struct BinaryCase {

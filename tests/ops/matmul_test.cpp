@@ -79,6 +79,40 @@ TEST(Matmul, Harness) {
   check_op({"linear", {{{3, 5}}, {{2, 5}}}, [](const std::vector<Tensor>& v) { return linear(v[0], v[1]); }, all, true, true, 4.0});
 }
 
+// An empty inner dim (k = 0) gives zeros, as torch, plus the bias for linear, with gradients
+// of the operands' empty shapes (linear's reshape to [-1, 0] was an error for 0 elements).
+TEST(Matmul, EmptyInnerDimGivesZeros) {
+  for (Device dev : test_devices()) {
+    auto is_zeros = [](const Tensor& t) {
+      for (double v : t.to_vector<double>())
+        if (v != 0.0) return false;
+      return true;
+    };
+    Tensor x = zeros({2, 0}, DType::f32, dev).requires_grad_(), w = zeros({3, 0}, DType::f32, dev).requires_grad_();
+    Tensor y = linear(x, w);
+    ASSERT_EQ(y.shape(), (Shape{2, 3}));
+    EXPECT_TRUE(is_zeros(y));
+    sum(y).backward();
+    EXPECT_EQ(x.grad().shape(), (Shape{2, 0}));
+    EXPECT_EQ(w.grad().shape(), (Shape{3, 0}));
+    Tensor b = from_vector<float>({1, 2, 3}, {3}).to(dev).requires_grad_();
+    Tensor yb = linear(zeros({4, 5, 0}, DType::f32, dev), w.detach(), b);
+    ASSERT_EQ(yb.shape(), (Shape{4, 5, 3}));
+    EXPECT_EQ(sum(yb, {0, 1}).to_vector<float>(), (std::vector<float>{20, 40, 60}));
+    sum(yb).backward();
+    EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{20, 20, 20}));
+    EXPECT_EQ(linear(zeros({0}, DType::f32, dev), w.detach(), b).to_vector<float>(), (std::vector<float>{1, 2, 3}));
+    Tensor a = zeros({2, 3, 0}, DType::f32, dev).requires_grad_(), m = zeros({2, 0, 4}, DType::f32, dev).requires_grad_();
+    Tensor ym = matmul(a, m);
+    ASSERT_EQ(ym.shape(), (Shape{2, 3, 4}));
+    EXPECT_TRUE(is_zeros(ym));
+    EXPECT_TRUE(is_zeros(matmul(a.detach(), zeros({0, 4}, DType::f32, dev))));
+    sum(ym).backward();
+    EXPECT_EQ(a.grad().shape(), (Shape{2, 3, 0}));
+    EXPECT_EQ(m.grad().shape(), (Shape{2, 0, 4}));
+  }
+}
+
 TEST(MatmulErrors, NameOpAndValues) {
   EXPECT_KILN_ERROR(matmul(zeros({2, 3}), zeros({4, 5})), "matmul", "3", "4");
   EXPECT_KILN_ERROR(matmul(zeros({2, 3}), zeros({3, 2}, DType::f64)), "matmul", "f32", "f64");

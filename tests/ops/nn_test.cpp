@@ -262,6 +262,33 @@ TEST(CrossEntropy, AllIgnoredMeanIsNaN) {
   }
 }
 
+// The mean's divisor with an ignore_index a double or an i32 target cannot hold (from a probe):
+// one past 2^53 rounded to 2^53 and counted the ignored row (the mean over 3 rows, not 2), and
+// one outside i32 with i32 targets was an error of `full` (torch ignores nothing there).
+TEST(CrossEntropy, IgnoreIndexPastDoubleOrI32) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices()) {
+    const int64_t c = 4, big = (int64_t{1} << 53) + 1;
+    Tensor x = randn({3, c}, gen, DType::f64, dev);
+    CrossEntropyOptions o;
+    o.ignore_index = big;
+    const std::vector<int64_t> tv{1, big, 2};
+    Tensor xg = x.detach().requires_grad_();
+    Tensor y = cross_entropy(xg, from_vector(tv, {3}, dev), o);
+    EXPECT_NEAR(y.item(), ce_reference(v64(x), tv, 3, c, o, nullptr), 1e-12);
+    y.backward();
+    CrossEntropyOptions small;
+    small.ignore_index = -7;
+    Tensor xs = x.detach().requires_grad_();
+    cross_entropy(xs, from_vector(std::vector<int64_t>{1, -7, 2}, {3}, dev), small).backward();
+    EXPECT_TRUE(all_close(xg.grad(), xs.grad(), {1e-12, 1e-12}, "grad with ignore_index 2^53 + 1"));
+    o.ignore_index = int64_t{1} << 40;
+    const std::vector<int64_t> t32{1, 0, 2};
+    EXPECT_NEAR(cross_entropy(x, from_vector(std::vector<int32_t>{1, 0, 2}, {3}, dev), o).item(),
+                ce_reference(v64(x), t32, 3, c, o, nullptr), 1e-12);
+  }
+}
+
 TEST(CrossEntropy, Harness) {
   for (Reduction red : {Reduction::none, Reduction::mean, Reduction::sum}) {
     for (double ls : {0.0, 0.2}) {

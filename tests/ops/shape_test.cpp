@@ -97,6 +97,28 @@ TEST(CatSplitStack, ValuesAndGradients) {
             }});
 }
 
+// narrow takes start in [-size, size] as torch, a negative one counted from the end (it was
+// refused); past that range it stays an error.
+TEST(Views, NarrowWrapsNegativeStart) {
+  for (Device dev : test_devices()) {
+    Tensor x = iota({2, 5}, dev);
+    Tensor y = x.narrow(1, -2, 2);
+    ASSERT_EQ(y.shape(), (Shape{2, 2}));
+    EXPECT_EQ(vals(y), (std::vector<double>{3, 4, 8, 9}));
+    EXPECT_EQ(vals(x.narrow(-1, -5, 1)), (std::vector<double>{0, 5}));
+    EXPECT_EQ(x.narrow(1, -5, 5).shape(), (Shape{2, 5}));
+    EXPECT_EQ(x.narrow(1, 5, 0).shape(), (Shape{2, 0}));
+    Tensor g = x.detach().requires_grad_();
+    sum(g.narrow(1, -2, 2)).backward();
+    EXPECT_EQ(vals(g.grad()), (std::vector<double>{0, 0, 0, 1, 1, 0, 0, 0, 1, 1}));
+    EXPECT_KILN_ERROR(x.narrow(1, -6, 1), "narrow", "start -6", "[-5, 5]");
+    EXPECT_KILN_ERROR(x.narrow(1, -2, 3), "narrow", "start -2 + length 3", "exceeds size 5");
+    EXPECT_KILN_ERROR(x.narrow(1, 6, 0), "narrow", "start 6");
+    EXPECT_KILN_ERROR(x.narrow(1, -1, -1), "narrow", "length -1");
+    EXPECT_KILN_ERROR(x.narrow(1, INT64_MIN, 1), "narrow", "exceeds");
+  }
+}
+
 TEST(ShapeErrors, NameOpAndValues) {
   Tensor x = zeros({2, 3});
   EXPECT_KILN_ERROR(x.view({4, 2}), "view", "[4, 2]", "6");
