@@ -2,6 +2,7 @@
 // backward calls, NoGradGuard, detach, retain_graph, version checks on saved tensors, in-place
 // rules, requires_grad rules, non-scalar backward, and gradients of views.
 #include <cmath>
+#include <string_view>
 #include <thread>
 
 #include "kiln/autograd/grad_mode.h"
@@ -293,9 +294,9 @@ TEST(Autograd, OpsSaveOnlyWhatTheirGradientReads) {
 TEST(Autograd, ProductsSaveOnlyTheSideTheOtherGradientReads) {
   // y = a * b and a / b with only a requiring grad: b is saved, a is not (its memory is not kept
   // for the backward), as in PyTorch. b's side of a division reads a: saved when b requires grad.
-  for (const char* op : {"mul", "div", "div b"}) {
+  for (std::string_view op : {"mul", "div", "div b"}) {
     SCOPED_TRACE(op);
-    const bool division = op[0] == 'd', b_side = op[4] == 'b';
+    const bool division = op.starts_with("div"), b_side = op.ends_with(" b");
     Tensor leaf = full({3}, 2.0, DType::f64).requires_grad_();
     Tensor a = b_side ? full({3}, 3.0, DType::f64) : mul(leaf, 1.0);
     Tensor b = b_side ? mul(leaf, 1.0) : full({3}, 4.0, DType::f64);
