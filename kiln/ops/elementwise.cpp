@@ -232,8 +232,10 @@ Tensor abs(const Tensor& a) {
   });
 }
 Tensor relu(const Tensor& a) {
+  // The gradient is selected, not multiplied, as PyTorch's threshold_backward: 0 where x <= 0
+  // even for an inf or NaN gradient (g · 0 gave NaN), g where x > 0 or x is NaN.
   return unary_op(UnaryOp::relu, a, "relu", Saves::input, [](const Tensor& g, const Tensor& x, const Tensor&) {
-    return mul(g, unary_raw(UnaryOp::step, x, 0, "relu_backward"));
+    return masked_fill(g, le(x, full({}, 0.0, x.dtype(), x.device())), 0.0);
   });
 }
 

@@ -137,8 +137,11 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   int64_t n = shape()[static_cast<size_t>(w)];
   // As torch: start in [-n, n], a negative one counted from the end.
   const int64_t s0 = start < 0 ? start + n : start;
-  KILN_CHECK(start >= -n && start <= n && length >= 0 && length <= n - s0, "narrow: start ", start, " + length ",
-             length, " exceeds size ", n, " of dim ", d, " (start must be in [", -n, ", ", n, "], length >= 0)");
+  KILN_CHECK(start >= -n && start <= n, "narrow: start ", start, " out of range [", -n, ", ", n, "] for dim ", d,
+             " of size ", n);
+  KILN_CHECK(length >= 0 && length <= n - s0, "narrow: start ", start,
+             start < 0 ? " (" + std::to_string(s0) + " from the front)" : std::string(), " + length ", length,
+             " exceeds size ", n, " of dim ", d, " (length must be >= 0)");
   return slice(w, s0, s0 + length);
 }
 

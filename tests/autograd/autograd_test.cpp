@@ -293,8 +293,9 @@ TEST(Autograd, OpsSaveOnlyWhatTheirGradientReads) {
 
 TEST(Autograd, ProductsSaveOnlyTheSideTheOtherGradientReads) {
   // y = a * b and a / b with only a requiring grad: b is saved, a is not (its memory is not kept
-  // for the backward), as in PyTorch. b's side of a division reads a: saved when b requires grad.
-  for (std::string_view op : {"mul", "div", "div b"}) {
+  // for the backward), as in PyTorch; with only b requiring grad ("... b"), a product saves a and
+  // not b. b's side of a division reads a and b: both saved.
+  for (std::string_view op : {"mul", "mul b", "div", "div b"}) {
     SCOPED_TRACE(op);
     const bool division = op.starts_with("div"), b_side = op.ends_with(" b");
     Tensor leaf = full({3}, 2.0, DType::f64).requires_grad_();
@@ -304,9 +305,9 @@ TEST(Autograd, ProductsSaveOnlyTheSideTheOtherGradientReads) {
     Tensor y = division ? div(a, b) : mul(a, b);
     a = Tensor(), b = Tensor();
     EXPECT_EQ(a_storage.use_count(), b_side ? 2 : 1);  // here and in y's saved tensors, or here only
-    EXPECT_EQ(b_storage.use_count(), 2);
+    EXPECT_EQ(b_storage.use_count(), b_side && !division ? 1 : 2);
     sum(y).backward();
-    const double expected = b_side ? -3.0 / 4.0 : division ? 0.25 : 4.0;
+    const double expected = b_side ? (division ? -3.0 / 4.0 : 3.0) : division ? 0.25 : 4.0;
     EXPECT_EQ(vals(leaf.grad()), (std::vector<double>(3, expected)));
   }
 }

@@ -91,6 +91,14 @@ TEST(Unary, ReluBackwardPassesGradientAtNaN) {
       sum(relu(x)).backward();
       EXPECT_EQ(x.grad().to(DType::f64).to_vector<double>(), (std::vector<double>{1, 0, 0, 0, 1}))
           << dev.str() << " " << dtype_name(dt);
+      // An inf or NaN gradient where x <= 0 still gives 0 (selected, as threshold_backward; g · 0 was NaN).
+      Tensor w = from_vector<double>({-1, 0, 3}, {3}).to(dt).to(dev).requires_grad_();
+      Tensor g = from_vector<double>({INFINITY, NAN, INFINITY}, {3}).to(dt).to(dev);
+      sum(mul(relu(w), g)).backward();
+      const std::vector<double> wg = w.grad().to(DType::f64).to_vector<double>();
+      EXPECT_EQ(wg[0], 0.0) << dev.str() << " " << dtype_name(dt);
+      EXPECT_EQ(wg[1], 0.0) << dev.str() << " " << dtype_name(dt);
+      EXPECT_EQ(wg[2], INFINITY) << dev.str() << " " << dtype_name(dt);
     }
 }
 
