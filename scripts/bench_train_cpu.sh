@@ -7,9 +7,8 @@
 # Both train on the same text, DATA (default: README.md and docs/*.md concatenated), tokenized by
 # kiln's byte tokenizer, so their first/final losses are comparable (DATA=random: kiln on its
 # embedded default corpus, torch on random bytes, the old behaviour).
-# kiln's tokens/s is measured over the steps after WARMUP (from metrics.jsonl: tokens and
-# elapsed_s between the warm-up step and the last step; no eval, no sample, the final
-# checkpoint is not timed).
+# kiln's tokens/s is measured over the steps after WARMUP (scripts/train_throughput.py reads
+# metrics.jsonl; no eval, no sample, the final checkpoint is not timed).
 #   usage: scripts/bench_train_cpu.sh THREADS [STEPS=30] [WARMUP=3]
 # Expects build/cpu/kiln or build/cuda/kiln (KILN=path overrides), python3 with torch.
 set -euo pipefail
@@ -32,16 +31,6 @@ if [ "$DATA" != random ]; then KILN_DATA=(--data "$DATA"); TORCH_DATA=(--data "$
 OMP_NUM_THREADS=$THREADS taskset -c "$CORES" "$KILN" train --device cpu --preset small \
   --steps $((STEPS + WARMUP)) --warmup -1 --eval-every 0 --sample-tokens 0 --log-every 1 \
   --ckpt-every 0 "${KILN_DATA[@]}" --out "$RUN/kiln" >&2
-python3 - "$RUN/kiln/metrics.jsonl" "$THREADS" "$WARMUP" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-threads, warm = int(sys.argv[2]), int(sys.argv[3])
-a = next(r for r in rows if r["step"] == warm)
-b = rows[-1]
-print(json.dumps({"impl": "kiln", "threads": threads,
-                  "tokens_per_s": (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"]),
-                  "steps": b["step"] - a["step"], "warmup_steps": warm, "batch": 8, "seq": 128,
-                  "first_loss": rows[0]["loss"], "final_loss": b["loss"]}), flush=True)
-PY
+python3 scripts/train_throughput.py "$RUN/kiln/metrics.jsonl" "$WARMUP" device=cpu threads="$THREADS" batch=8 seq=128
 OMP_NUM_THREADS=$THREADS taskset -c "$CORES" python3 scripts/bench_train_torch.py --threads "$THREADS" \
   --steps "$STEPS" --warmup "$WARMUP" "${TORCH_DATA[@]}"

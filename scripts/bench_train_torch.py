@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""The PyTorch CPU peer of `kiln train --device cpu --preset small` (issue 3's CPU benchmark).
+"""The PyTorch peer of `kiln train`: by default on the CPU for `--preset small` (issue 3's CPU
+benchmark); with --device cuda on the GPU, in bf16 autocast on f32 weights as kiln trains there,
+eager or torch.compile'd (--compile), with fused AdamW (scripts/bench_train_gpu.sh runs it at the
+shapes of kiln's GPU presets).
 
 Builds the same Llama as kiln's `small` preset (kiln/train/config.cpp, kiln/nn/llama.cpp):
 hidden 128, 4 layers, 4 heads, 2 kv heads (GQA), SwiGLU 352, RMSNorm (eps 1e-5), RoPE (theta
@@ -12,7 +15,7 @@ is the mean cross-entropy over the next tokens. Data: random byte windows (seede
 tokens, at least seq+1, are kiln's validation split and never drawn), so the loss curve is
 comparable with `kiln train --data FILE` (the windows are drawn by a different generator).
 Trains --warmup steps untimed, then --steps timed steps, and prints one JSON line:
-  {"impl": "torch", "threads": T, "tokens_per_s": ..., ...}
+  {"impl": "torch", "threads": T, "tokens_per_s": ..., ...}  (on cuda also "peak_bytes")
 Needs torch (a benchmark peer, not a kiln dependency).
 """
 import argparse
@@ -62,8 +65,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.h, self.d).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = (q * cos + rotate_half(q) * sin).to(v.dtype)  # bf16 under autocast, as v (SDPA wants one dtype)
+        k = (k * cos + rotate_half(k) * sin).to(v.dtype)
         rep = self.h // self.hkv  # query head i uses kv head i // rep, as kiln's repeat_kv
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
@@ -151,7 +154,9 @@ def load_tokens(path, seq, val_fraction):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--threads", type=int, help="CPU threads (required on the CPU)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (cuda)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--batch", type=int, default=8)
@@ -175,14 +180,19 @@ def main():
     p.add_argument("--val-fraction", type=float, default=0.05, help="held-out tail of --data (kiln's default)")
     a = p.parse_args()
 
-    torch.set_num_threads(a.threads)
+    cuda = a.device == "cuda"
+    if not cuda and a.threads is None:
+        p.error("--threads is required on the CPU")
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    model = Llama(a)
+    model = Llama(a).to(a.device)
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+    run_model = torch.compile(model) if a.compile else model
     gen = torch.Generator().manual_seed(a.seed + 1)
     corpus = None
     if a.data:
@@ -199,11 +209,12 @@ def main():
         else:  # starts in [0, train_end - seq - 1], as kiln's window sampler
             starts = torch.randint(0, train_end - a.seq, (a.batch, 1), generator=gen)
             window = corpus[starts + offsets]
-        ids, targets = window[:, :-1], window[:, 1:]
+        ids, targets = window[:, :-1].to(a.device), window[:, 1:].to(a.device)
         for g in opt.param_groups:
             g["lr"] = lr_at(i, a, total)
-        logits = model(ids)
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab), targets.reshape(-1))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):  # kiln: bf16 on f32 weights
+            logits = run_model(ids)
+        loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), targets.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, a.clip)
@@ -213,6 +224,8 @@ def main():
     first = None
     for i in range(a.warmup):
         first = step(i)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     loss = None
     for i in range(a.warmup, total):
@@ -220,10 +233,13 @@ def main():
         first = loss if first is None else first
     dt = time.perf_counter() - t0
     tokens = a.steps * a.batch * a.seq
-    print(json.dumps({"impl": "torch", "threads": a.threads, "tokens_per_s": tokens / dt, "steps": a.steps,
-                      "warmup_steps": a.warmup, "batch": a.batch, "seq": a.seq, "parameters": nparams,
-                      "first_loss": first, "final_loss": loss, "data": a.data or "random bytes",
-                      "torch": torch.__version__}), flush=True)
+    rec = {"impl": "torch_compile" if a.compile else "torch", "device": a.device, "threads": a.threads,
+           "tokens_per_s": tokens / dt, "steps": a.steps, "warmup_steps": a.warmup, "batch": a.batch, "seq": a.seq,
+           "parameters": nparams, "first_loss": first, "final_loss": loss, "data": a.data or "random bytes",
+           "torch": torch.__version__}
+    if cuda:
+        rec["peak_bytes"] = torch.cuda.max_memory_allocated()
+    print(json.dumps(rec), flush=True)
     return 0
 
 

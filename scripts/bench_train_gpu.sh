@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# GPU training, kiln against PyTorch on the same model, batch and data: `kiln train --device
+# cuda --preset PRESET` (flex attention; with FUSED=1 also the fused loss) and
+# scripts/bench_train_torch.py --device cuda at that preset's shape (bf16 autocast on f32
+# weights, SDPA, fused AdamW), eager and torch.compile'd. Sequence 2048, batch 4 (BATCH, SEQ
+# override); all train on README.md and docs/*.md, tokenized by kiln's byte tokenizer.
+# Prints one JSON line per implementation (impl kiln, kiln_fused, torch, torch_compile): tokens/s
+# over the steps after WARMUP, peak bytes, first and final loss.
+#   usage: scripts/bench_train_gpu.sh PRESET [STEPS=20] [WARMUP=3]     (PRESET: 125m or 1b)
+# Expects build/cuda/kiln (KILN=path overrides) and python3 with torch on a CUDA machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PRESET=${1:?usage: scripts/bench_train_gpu.sh PRESET [STEPS] [WARMUP]}
+STEPS=${2:-20}
+WARMUP=${3:-3}
+BATCH=${BATCH:-4}
+SEQ=${SEQ:-2048}
+KILN=${KILN:-build/cuda/kiln}
+case "$PRESET" in  # kiln/train/config.cpp's shapes (both tie the embedding)
+  125m) shape=(--hidden 768 --layers 12 --heads 12 --kv-heads 4 --intermediate 2048 --tie) ;;
+  1b) shape=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --rope-theta 500000 --tie) ;;
+  *) echo "bench_train_gpu: PRESET must be 125m or 1b, got '$PRESET'" >&2; exit 2 ;;
+esac
+RUN=$(mktemp -d /tmp/kiln_bench_train_gpu.XXXXXX)
+trap 'rm -rf "$RUN"' EXIT
+DATA="$RUN/corpus.txt"
+cat README.md docs/*.md > "$DATA"
+
+kiln_run() {  # name, extra flags
+  local name=$1; shift
+  "$KILN" train --device cuda --preset "$PRESET" --steps $((STEPS + WARMUP)) --warmup -1 --seq "$SEQ" \
+    --batch "$BATCH" --eval-every 0 --sample-tokens 0 --log-every 1 --ckpt-every 0 --data "$DATA" \
+    --out "$RUN/$name" "$@" > "$RUN/$name.out" 2>&1 || { tail -5 "$RUN/$name.out" >&2; return 1; }
+  python3 scripts/train_throughput.py "$RUN/$name/metrics.jsonl" "$WARMUP" impl="$name" device=cuda \
+    preset="$PRESET" batch="$BATCH" seq="$SEQ"
+}
+kiln_run kiln || true
+if [ "${FUSED:-0}" = 1 ]; then kiln_run kiln_fused --fused-loss || true; fi
+for c in "" --compile; do
+  python3 scripts/bench_train_torch.py --device cuda $c --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
+    --seq "$SEQ" "${shape[@]}" --data "$DATA" --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
+done
