@@ -28,6 +28,19 @@ KILN_HD A sigmoid_of(A x) {
   return A(1) / (A(1) + exp(-x));
 }
 
+// SwiGLU, silu(g)·u, and its gradients for an incoming gradient d (ops swiglu: the Llama MLP's
+// product, fused): du = d·silu(g), dg = d·u·silu'(g), silu'(g) = σ(g)(1 + g(1 − σ(g))).
+template <class A>
+KILN_HD A swiglu_math(A g, A u) {
+  return g * sigmoid_of(g) * u;
+}
+template <class A>
+KILN_HD void swiglu_grad_math(A d, A g, A u, A& dg, A& du) {
+  const A sg = sigmoid_of(g);
+  du = d * (g * sg);
+  dg = d * u * (sg * (A(1) + g * (A(1) - sg)));
+}
+
 // The math of one unary op on the accumulation type A.
 template <UnaryOp Op, class A>
 KILN_HD A unary_math(A x, A s) {

@@ -33,7 +33,11 @@ namespace kiln::kernels {
                               const Tensor& target, const Tensor& lse, int64_t ignore_index,                \
                               double label_smoothing);                                                      \
   /* keep [n] (bool) = uniform(philox_element(seed, offset, i).v[0]) >= p. */                               \
-  void dropout_mask(const Tensor& keep, uint64_t seed, uint64_t offset, double p);
+  void dropout_mask(const Tensor& keep, uint64_t seed, uint64_t offset, double p);                          \
+  /* out = silu(gate)·up; dgate, dup from grad (one shape; swiglu_math of kernels/elementwise.h). */       \
+  void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);                             \
+  void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& grad, const Tensor& gate,      \
+                       const Tensor& up);
 
 namespace cpu {
 KILN_NN_KERNELS

@@ -228,7 +228,7 @@ LlamaMLP::LlamaMLP(const LlamaConfig& c, Generator& gen, Device device) {
 }
 
 Tensor LlamaMLP::forward(const Tensor& x) const {
-  return down_proj->forward(mul(silu(gate_proj->forward(x)), up_proj->forward(x)));
+  return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator& gen, Device device) {

@@ -1,4 +1,5 @@
-// Factories: zeros/ones/full/arange/rand/randn/from_vector.
+// Factories: zeros/ones/full/arange/rand/randn/from_vector, empty_in_layout.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -19,6 +20,19 @@ Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape,
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+
+Tensor empty_in_layout(const Shape& shape, const Strides& like, DType dtype, Device device) {
+  KILN_CHECK(like.size() == shape.size(), "empty_in_layout: ", like.size(), " strides for shape ", shape);
+  // The dims from the largest stride to the smallest (ties keep their order): allocated in that
+  // order, then permuted back into `shape`'s.
+  std::vector<int64_t> order(shape.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return like[a] > like[b]; });
+  Shape stored;
+  std::vector<int64_t> back(order.size());
+  for (size_t i = 0; i < order.size(); ++i) stored.push_back(shape[order[i]]), back[order[i]] = static_cast<int64_t>(i);
+  return Tensor::empty(stored, dtype, device).permute(back);
+}
 Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
 
 Tensor arange(double start, double end, double step, DType dtype, Device device) {

@@ -1,6 +1,6 @@
-// Neural-network ops: embedding, rms_norm, rotary_embedding (+ rotary_tables) and dropout —
-// argument checks, dispatch to kernels/nn.h, and their backward formulas. cross_entropy lives
-// in kiln/ops/loss.cpp.
+// Neural-network ops: embedding, rms_norm, swiglu, rotary_embedding (+ rotary_tables) and
+// dropout: argument checks, dispatch to kernels/nn.h, and their backward formulas.
+// cross_entropy lives in kiln/ops/loss.cpp.
 #include <cmath>
 #include <string>
 
@@ -113,6 +113,34 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return out;
 }
 
+// ---- swiglu ----
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  check_defined(gate, "swiglu", "gate");
+  check_defined(up, "swiglu", "up");
+  KILN_CHECK(is_floating(gate.dtype()), "swiglu: gate must be floating, got ", dtype_name(gate.dtype()));
+  KILN_CHECK(gate.dtype() == up.dtype(), "swiglu: dtype mismatch: gate is ", dtype_name(gate.dtype()), ", up is ",
+             dtype_name(up.dtype()));
+  KILN_CHECK(gate.shape() == up.shape(), "swiglu: gate shape ", gate.shape(), " differs from up shape ", up.shape());
+  check_same_device(gate, up, "swiglu", "gate", "up");
+  Tensor gc = gate.detach().contiguous(), uc = up.detach().contiguous();
+  Tensor out = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+  if (out.numel() > 0) KILN_DEVICE_CALL(gate.device(), swiglu_forward, out, gc, uc);
+  if (any_requires_grad({gate, up})) {
+    // Saves gate and up (with their versions), not silu(gate): one tensor less than the
+    // composed silu and product keep.
+    SavedTensor sg(gc), su(uc);
+    record("swiglu", {gate, up}, out, [sg, su](const std::vector<Tensor>& g) {
+      Tensor gg = sg.get("swiglu"), uu = su.get("swiglu");
+      Tensor dg = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
+      Tensor du = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
+      if (gg.numel() > 0) KILN_DEVICE_CALL(gg.device(), swiglu_backward, dg, du, g[0].contiguous(), gg, uu);
+      return std::vector<Tensor>{dg, du};
+    });
+  }
+  return out;
+}
+
 // ---- rotary embedding ----
 
 namespace {
@@ -146,15 +174,20 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   }
   Tensor c = cos.detach().to(DType::f32).contiguous().view({t, d});
   Tensor s = sin.detach().to(DType::f32).contiguous().view({t, d});
+  // The kernels walk rows through their strides: only the head dim must be contiguous (q of
+  // [B, T, H, D] seen as [B, H, T, D] is read in place). The gradient is laid out as x is, so
+  // the transposes that made x undo into contiguous tensors without a copy.
+  auto head_dim_contiguous = [](const Tensor& v) { return v.stride(-1) == 1 ? v : v.contiguous(); };
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (out.numel() > 0) KILN_DEVICE_CALL(x.device(), rotary, out, x.detach().contiguous(), c, s, false);
+  if (out.numel() > 0) KILN_DEVICE_CALL(x.device(), rotary, out, head_dim_contiguous(x.detach()), c, s, false);
   // Saved with their versions: c and s alias f32 contiguous tables (cos.fill_(0) after the
   // forward gave dx 0 without a word; the composed path raised the version error).
   SavedTensor sc(c), ss(s);
-  record("rotary_embedding", {x}, out, [sc, ss](const std::vector<Tensor>& g) {
-    Tensor dx = Tensor::empty(g[0].shape(), g[0].dtype(), g[0].device());
+  record("rotary_embedding", {x}, out, [sc, ss, head_dim_contiguous, layout = x.strides()](const std::vector<Tensor>& g) {
+    Tensor dx = empty_in_layout(g[0].shape(), layout, g[0].dtype(), g[0].device());
+    if (dx.stride(-1) != 1) dx = Tensor::empty(g[0].shape(), g[0].dtype(), g[0].device());
     if (dx.numel() > 0)
-      KILN_DEVICE_CALL(dx.device(), rotary, dx, g[0].contiguous(), sc.get("rotary_embedding"),
+      KILN_DEVICE_CALL(dx.device(), rotary, dx, head_dim_contiguous(g[0]), sc.get("rotary_embedding"),
                        ss.get("rotary_embedding"), true);
     return std::vector<Tensor>{dx};
   });

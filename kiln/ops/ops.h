@@ -20,6 +20,10 @@ Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device d
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor empty_like(const Tensor& t);
+// Uninitialised, `shape`, its dims laid out in memory in the order of `like`'s strides (largest
+// outermost; ties in order): dense, as a tensor with those strides would be if it were dense
+// (a gradient in its input's layout, e.g. [B, H, T, D] stored as [B, T, H, D]).
+Tensor empty_in_layout(const Shape& shape, const Strides& like, DType dtype, Device device);
 Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::i64, Device device = kCPU);
 inline Tensor arange(int64_t end, DType dtype = DType::i64, Device device = kCPU) {
   return arange(0.0, static_cast<double>(end), 1.0, dtype, device);
@@ -118,6 +122,9 @@ std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, in
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 // x [..., d] / rms(x) * weight [d]; fused forward and backward.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// silu(gate) · up (the Llama MLP's SwiGLU), fused forward and backward; gate and up of one
+// shape and dtype. Saves gate and up for the backward.
+Tensor swiglu(const Tensor& gate, const Tensor& up);
 // Rotary embedding, rotate-half convention (Hugging Face Llama): x [B, H, T, D],
 // cos/sin [T, D] (or broadcastable to x). out = x * cos + rotate_half(x) * sin.
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);

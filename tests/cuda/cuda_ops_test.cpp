@@ -1,5 +1,5 @@
 // CUDA vs CPU for the ops of kiln/ops/ops.h: elementwise (contiguous, non-contiguous,
-// broadcast), where/masked_fill, reductions (warp- and block-per-row paths, NaN), softmax,
+// broadcast, packs with tails and unaligned views), where/masked_fill, reductions (warp- and block-per-row paths, NaN), softmax,
 // matmul/linear in every float dtype (batched, broadcast, transposed), shape ops and views,
 // casts, device round trips, RNG bits, autograd, and run-to-run determinism.
 #include <functional>
@@ -269,6 +269,47 @@ TEST(CudaOps, CastsMatchCpuBitForBit) {
       Tensor s = (is_floating(from) && to == DType::u8) ? abs(src) : src;
       Tensor sg = (is_floating(from) && to == DType::u8) ? abs(srcg) : srcg;
       expect_same_bits(s.to(to), sg.to(to), std::string("cast ") + dtype_name(from) + " -> " + dtype_name(to));
+    }
+  }
+}
+
+// The packed path of the elementwise launcher (NOTE [packed elementwise]): lengths around the
+// pack sizes (2 to 16 elements a pack) take packs and a tail, views one element in take the
+// element-wise path (unaligned), every dtype width; unary, binary, comparison, cast and fill;
+// then transposed operands, packed along their contiguous innermost dim.
+TEST(CudaOps, PackedElementwiseTailsAndUnalignedViews) {
+  KILN_SKIP_WITHOUT_CUDA();
+  Generator gen(21);
+  const std::vector<DType> dtypes = {DType::f64, DType::f32, DType::bf16, DType::f16, DType::i64, DType::u8};
+  for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 17, 33, 1027, 70001}) {
+    for (DType dt : dtypes) {
+      Tensor v = mul(randn({2, n + 1}, gen, DType::f64), is_floating(dt) ? 1.0 : 20.0);
+      Tensor base = (dt == DType::u8 ? abs(v) : v).to(dt), baseg = base.to(gpu());
+      for (int64_t at : {0, 1}) {
+        const std::string what = std::to_string(n) + " " + dtype_name(dt) + (at ? " (view at 1)" : "");
+        Tensor x = base.select(0, 0).narrow(0, at, n), y = base.select(0, 1).narrow(0, at, n);
+        Tensor xg = baseg.select(0, 0).narrow(0, at, n), yg = baseg.select(0, 1).narrow(0, at, n);
+        expect_same_bits(add(x, y), add(xg, yg), "add " + what);
+        expect_same_bits(lt(x, y), lt(xg, yg), "lt " + what);
+        if (is_floating(dt)) expect_close(silu(x), silu(xg), "silu " + what);
+        for (DType to : {DType::f32, DType::bf16, DType::f64, DType::boolean})
+          expect_same_bits(x.to(to), xg.to(to), "cast to " + std::string(dtype_name(to)) + " " + what);
+      }
+      expect_same_bits(full({n}, 3.0, dt), full({n}, 3.0, dt, gpu()), "fill " + std::to_string(n) + " " + dtype_name(dt));
+    }
+  }
+  // Strided operands whose innermost dim is contiguous (a [B, T, H, D] <-> [B, H, T, D]
+  // transpose) take packs along it when D is a multiple of the pack (else one by one).
+  for (DType dt : dtypes) {
+    for (int64_t D : {2, 8, 12, 16, 64}) {
+      Tensor v = mul(randn({2, 2, 5, 3, D}, gen, DType::f64), is_floating(dt) ? 1.0 : 20.0);
+      Tensor b = (dt == DType::u8 ? abs(v) : v).to(dt), bg = b.to(gpu());
+      Tensor x = b.select(0, 0).transpose(1, 2), y = b.select(0, 1).transpose(1, 2);
+      Tensor xg = bg.select(0, 0).transpose(1, 2), yg = bg.select(0, 1).transpose(1, 2);
+      const std::string what = "D=" + std::to_string(D) + " " + dtype_name(dt);
+      expect_same_bits(x.contiguous(), xg.contiguous(), "transposed copy " + what);
+      expect_same_bits(x.to(DType::f32), xg.to(DType::f32), "transposed cast " + what);
+      expect_same_bits(add(x, y), add(xg, yg), "transposed add " + what);
     }
   }
 }

@@ -1,9 +1,11 @@
 // Tests of the elementwise ops: every unary op (incl. scalar variants), binary ops with
 // broadcasting, comparisons (with ties), where/masked_fill, the in-place add_/mul_, and their
 // bad-input errors. Each op runs through the harness (dtypes, layouts, finite differences)
-// and against an independent per-element float64 reference.
+// and against an independent per-element float64 reference. Also the CUDA launcher's
+// magic-number division (kernels/divmod.h), on the host.
 #include <cmath>
 
+#include "kiln/kernels/divmod.h"
 #include "tests/ops/harness.h"
 
 using namespace kiln;
@@ -294,4 +296,25 @@ TEST(Unary, SiluF32FastPathMatchesFloat64) {
   std::vector<float> a = silu(m.transpose(0, 1)).contiguous().to_vector<float>();
   std::vector<float> b = silu(m).transpose(0, 1).contiguous().to_vector<float>();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 4e-7 * (1 + std::fabs(b[i])));
+}
+
+// The CUDA launcher's 32-bit division by magic numbers (kernels/divmod.h), checked on the host
+// against plain division: every divisor shape (1, powers of two and their neighbours, primes,
+// the largest below 2^31) with dividends at the edges and at random below 2^31.
+TEST(DivMod32, MatchesDivisionBelowTwoToThe31) {
+  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 31, 32, 33, 127, 128, 129, 1000, 4096, 65535, 65536, 65537,
+                                    1000003, (1u << 30) - 1, 1u << 30, (1u << 30) + 1, (1u << 31) - 1};
+  Generator gen(17);
+  Tensor r = rand({2000}, gen, DType::f64);
+  const std::vector<double> u = r.to_vector<double>();
+  for (size_t i = 0; i < 200; ++i) divisors.push_back(1 + static_cast<uint32_t>(u[i] * ((1u << 31) - 2)));
+  for (uint32_t d : divisors) {
+    const kernels::DivMod32 dm(d);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, (1u << 31) - 1, (1u << 31) - 2};
+    for (size_t i = 200; i < 2000; i += 9) ns.push_back(static_cast<uint32_t>(u[i] * ((1u << 31) - 1)));
+    for (uint32_t n : ns) {
+      if (n >= (1u << 31)) continue;  // 2d - 1 past the range
+      ASSERT_EQ(dm.div(n), n / d) << n << " / " << d;
+    }
+  }
 }

@@ -1,4 +1,4 @@
-// Tests of the neural-network ops (embedding, rms_norm, rotary_embedding/rotary_tables,
+// Tests of the neural-network ops (embedding, rms_norm, swiglu, rotary_embedding/rotary_tables,
 // cross_entropy, dropout): harness runs (dtypes, layouts, finite-difference gradients),
 // independent float64 loop references, kernels called directly with poisoned outputs, and
 // bad-input errors.
@@ -98,30 +98,32 @@ TEST(RmsNorm, Harness) {
 
 TEST(RmsNorm, MatchesLoopReference) {
   KILN_TEST_GENERATOR(gen);
-  for (Device dev : test_devices()) {
-    const int64_t rows = 130, d = 7;  // more rows than one block of the dweight partial sums
-    const double eps = 1e-3;
-    Tensor x = randn({rows, d}, gen, DType::f64, dev).requires_grad_();
-    Tensor w = randn({d}, gen, DType::f64, dev).requires_grad_();
-    Tensor y = rms_norm(x, w, eps);
-    Tensor g = randn({rows, d}, gen, DType::f64, dev);
-    y.backward(g);
-    auto xv = v64(x), wv = v64(w), yv = v64(y), gv = v64(g), dx = v64(x.grad()), dw = v64(w.grad());
-    std::vector<double> dwr(static_cast<size_t>(d), 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      double ss = 0, dot = 0;
-      for (int64_t c = 0; c < d; ++c) ss += xv[r * d + c] * xv[r * d + c];
-      double rs = 1.0 / std::sqrt(ss / d + eps);
-      for (int64_t c = 0; c < d; ++c) {
-        EXPECT_NEAR(yv[r * d + c], xv[r * d + c] * rs * wv[c], 1e-12);
-        dot += gv[r * d + c] * wv[c] * xv[r * d + c];
-        dwr[c] += gv[r * d + c] * xv[r * d + c] * rs;
+  // More rows than one block of the dweight partial sums (130), and than the CUDA kernels' 512
+  // row groups (1100, unevenly); head dims in packs and not (CUDA: 2 f64 a pack).
+  for (Device dev : test_devices())
+    for (auto [rows, d] : {std::pair<int64_t, int64_t>{130, 7}, {1100, 16}, {130, 264}}) {
+      const double eps = 1e-3;
+      Tensor x = randn({rows, d}, gen, DType::f64, dev).requires_grad_();
+      Tensor w = randn({d}, gen, DType::f64, dev).requires_grad_();
+      Tensor y = rms_norm(x, w, eps);
+      Tensor g = randn({rows, d}, gen, DType::f64, dev);
+      y.backward(g);
+      auto xv = v64(x), wv = v64(w), yv = v64(y), gv = v64(g), dx = v64(x.grad()), dw = v64(w.grad());
+      std::vector<double> dwr(static_cast<size_t>(d), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        double ss = 0, dot = 0;
+        for (int64_t c = 0; c < d; ++c) ss += xv[r * d + c] * xv[r * d + c];
+        double rs = 1.0 / std::sqrt(ss / d + eps);
+        for (int64_t c = 0; c < d; ++c) {
+          EXPECT_NEAR(yv[r * d + c], xv[r * d + c] * rs * wv[c], 1e-12);
+          dot += gv[r * d + c] * wv[c] * xv[r * d + c];
+          dwr[c] += gv[r * d + c] * xv[r * d + c] * rs;
+        }
+        for (int64_t c = 0; c < d; ++c)
+          EXPECT_NEAR(dx[r * d + c], gv[r * d + c] * wv[c] * rs - xv[r * d + c] * dot * rs * rs * rs / d, 1e-10);
       }
-      for (int64_t c = 0; c < d; ++c)
-        EXPECT_NEAR(dx[r * d + c], gv[r * d + c] * wv[c] * rs - xv[r * d + c] * dot * rs * rs * rs / d, 1e-10);
+      for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(dw[c], dwr[c], 1e-9 * rows);
     }
-    for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(dw[c], dwr[c], 1e-9);
-  }
 }
 
 TEST(RmsNorm, BadInputs) {
@@ -130,6 +132,51 @@ TEST(RmsNorm, BadInputs) {
   EXPECT_KILN_ERROR(rms_norm(x, zeros({4}, DType::f16)), "rms_norm", "dtype mismatch", "f16");
   EXPECT_KILN_ERROR(rms_norm(x, zeros({4}), -1.0), "rms_norm", "eps", "-1");
   EXPECT_KILN_ERROR(rms_norm(zeros({2, 4}, DType::i32), zeros({4}, DType::i32)), "rms_norm", "floating", "i32");
+}
+
+// ---- swiglu ----
+
+TEST(Swiglu, Harness) {
+  auto fn = [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); };
+  check_op({"swiglu", {{{3, 5}}, {{3, 5}}}, fn});
+  check_op({"swiglu odd", {{{7, 129}}, {{7, 129}}}, fn});
+  check_op({"swiglu 3-D up only", {{{2, 3, 8}}, nograd({2, 3, 8})}, fn});
+}
+
+// The fused op against silu(gate) · up from the plain ops, values and both gradients, on every
+// device; lengths in packs (CUDA: 16 bytes) and not.
+TEST(Swiglu, MatchesComposedOps) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices())
+    for (DType dt : {DType::f64, DType::f32, DType::bf16})
+      for (int64_t n : {8, 1027}) {
+        const std::string what = dev.str() + " " + dtype_name(dt) + " n=" + std::to_string(n);
+        Tensor g0 = mul(randn({3, n}, gen, DType::f64, dev), 3.0).to(dt), u0 = randn({3, n}, gen, DType::f64, dev).to(dt);
+        Tensor d = randn({3, n}, gen, DType::f64, dev).to(dt);
+        Tensor g1 = g0.detach().requires_grad_(), u1 = u0.detach().requires_grad_();
+        Tensor g2 = g0.detach().requires_grad_(), u2 = u0.detach().requires_grad_();
+        Tensor y1 = swiglu(g1, u1), y2 = mul(silu(g2), u2);
+        y1.backward(d);
+        y2.backward(d);
+        // bf16: the composed ops round silu(g) first; the fused op rounds once.
+        const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : 2e-2;
+        auto close = [&](const Tensor& a, const Tensor& b, const char* which) {
+          auto av = v64(a), bv = v64(b);
+          ASSERT_EQ(av.size(), bv.size());
+          for (size_t i = 0; i < av.size(); ++i)
+            ASSERT_NEAR(av[i], bv[i], tol * (1 + std::abs(bv[i]))) << which << " " << what << " at " << i;
+        };
+        close(y1, y2, "out");
+        close(g1.grad(), g2.grad(), "dgate");
+        close(u1.grad(), u2.grad(), "dup");
+      }
+}
+
+TEST(Swiglu, BadInputs) {
+  EXPECT_KILN_ERROR(swiglu(zeros({2, 3}), zeros({3, 2})), "swiglu", "gate shape [2, 3]", "up shape [3, 2]");
+  EXPECT_KILN_ERROR(swiglu(zeros({2, 3}), zeros({2, 3}, DType::f64)), "swiglu", "dtype mismatch", "f64");
+  EXPECT_KILN_ERROR(swiglu(zeros({2}, DType::i32), zeros({2}, DType::i32)), "swiglu", "floating", "i32");
+  EXPECT_KILN_ERROR(swiglu(Tensor(), zeros({2})), "swiglu", "gate", "undefined");
 }
 
 // ---- rotary ----
@@ -176,6 +223,29 @@ TEST(Rotary, Harness) {
   check_op({"rotary odd T", {{{1, 1, 7, 2}}, {{7, 2}, Input::normal, 0, false, false}, {{7, 2}, Input::normal, 0, false, false}}, fn});
   // Composite path: tables broadcast [B, 1, T, D] that need gradients.
   check_op({"rotary composite", {{{2, 3, 5, 4}}, {{2, 1, 5, 4}}, {{2, 1, 5, 4}}}, fn});
+}
+
+// q of [B, T, H, D] seen as [B, H, T, D] (a transposed view, the head dim contiguous) is read in
+// place and its gradient written in its layout: the same bits as on a contiguous copy, for head
+// dims in packs of 4 pairs and not (D = 8, 6), every float width.
+TEST(Rotary, TransposedViewsMatchContiguousBits) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices())
+    for (DType dt : {DType::f64, DType::f32, DType::bf16})
+      for (int64_t d : {8, 6}) {
+        const int64_t b = 2, t = 5, h = 3;
+        auto [c, s] = rotary_tables(t, d, 10000.0, dev);
+        Tensor buf = randn({b, t, h, d}, gen, DType::f64, dev).to(dt);
+        Tensor w = randn({b, h, t, d}, gen, DType::f64, dev).to(dt);
+        Tensor strided = buf.detach().requires_grad_(), packed = buf.detach().requires_grad_();
+        Tensor y1 = rotary_embedding(strided.transpose(1, 2), c, s);
+        Tensor y2 = rotary_embedding(packed.transpose(1, 2).contiguous(), c, s);
+        const std::string what = dev.str() + " " + dtype_name(dt) + " D=" + std::to_string(d);
+        EXPECT_EQ(v64(y1), v64(y2)) << what;
+        sum(mul(y1, w)).backward();
+        sum(mul(y2, w)).backward();
+        EXPECT_EQ(v64(strided.grad()), v64(packed.grad())) << what;
+      }
 }
 
 TEST(Rotary, BadInputs) {
@@ -411,35 +481,36 @@ TEST(NnKernels, WriteEveryElementOfPoisonedOutputs) {
     for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
       SCOPED_TRACE(dtype_name(dt));
       const DType sd = dt == DType::f64 ? DType::f64 : DType::f32;
-      const int64_t rows = 70, d = 9;
-      Tensor x = randn({rows, d}, gen, dt, dev), w = randn({d}, gen, dt, dev), g = randn({rows, d}, gen, dt, dev);
-      Tensor ids = mul(rand({rows}, gen, DType::f64, dev), 5.0).to(DType::i64);
-      Tensor y = poisoned({rows, d}, dt, dev), r = poisoned({rows}, sd, dev);
-      KILN_DEVICE_CALL(dev, rms_norm_forward, y, r, x, w, 1e-6);
-      EXPECT_TRUE(finite(y, "rms_norm out"));
-      EXPECT_TRUE(finite(r, "rms_norm rstd"));
-      Tensor dx = poisoned({rows, d}, dt, dev), dw = poisoned({d}, dt, dev);
-      KILN_DEVICE_CALL(dev, rms_norm_backward, dx, dw, g, x, w, r);
-      EXPECT_TRUE(finite(dx, "rms_norm dx"));
-      EXPECT_TRUE(finite(dw, "rms_norm dweight"));
-      Tensor e = poisoned({rows, d}, dt, dev);
-      KILN_DEVICE_CALL(dev, embedding_forward, e, randn({5, d}, gen, dt, dev), ids);
-      EXPECT_TRUE(finite(e, "embedding out"));
-      Tensor cs = randn({7, 4}, gen, DType::f32, dev), sn = randn({7, 4}, gen, DType::f32, dev);
-      Tensor xr = randn({3, 7, 4}, gen, dt, dev);
-      for (bool tr : {false, true}) {
-        Tensor yr = poisoned({3, 7, 4}, dt, dev);
-        KILN_DEVICE_CALL(dev, rotary, yr, xr, cs, sn, tr);
-        EXPECT_TRUE(finite(yr, "rotary out"));
+      for (auto [rows, d] : {std::pair<int64_t, int64_t>{70, 9}, {600, 16}}) {  // element by element, and in packs
+        Tensor x = randn({rows, d}, gen, dt, dev), w = randn({d}, gen, dt, dev), g = randn({rows, d}, gen, dt, dev);
+        Tensor ids = mul(rand({rows}, gen, DType::f64, dev), 5.0).to(DType::i64);
+        Tensor y = poisoned({rows, d}, dt, dev), r = poisoned({rows}, sd, dev);
+        KILN_DEVICE_CALL(dev, rms_norm_forward, y, r, x, w, 1e-6);
+        EXPECT_TRUE(finite(y, "rms_norm out"));
+        EXPECT_TRUE(finite(r, "rms_norm rstd"));
+        Tensor dx = poisoned({rows, d}, dt, dev), dw = poisoned({d}, dt, dev);
+        KILN_DEVICE_CALL(dev, rms_norm_backward, dx, dw, g, x, w, r);
+        EXPECT_TRUE(finite(dx, "rms_norm dx"));
+        EXPECT_TRUE(finite(dw, "rms_norm dweight"));
+        Tensor e = poisoned({rows, d}, dt, dev);
+        KILN_DEVICE_CALL(dev, embedding_forward, e, randn({5, d}, gen, dt, dev), ids);
+        EXPECT_TRUE(finite(e, "embedding out"));
+        Tensor cs = randn({7, 4}, gen, DType::f32, dev), sn = randn({7, 4}, gen, DType::f32, dev);
+        Tensor xr = randn({3, 7, 4}, gen, dt, dev);
+        for (bool tr : {false, true}) {
+          Tensor yr = poisoned({3, 7, 4}, dt, dev);
+          KILN_DEVICE_CALL(dev, rotary, yr, xr, cs, sn, tr);
+          EXPECT_TRUE(finite(yr, "rotary out"));
+        }
+        Tensor loss = poisoned({rows}, sd, dev), lse = poisoned({rows}, sd, dev);
+        Tensor tgt = where(lt(ids, full({}, 1, DType::i64, dev)), full({}, -100, DType::i64, dev), ids);
+        KILN_DEVICE_CALL(dev, cross_entropy_forward, loss, lse, x, tgt, -100, 0.1);
+        EXPECT_TRUE(finite(loss, "cross_entropy loss"));
+        EXPECT_TRUE(finite(lse, "cross_entropy lse"));
+        Tensor dl = poisoned({rows, d}, dt, dev);
+        KILN_DEVICE_CALL(dev, cross_entropy_backward, dl, ones({rows}, sd, dev), x, tgt, lse, -100, 0.1);
+        EXPECT_TRUE(finite(dl, "cross_entropy dlogits"));
       }
-      Tensor loss = poisoned({rows}, sd, dev), lse = poisoned({rows}, sd, dev);
-      Tensor tgt = where(lt(ids, full({}, 1, DType::i64, dev)), full({}, -100, DType::i64, dev), ids);
-      KILN_DEVICE_CALL(dev, cross_entropy_forward, loss, lse, x, tgt, -100, 0.1);
-      EXPECT_TRUE(finite(loss, "cross_entropy loss"));
-      EXPECT_TRUE(finite(lse, "cross_entropy lse"));
-      Tensor dl = poisoned({rows, d}, dt, dev);
-      KILN_DEVICE_CALL(dev, cross_entropy_backward, dl, ones({rows}, sd, dev), x, tgt, lse, -100, 0.1);
-      EXPECT_TRUE(finite(dl, "cross_entropy dlogits"));
     }
     // The mask's bytes start as 7 (neither false nor true).
     Tensor raw = full({1000}, 7, DType::u8, dev);

@@ -1,11 +1,14 @@
 // CPU bodies of the neural-network kernels (kernels/nn.h): embedding gather and deterministic
 // scatter-add, fused RMSNorm forward/backward, rotary embedding, cross-entropy rows, dropout
-// mask. Accumulation is in double; every reduction has a fixed order independent of threads.
+// mask, fused SwiGLU forward/backward. Accumulation is in double; every reduction has a fixed order independent of threads.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kiln/core/rng.h"
 #include "kiln/kernels/cpu/loops.h"
+#include "kiln/kernels/cpu/vec_math.h"
+#include "kiln/kernels/elementwise.h"
 #include "kiln/kernels/nn.h"
 
 namespace kiln::kernels::cpu {
@@ -146,19 +149,35 @@ void rms_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy
   });
 }
 
+namespace {
+// The offset of row `row` (a flat index over the leading dims, row-major) of a tensor whose
+// last dim is its row.
+int64_t row_offset(const Tensor& t, int64_t row) {
+  int64_t off = 0;
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    const int64_t n = t.size(d);
+    off += (row % n) * t.stride(d);
+    row /= n;
+  }
+  return off;
+}
+}  // namespace
+
 void rotary(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose) {
+  KILN_CHECK(x.stride(-1) == 1 && out.stride(-1) == 1, "rotary_embedding: the head dim must be contiguous in x and out");
   const int64_t t = cos.size(0), dd = cos.size(1), half = dd / 2;
   const int64_t rows = (t && dd) ? x.numel() / (t * dd) : 0;
   const float* pc = static_cast<const float*>(cos.data_ptr());
   const float* ps = static_cast<const float*>(sin.data_ptr());
+  const bool flat = x.is_contiguous() && out.is_contiguous();
   dispatch_floating(x.dtype(), "rotary_embedding", [&]<class T>() {
     const T* px = static_cast<const T*>(x.data_ptr());
     T* py = static_cast<T*>(out.data_ptr());
     parallel_for(rows * t, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(dd, 1)), [&](int64_t b, int64_t e) {
       for (int64_t rt = b; rt < e; ++rt) {
         const int64_t pos = rt % t;
-        const T* xr = px + rt * dd;
-        T* yr = py + rt * dd;
+        const T* xr = px + (flat ? rt * dd : row_offset(x, rt));  // rows of x and out in their strides
+        T* yr = py + (flat ? rt * dd : row_offset(out, rt));
         const float* cr = pc + pos * dd;
         const float* sr = ps + pos * dd;
         for (int64_t c = 0; c < dd; ++c) {
@@ -239,6 +258,61 @@ void dropout_mask(const Tensor& keep, uint64_t seed, uint64_t offset, double p) 
   parallel_for(keep.numel(), 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
       k[i] = uniform_from_bits(philox_element(seed, offset, static_cast<uint64_t>(i)).v[0]) >= pf;
+  });
+}
+
+namespace {
+// SwiGLU's f32 loops take the vectorised silu of vec_math over slices that stay in cache, then
+// multiply; other dtypes evaluate swiglu_math per element in their accumulation type.
+constexpr int64_t kSwigluSlice = 4096;
+}  // namespace
+
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  const int64_t n = out.numel();
+  dispatch_floating(out.dtype(), "swiglu", [&]<class T>() {
+    T* y = static_cast<T*>(out.data_ptr());
+    const T* g = static_cast<const T*>(gate.data_ptr());
+    const T* u = static_cast<const T*>(up.data_ptr());
+    parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<T, float>) {
+        for (int64_t s0 = b; s0 < e; s0 += kSwigluSlice) {
+          const int64_t s1 = std::min(e, s0 + kSwigluSlice);
+          silu_f32(y + s0, g + s0, s1 - s0, false);
+          for (int64_t i = s0; i < s1; ++i) y[i] *= u[i];
+        }
+      } else {
+        using A = acc_t<T>;
+        for (int64_t i = b; i < e; ++i) y[i] = T(swiglu_math<A>(static_cast<A>(g[i]), static_cast<A>(u[i])));
+      }
+    });
+  });
+}
+
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& grad, const Tensor& gate, const Tensor& up) {
+  const int64_t n = grad.numel();
+  dispatch_floating(grad.dtype(), "swiglu", [&]<class T>() {
+    T* dg = static_cast<T*>(dgate.data_ptr());
+    T* du = static_cast<T*>(dup.data_ptr());
+    const T* d = static_cast<const T*>(grad.data_ptr());
+    const T* g = static_cast<const T*>(gate.data_ptr());
+    const T* u = static_cast<const T*>(up.data_ptr());
+    parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<T, float>) {
+        for (int64_t s0 = b; s0 < e; s0 += kSwigluSlice) {
+          const int64_t s1 = std::min(e, s0 + kSwigluSlice);
+          silu_f32(dg + s0, g + s0, s1 - s0, true);  // silu'(g)
+          silu_f32(du + s0, g + s0, s1 - s0, false);
+          for (int64_t i = s0; i < s1; ++i) dg[i] = d[i] * u[i] * dg[i], du[i] = d[i] * du[i];
+        }
+      } else {
+        using A = acc_t<T>;
+        for (int64_t i = b; i < e; ++i) {
+          A a, c;
+          swiglu_grad_math<A>(static_cast<A>(d[i]), static_cast<A>(g[i]), static_cast<A>(u[i]), a, c);
+          dg[i] = T(a), du[i] = T(c);
+        }
+      }
+    });
   });
 }
 

@@ -13,18 +13,36 @@ namespace kiln::kernels::cuda {
 
 namespace {
 
+// CastOp and FillOp also process packs of contiguous elements (NOTE [packed elementwise]).
 template <class D, class S>
 struct CastOp {
   D* d;
   const S* s;
+  static constexpr int kVec = pack_elements(sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S));
   __device__ void operator()(const int64_t* o) const { d[o[0]] = cast_value<D>(s[o[1]]); }
+  bool packable() const { return pack_aligned<kVec>(d) && pack_aligned<kVec>(s); }
+  __device__ void packed(const int64_t* o) const {
+    const Pack<S, kVec> in = load_pack<kVec>(s, o[1]);
+    Pack<D, kVec> out;
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) out.v[v] = cast_value<D>(in.v[v]);
+    store_pack(d, o[0], out);
+  }
 };
 
 template <class T>
 struct FillOp {
   T* d;
   T v;
+  static constexpr int kVec = pack_elements(sizeof(T));
   __device__ void operator()(const int64_t* o) const { d[o[0]] = v; }
+  bool packable() const { return pack_aligned<kVec>(d); }
+  __device__ void packed(const int64_t* o) const {
+    Pack<T, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out.v[k] = v;
+    store_pack(d, o[0], out);
+  }
 };
 
 template <class T>

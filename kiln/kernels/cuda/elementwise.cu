@@ -8,14 +8,25 @@ namespace kiln::kernels::cuda {
 
 namespace {
 
+// Each functor also processes packs of contiguous elements (NOTE [packed elementwise]).
 template <UnaryOp Op, class T>
 struct UnaryFn {
   T* y;
   const T* x;
   acc_t<T> s;
-  __device__ void operator()(const int64_t* o) const {
+  static constexpr int kVec = pack_elements(sizeof(T));
+  __device__ T at(T v) const {
     using A = acc_t<T>;
-    y[o[0]] = T(unary_math<Op, A>(static_cast<A>(x[o[1]]), s));
+    return T(unary_math<Op, A>(static_cast<A>(v), s));
+  }
+  __device__ void operator()(const int64_t* o) const { y[o[0]] = at(x[o[1]]); }
+  bool packable() const { return pack_aligned<kVec>(y) && pack_aligned<kVec>(x); }
+  __device__ void packed(const int64_t* o) const {
+    const Pack<T, kVec> in = load_pack<kVec>(x, o[1]);
+    Pack<T, kVec> out;
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) out.v[v] = at(in.v[v]);
+    store_pack(y, o[0], out);
   }
 };
 
@@ -24,9 +35,19 @@ struct BinaryFn {
   Out* y;
   const T* a;
   const T* b;
-  __device__ void operator()(const int64_t* o) const {
+  static constexpr int kVec = pack_elements(sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out));
+  __device__ Out at(T u, T w) const {
     using A = acc_t<T>;
-    y[o[0]] = Out(binary_math<Op, A>(static_cast<A>(a[o[1]]), static_cast<A>(b[o[2]])));
+    return Out(binary_math<Op, A>(static_cast<A>(u), static_cast<A>(w)));
+  }
+  __device__ void operator()(const int64_t* o) const { y[o[0]] = at(a[o[1]], b[o[2]]); }
+  bool packable() const { return pack_aligned<kVec>(y) && pack_aligned<kVec>(a) && pack_aligned<kVec>(b); }
+  __device__ void packed(const int64_t* o) const {
+    const Pack<T, kVec> u = load_pack<kVec>(a, o[1]), w = load_pack<kVec>(b, o[2]);
+    Pack<Out, kVec> out;
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) out.v[v] = at(u.v[v], w.v[v]);
+    store_pack(y, o[0], out);
   }
 };
 

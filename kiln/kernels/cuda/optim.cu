@@ -53,8 +53,14 @@ __global__ void norm_partials_kernel(const T* __restrict__ g, int64_t n, double 
   const int64_t b = blockIdx.x * kNormChunk;
   const int64_t e = b + kNormChunk < n ? b + kNormChunk : n;
   double acc = 0;
-  for (int64_t i = b + threadIdx.x; i < e; i += kThreads) {
-    const double a = fabs(static_cast<double>(static_cast<acc_t<T>>(g[i])));
+  // A fixed trip count with predicated loads, so that a thread's loads are all in flight at
+  // once (a loop to `e` issued them one after another: 0.9 TB/s on the H200, 4.4 ms of a 1b
+  // step); the same order as before, with zeros past the end, which change no sum and no max.
+  static_assert(kNormChunk % kThreads == 0, "whole rounds of the block per chunk");
+#pragma unroll
+  for (int64_t j = 0; j < kNormChunk / kThreads; ++j) {
+    const int64_t i = b + threadIdx.x + j * kThreads;
+    const double a = i < e ? fabs(static_cast<double>(static_cast<acc_t<T>>(g[i]))) : 0.0;
     if (mode == 3) acc = (a != a || a > acc) ? a : acc;
     else if (mode == 1) acc += a * a;
     else if (mode == 2) acc += a;
