@@ -7,7 +7,8 @@
 # Prints one JSON line per implementation (impl kiln, kiln_fused, torch, torch_compile): tokens/s
 # over the steps after WARMUP, peak bytes, first and final loss.
 #   usage: scripts/bench_train_gpu.sh PRESET [STEPS=20] [WARMUP=3]     (PRESET: 125m or 1b)
-# Expects build/cuda/kiln (KILN=path overrides) and python3 with torch on a CUDA machine.
+# Expects build/cuda/kiln (KILN=path overrides) and python3 with torch on a CUDA machine
+# (PEERS=0: kiln only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PRESET=${1:?usage: scripts/bench_train_gpu.sh PRESET [STEPS] [WARMUP]}
@@ -36,7 +37,7 @@ kiln_run() {  # name, extra flags
 }
 kiln_run kiln || true
 if [ "${FUSED:-0}" = 1 ]; then kiln_run kiln_fused --fused-loss || true; fi
-for c in "" --compile; do
+[ "${PEERS:-1}" = 1 ] && for c in "" --compile; do
   python3 scripts/bench_train_torch.py --device cuda $c --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
     --seq "$SEQ" "${shape[@]}" --data "$DATA" --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
 done
