@@ -37,7 +37,9 @@ kiln_run() {  # name, extra flags
 }
 kiln_run kiln || true
 if [ "${FUSED:-0}" = 1 ]; then kiln_run kiln_fused --fused-loss || true; fi
-[ "${PEERS:-1}" = 1 ] && for c in "" --compile; do
-  python3 scripts/bench_train_torch.py --device cuda $c --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
-    --seq "$SEQ" "${shape[@]}" --data "$DATA" --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
-done
+if [ "${PEERS:-1}" = 1 ]; then
+  for c in "" --compile; do
+    python3 scripts/bench_train_torch.py --device cuda $c --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
+      --seq "$SEQ" "${shape[@]}" --data "$DATA" --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
+  done
+fi
