@@ -105,7 +105,29 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   out_shape.back() = weight.size(0);
   // The rows counted, not inferred: with in_features 0, -1 is ambiguous for 0 elements (torch: zeros).
   const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
-  Tensor y = matmul(x.reshape({rows, weight.size(1)}), weight.t()).reshape(out_shape);
+  const int64_t in = weight.size(1), out = weight.size(0);
+  KILN_CHECK(x.dtype() == weight.dtype(), "linear: dtype mismatch: input is ", dtype_name(x.dtype()), ", weight is ",
+             dtype_name(weight.dtype()));
+  KILN_CHECK(x.device() == weight.device(), "linear: device mismatch: input is on ", x.device().str(),
+             ", weight is on ", weight.device().str());
+  KILN_CHECK(is_floating(x.dtype()), "linear: expected floating tensors, got ", dtype_name(x.dtype()));
+  Tensor x2 = x.detach().reshape({rows, in});
+  Tensor y = matmul_raw(x2, weight.detach().t()).reshape(out_shape);
+  if (any_requires_grad({x, weight})) {
+    // Its own node, not matmul's with weight.t(): the weight's gradient is the product gᵀ·x,
+    // [out, in] as the weight is (through matmul's node it was a transposed view of xᵀ·g, which
+    // every later step, the bf16 cast back to f32 and the accumulation, copied through strides).
+    SavedTensor sx(x2), sw(weight.detach());
+    const bool gx = x.requires_grad(), gw = weight.requires_grad();
+    const Shape xs = x.shape();
+    record("linear", {x, weight}, y, [=](const std::vector<Tensor>& g) {
+      Tensor g2 = g[0].reshape({rows, out});
+      Tensor dx, dw;
+      if (gx) dx = matmul(g2, sw.get("linear")).reshape(xs);
+      if (gw) dw = matmul(g2.t(), sx.get("linear"));
+      return std::vector<Tensor>{dx, dw};
+    });
+  }
   if (bias.defined()) {
     KILN_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias must be [", weight.size(0), "], got ",
                bias.shape());
