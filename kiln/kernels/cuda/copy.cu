@@ -13,21 +13,10 @@ namespace kiln::kernels::cuda {
 
 namespace {
 
-// CastOp and FillOp also process packs of contiguous elements (NOTE [packed elementwise]).
+// A cast of one element, for Map1 (indexing.cuh); FillOp also fills packs (NOTE [packed elementwise]).
 template <class D, class S>
-struct CastOp {
-  D* d;
-  const S* s;
-  static constexpr int kVec = pack_elements(sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S));
-  __device__ void operator()(const int64_t* o) const { d[o[0]] = cast_value<D>(s[o[1]]); }
-  bool packable() const { return pack_aligned<kVec>(d) && pack_aligned<kVec>(s); }
-  __device__ void packed(const int64_t* o) const {
-    const Pack<S, kVec> in = load_pack<kVec>(s, o[1]);
-    Pack<D, kVec> out;
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) out.v[v] = cast_value<D>(in.v[v]);
-    store_pack(d, o[0], out);
-  }
+struct CastMath {
+  __device__ D operator()(S s) const { return cast_value<D>(s); }
 };
 
 template <class T>
@@ -110,13 +99,14 @@ void copy(const Tensor& dst, const Tensor& src) {
   if (is_storage_only(dst.dtype()) || is_storage_only(src.dtype())) {
     KILN_CHECK(dst.dtype() == src.dtype(), "copy: cannot cast between ", dtype_name(src.dtype()), " and ",
                dtype_name(dst.dtype()), " (storage-only format)");
-    CastOp<uint8_t, uint8_t> op{static_cast<uint8_t*>(dst.data_ptr()), static_cast<const uint8_t*>(src.data_ptr())};
+    Map1<uint8_t, uint8_t, CastMath<uint8_t, uint8_t>> op{static_cast<uint8_t*>(dst.data_ptr()),
+                                                          static_cast<const uint8_t*>(src.data_ptr()), {}};
     launch_elementwise<2>(dst.shape(), {&dst.strides(), &src.strides()}, op, stream, "copy");
     return;
   }
   dispatch_all(dst.dtype(), "copy", [&]<class D>() {
     dispatch_all(src.dtype(), "copy", [&]<class S>() {
-      CastOp<D, S> op{static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr())};
+      Map1<D, S, CastMath<D, S>> op{static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()), {}};
       launch_elementwise<2>(dst.shape(), {&dst.strides(), &src.strides()}, op, stream, "copy");
     });
   });

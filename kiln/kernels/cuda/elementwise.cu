@@ -8,46 +8,21 @@ namespace kiln::kernels::cuda {
 
 namespace {
 
-// Each functor also processes packs of contiguous elements (NOTE [packed elementwise]).
+// The math of the unary and binary ops on one element, for Map1 and Map2 (indexing.cuh).
 template <UnaryOp Op, class T>
-struct UnaryFn {
-  T* y;
-  const T* x;
+struct UnaryMath {
   acc_t<T> s;
-  static constexpr int kVec = pack_elements(sizeof(T));
-  __device__ T at(T v) const {
+  __device__ T operator()(T v) const {
     using A = acc_t<T>;
     return T(unary_math<Op, A>(static_cast<A>(v), s));
-  }
-  __device__ void operator()(const int64_t* o) const { y[o[0]] = at(x[o[1]]); }
-  bool packable() const { return pack_aligned<kVec>(y) && pack_aligned<kVec>(x); }
-  __device__ void packed(const int64_t* o) const {
-    const Pack<T, kVec> in = load_pack<kVec>(x, o[1]);
-    Pack<T, kVec> out;
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) out.v[v] = at(in.v[v]);
-    store_pack(y, o[0], out);
   }
 };
 
 template <BinaryOp Op, class T, class Out>
-struct BinaryFn {
-  Out* y;
-  const T* a;
-  const T* b;
-  static constexpr int kVec = pack_elements(sizeof(T) > sizeof(Out) ? sizeof(T) : sizeof(Out));
-  __device__ Out at(T u, T w) const {
+struct BinaryMath {
+  __device__ Out operator()(T u, T w) const {
     using A = acc_t<T>;
     return Out(binary_math<Op, A>(static_cast<A>(u), static_cast<A>(w)));
-  }
-  __device__ void operator()(const int64_t* o) const { y[o[0]] = at(a[o[1]], b[o[2]]); }
-  bool packable() const { return pack_aligned<kVec>(y) && pack_aligned<kVec>(a) && pack_aligned<kVec>(b); }
-  __device__ void packed(const int64_t* o) const {
-    const Pack<T, kVec> u = load_pack<kVec>(a, o[1]), w = load_pack<kVec>(b, o[2]);
-    Pack<Out, kVec> out;
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) out.v[v] = at(u.v[v], w.v[v]);
-    store_pack(y, o[0], out);
   }
 };
 
@@ -74,7 +49,8 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& a, double scalar) {
   dispatch_floating(a.dtype(), "unary", [&]<class T>() {
     using A = acc_t<T>;
     dispatch_unary_op(op, [&]<UnaryOp Op>() {
-      UnaryFn<Op, T> f{static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()), static_cast<A>(scalar)};
+      Map1<T, T, UnaryMath<Op, T>> f{static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()),
+                                     {static_cast<A>(scalar)}};
       launch_elementwise<2>(a.shape(), {&out.strides(), &a.strides()}, f, stream, "unary");
     });
   });
@@ -88,12 +64,12 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
       const T* pa = static_cast<const T*>(a.data_ptr());
       const T* pb = static_cast<const T*>(b.data_ptr());
       if constexpr (is_comparison(Op)) {
-        BinaryFn<Op, T, bool> f{static_cast<bool*>(out.data_ptr()), pa, pb};
+        Map2<bool, T, BinaryMath<Op, T, bool>> f{static_cast<bool*>(out.data_ptr()), pa, pb, {}};
         launch_elementwise<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()}, f, stream, "binary");
       } else if constexpr (std::is_same_v<T, bool>) {
         fail("binary: arithmetic on bool tensors is not supported");
       } else {
-        BinaryFn<Op, T, T> f{static_cast<T*>(out.data_ptr()), pa, pb};
+        Map2<T, T, BinaryMath<Op, T, T>> f{static_cast<T*>(out.data_ptr()), pa, pb, {}};
         launch_elementwise<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()}, f, stream, "binary");
       }
     });

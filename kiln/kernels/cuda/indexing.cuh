@@ -153,6 +153,47 @@ concept PackedFunctor = requires(const F& f) {
   { f.packable() } -> std::convertible_to<bool>;
 };
 
+// Elementwise maps with packs (NOTE [packed elementwise]): y = f(x) for launch_elementwise<2>,
+// y = f(a, b) for launch_elementwise<3>; F is a functor type with a `__device__ Out
+// operator()(In...) const` (the math of an op: unary_math, binary_math, cast_value, swiglu_math).
+template <class Out, class In>
+inline constexpr int kMapVec = pack_elements(sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
+
+template <class Out, class In, class F>
+struct Map1 {
+  Out* y;
+  const In* x;
+  F f;
+  static constexpr int kVec = kMapVec<Out, In>;
+  __device__ void operator()(const int64_t* o) const { y[o[0]] = f(x[o[1]]); }
+  bool packable() const { return pack_aligned<kVec>(y) && pack_aligned<kVec>(x); }
+  __device__ void packed(const int64_t* o) const {
+    const Pack<In, kVec> in = load_pack<kVec>(x, o[1]);
+    Pack<Out, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out.v[k] = f(in.v[k]);
+    store_pack(y, o[0], out);
+  }
+};
+
+template <class Out, class In, class F>
+struct Map2 {
+  Out* y;
+  const In* a;
+  const In* b;
+  F f;
+  static constexpr int kVec = kMapVec<Out, In>;
+  __device__ void operator()(const int64_t* o) const { y[o[0]] = f(a[o[1]], b[o[2]]); }
+  bool packable() const { return pack_aligned<kVec>(y) && pack_aligned<kVec>(a) && pack_aligned<kVec>(b); }
+  __device__ void packed(const int64_t* o) const {
+    const Pack<In, kVec> u = load_pack<kVec>(a, o[1]), w = load_pack<kVec>(b, o[2]);
+    Pack<Out, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out.v[k] = f(u.v[k], w.v[k]);
+    store_pack(y, o[0], out);
+  }
+};
+
 // Packs of F::kVec elements (NOTE [packed elementwise]): `flat` (every operand contiguous) in
 // order, the last n % kVec elements one by one; else along the innermost dim, which every
 // operand has at stride 1 and whose size is a multiple of kVec (make_pack_plan).

@@ -316,25 +316,14 @@ __global__ void cross_entropy_backward_kernel(T* dl, const Acc<T>* scale, const 
 }
 
 // ---- swiglu ----
-// Elementwise functors for launch_elementwise (kernels/cuda/indexing.cuh), packs included: the
-// forward reads gate and up once and writes out; the backward reads grad, gate and up once and
-// writes dgate and dup (the unfused silu, product and their backwards were five passes each way).
+// Through launch_elementwise (kernels/cuda/indexing.cuh), packs included: the forward (Map2)
+// reads gate and up once and writes out; the backward reads grad, gate and up once and writes
+// dgate and dup (the unfused silu, product and their backwards were five passes each way).
 
 template <class T>
-struct SwigluForward {
-  T* y;
-  const T* g;
-  const T* u;
-  static constexpr int kVec = pack_elements(sizeof(T));
-  __device__ T at(T gv, T uv) const { return T(swiglu_math<Acc<T>>(static_cast<Acc<T>>(gv), static_cast<Acc<T>>(uv))); }
-  __device__ void operator()(const int64_t* o) const { y[o[0]] = at(g[o[1]], u[o[2]]); }
-  bool packable() const { return pack_aligned<kVec>(y) && pack_aligned<kVec>(g) && pack_aligned<kVec>(u); }
-  __device__ void packed(const int64_t* o) const {
-    const Pack<T, kVec> gv = load_pack<kVec>(g, o[1]), uv = load_pack<kVec>(u, o[2]);
-    Pack<T, kVec> out;
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) out.v[k] = at(gv.v[k], uv.v[k]);
-    store_pack(y, o[0], out);
+struct SwigluMath {  // for Map2 (indexing.cuh)
+  __device__ T operator()(T gv, T uv) const {
+    return T(swiglu_math<Acc<T>>(static_cast<Acc<T>>(gv), static_cast<Acc<T>>(uv)));
   }
 };
 
@@ -627,8 +616,8 @@ void dropout_mask(const Tensor& keep, uint64_t seed, uint64_t offset, double p) 
 void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
   cudaStream_t s = stream_of(out);
   dispatch_floating(out.dtype(), "swiglu", [&]<class T>() {
-    SwigluForward<T> f{static_cast<T*>(out.data_ptr()), static_cast<const T*>(gate.data_ptr()),
-                       static_cast<const T*>(up.data_ptr())};
+    Map2<T, T, SwigluMath<T>> f{static_cast<T*>(out.data_ptr()), static_cast<const T*>(gate.data_ptr()),
+                                static_cast<const T*>(up.data_ptr()), {}};
     launch_elementwise<3>(out.shape(), {&out.strides(), &gate.strides(), &up.strides()}, f, s, "swiglu");
   });
 }
