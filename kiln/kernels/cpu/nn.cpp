@@ -261,16 +261,8 @@ void dropout_mask(const Tensor& keep, uint64_t seed, uint64_t offset, double p) 
   });
 }
 
-namespace {
-// SwiGLU's f32 loops take the vectorised silu of vec_math over slices that stay in cache, then
-// multiply; other dtypes evaluate swiglu_math per element in their accumulation type.
-template <class F>
-void for_each_slice(int64_t b, int64_t e, F&& f) {
-  constexpr int64_t kSlice = 4096;
-  for (int64_t s0 = b; s0 < e; s0 += kSlice) f(s0, std::min(e, s0 + kSlice));
-}
-}  // namespace
-
+// SwiGLU: f32 through vec_math's vectorised loops (one exp an element), other dtypes through
+// swiglu_math per element in their accumulation type.
 void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
   const int64_t n = out.numel();
   dispatch_floating(out.dtype(), "swiglu", [&]<class T>() {
@@ -279,10 +271,7 @@ void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
     const T* u = static_cast<const T*>(up.data_ptr());
     parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
       if constexpr (std::is_same_v<T, float>) {
-        for_each_slice(b, e, [&](int64_t s0, int64_t s1) {
-          silu_f32(y + s0, g + s0, s1 - s0, false);
-          for (int64_t i = s0; i < s1; ++i) y[i] *= u[i];
-        });
+        swiglu_f32(y + b, g + b, u + b, e - b);
       } else {
         using A = acc_t<T>;
         for (int64_t i = b; i < e; ++i) y[i] = T(swiglu_math<A>(static_cast<A>(g[i]), static_cast<A>(u[i])));
@@ -301,11 +290,7 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& grad,
     const T* u = static_cast<const T*>(up.data_ptr());
     parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
       if constexpr (std::is_same_v<T, float>) {
-        for_each_slice(b, e, [&](int64_t s0, int64_t s1) {
-          silu_f32(dg + s0, g + s0, s1 - s0, true);  // silu'(g)
-          silu_f32(du + s0, g + s0, s1 - s0, false);
-          for (int64_t i = s0; i < s1; ++i) dg[i] = d[i] * u[i] * dg[i], du[i] = d[i] * du[i];
-        });
+        swiglu_grad_f32(dg + b, du + b, d + b, g + b, u + b, e - b);
       } else {
         using A = acc_t<T>;
         for (int64_t i = b; i < e; ++i) {

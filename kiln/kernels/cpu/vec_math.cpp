@@ -28,4 +28,24 @@ KILN_CPU_CLONES void silu_f32(float* y, const float* x, int64_t n, bool deriv) {
   }
 }
 
+// SwiGLU with the same σ: one exp an element, each way.
+KILN_CPU_CLONES void swiglu_f32(float* y, const float* g, const float* u, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i], e = fast_expf(-std::fabs(gi)), d = 1.0f / (1.0f + e);
+    y[i] = gi * (gi >= 0.0f ? d : e * d) * u[i];
+  }
+}
+
+KILN_CPU_CLONES void swiglu_grad_f32(float* dg, float* du, const float* dy, const float* g, const float* u,
+                                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i], e = fast_expf(-std::fabs(gi)), d = 1.0f / (1.0f + e);
+    const float sg = gi >= 0.0f ? d : e * d, om = gi >= 0.0f ? e * d : d;
+    du[i] = dy[i] * (gi * sg);
+    dg[i] = dy[i] * u[i] * (sg * (1.0f + gi * om));
+  }
+}
+
 }  // namespace kiln::kernels::cpu

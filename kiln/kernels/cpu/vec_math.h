@@ -1,6 +1,6 @@
 // Vectorisable f32 math for CPU kernels: fast_expf (a branch-free polynomial exp) and the
-// contiguous f32 SiLU loops built on it (vec_math.cpp, compiled for x86-64-v3 and the baseline
-// and picked at load time by CPU features: KILN_CPU_CLONES).
+// contiguous f32 SiLU and SwiGLU loops built on it (vec_math.cpp, compiled for x86-64-v3 and
+// the baseline and picked at load time by CPU features: KILN_CPU_CLONES).
 #pragma once
 #include <bit>
 #include <cstdint>
@@ -45,5 +45,9 @@ inline float fast_expf(float x) {
 // the formulas of kernels/elementwise.h with σ from fast_expf(−|x|); NaN propagates through x;
 // |results| below ~1e-37 (x < −87) flush to ±0).
 void silu_f32(float* y, const float* x, int64_t n, bool deriv);
+// SwiGLU (kernels/elementwise.h's swiglu_math and swiglu_grad_math with silu_f32's σ): y[i] =
+// silu(g[i])·u[i]; dg[i] = dy[i]·u[i]·silu'(g[i]), du[i] = dy[i]·silu(g[i]).
+void swiglu_f32(float* y, const float* g, const float* u, int64_t n);
+void swiglu_grad_f32(float* dg, float* du, const float* dy, const float* g, const float* u, int64_t n);
 
 }  // namespace kiln::kernels::cpu
