@@ -14,8 +14,8 @@ namespace kiln::kernels {
 enum class UnaryOp : uint8_t {
   neg, exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, abs, relu, sign,
   add_scalar, mul_scalar, pow_scalar,
-  // Derivatives used by backward formulas: d/dx of silu, gelu, gelu_tanh; relu's step.
-  silu_deriv, gelu_deriv, gelu_tanh_deriv, step,
+  // Derivatives used by backward formulas: d/dx of silu, gelu, gelu_tanh.
+  silu_deriv, gelu_deriv, gelu_tanh_deriv,
 };
 
 enum class BinaryOp : uint8_t { add, sub, mul, div, maximum, minimum, eq, ne, lt, le, gt, ge };
@@ -74,8 +74,7 @@ KILN_HD A unary_math(A x, A s) {
     A u = kSqrt2OverPi * (x + A(0.044715) * x * x * x);
     A t = tanh(u);
     return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * kSqrt2OverPi * (A(1) + A(3 * 0.044715) * x * x);
-  } else if constexpr (Op == UnaryOp::step) return x <= A(0) ? A(0) : A(1);  // NaN: 1, as torch's threshold_backward
-  else return x;
+  } else return x;
 }
 
 template <BinaryOp Op, class A>
@@ -112,7 +111,7 @@ decltype(auto) dispatch_unary_op(UnaryOp op, F&& f) {
     KILN_UNARY_CASE(gelu) KILN_UNARY_CASE(gelu_tanh) KILN_UNARY_CASE(abs) KILN_UNARY_CASE(relu)
     KILN_UNARY_CASE(sign) KILN_UNARY_CASE(add_scalar) KILN_UNARY_CASE(mul_scalar)
     KILN_UNARY_CASE(pow_scalar) KILN_UNARY_CASE(silu_deriv) KILN_UNARY_CASE(gelu_deriv)
-    KILN_UNARY_CASE(gelu_tanh_deriv) KILN_UNARY_CASE(step)
+    KILN_UNARY_CASE(gelu_tanh_deriv)
   }
 #undef KILN_UNARY_CASE
   return f.template operator()<UnaryOp::neg>();

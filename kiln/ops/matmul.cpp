@@ -8,6 +8,16 @@
 namespace kiln {
 namespace {
 
+// The operand checks matmul and linear share: defined, one floating dtype, one device.
+void check_operands(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn) {
+  KILN_CHECK(a.defined() && b.defined(), op, ": undefined tensor argument");
+  KILN_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch: ", an, " is ", dtype_name(a.dtype()), ", ", bn, " is ",
+             dtype_name(b.dtype()));
+  KILN_CHECK(a.device() == b.device(), op, ": device mismatch: ", an, " is on ", a.device().str(), ", ", bn,
+             " is on ", b.device().str());
+  KILN_CHECK(is_floating(a.dtype()), op, ": expected floating tensors, got ", dtype_name(a.dtype()));
+}
+
 struct Operand {
   Tensor data;          // contiguous: [rows, cols] (broadcast) or [batch, rows, cols]
   bool trans = false;   // data holds the transpose of the logical matrix
@@ -68,12 +78,7 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  KILN_CHECK(a_in.defined() && b_in.defined(), "matmul: undefined tensor argument");
-  KILN_CHECK(a_in.dtype() == b_in.dtype(), "matmul: dtype mismatch: a is ", dtype_name(a_in.dtype()), ", b is ",
-             dtype_name(b_in.dtype()));
-  KILN_CHECK(a_in.device() == b_in.device(), "matmul: device mismatch: a is on ", a_in.device().str(), ", b is on ",
-             b_in.device().str());
-  KILN_CHECK(is_floating(a_in.dtype()), "matmul: expected floating tensors, got ", dtype_name(a_in.dtype()));
+  check_operands(a_in, b_in, "matmul", "a", "b");
   KILN_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: operands must have at least one dim (a is ", a_in.shape(),
              ", b is ", b_in.shape(), ")");
   // 1-D operands as numpy: a [k] → [1, k], b [k] → [k, 1], squeezed afterwards.
@@ -97,7 +102,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  KILN_CHECK(x.defined() && weight.defined(), "linear: undefined tensor argument");
+  check_operands(x, weight, "linear", "input", "weight");
   KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out, in], got ", weight.shape());
   KILN_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input features ", x.dim() ? x.size(-1) : 0,
              " differ from weight's in_features ", weight.size(1), " (input ", x.shape(), ", weight ", weight.shape(), ")");
@@ -106,11 +111,6 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // The rows counted, not inferred: with in_features 0, -1 is ambiguous for 0 elements (torch: zeros).
   const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   const int64_t in = weight.size(1), out = weight.size(0);
-  KILN_CHECK(x.dtype() == weight.dtype(), "linear: dtype mismatch: input is ", dtype_name(x.dtype()), ", weight is ",
-             dtype_name(weight.dtype()));
-  KILN_CHECK(x.device() == weight.device(), "linear: device mismatch: input is on ", x.device().str(),
-             ", weight is on ", weight.device().str());
-  KILN_CHECK(is_floating(x.dtype()), "linear: expected floating tensors, got ", dtype_name(x.dtype()));
   Tensor x2 = x.detach().reshape({rows, in});
   Tensor y = matmul_raw(x2, weight.detach().t()).reshape(out_shape);
   if (any_requires_grad({x, weight})) {

@@ -1,6 +1,7 @@
 // CPU bodies of the neural-network kernels (kernels/nn.h): embedding gather and deterministic
 // scatter-add, fused RMSNorm forward/backward, rotary embedding, cross-entropy rows, dropout
-// mask, fused SwiGLU forward/backward. Accumulation is in double; every reduction has a fixed order independent of threads.
+// mask, fused SwiGLU forward/backward. Accumulation is in double; every reduction has a fixed
+// order independent of threads.
 #include <algorithm>
 #include <cmath>
 #include <vector>

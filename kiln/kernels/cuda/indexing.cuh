@@ -1,8 +1,9 @@
 // Strided elementwise launches for CUDA kernels: StridedIndexer<N> maps a flat element index
 // of a shape to the element offsets of N operands (each with its own strides, 0 for broadcast
 // dims), with sizes and strides passed by value (up to kMaxDims dims after coalescing); the
-// division by each size is a multiply by a magic number (kernels/divmod.h) when the element count fits
-// 31 bits, 64-bit division otherwise. The rank is a run-time value, so one kernel serves every rank.
+// division by each size is a multiply by a magic number (kernels/divmod.h) when the element
+// count fits 31 bits, 64-bit division otherwise. The rank is a run-time value, so one kernel
+// serves every rank.
 // launch_elementwise<N>(shape, {strides...}, f, stream) runs f(offsets) for every element,
 // with a flat fast path (offsets all equal to the index) when every operand is contiguous.
 // `f` is a functor struct with `__device__ void operator()(const int64_t* off) const`.
@@ -60,6 +61,18 @@ struct StridedIndexer {
       for (int k = 0; k < N; ++k) off[k] += static_cast<int64_t>(idx) * strides[k][d];
     }
   }
+  // Offsets of element i: i itself in every operand when all are contiguous (`flat`), else
+  // offsets32 when the element count is below 2^31 (`small`), else offsets.
+  __device__ __forceinline__ void offsets_at(int64_t i, bool flat, bool small, int64_t* off) const {
+    if (flat) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] = i;
+    } else if (small) {
+      offsets32(static_cast<uint32_t>(i), off);
+    } else {
+      offsets(i, off);
+    }
+  }
 };
 
 // Builds the indexer for `shape` with each operand's strides: drops size-1 dims and merges
@@ -114,14 +127,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t off[N];
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    if (contiguous) {
-#pragma unroll
-      for (int k = 0; k < N; ++k) off[k] = i;
-    } else if (small) {
-      ix.offsets32(static_cast<uint32_t>(i), off);
-    } else {
-      ix.offsets(i, off);
-    }
+    ix.offsets_at(i, contiguous, small, off);
     f(off);
   }
 }
@@ -196,7 +202,7 @@ struct Map2 {
 
 // Packs of F::kVec elements (NOTE [packed elementwise]): `flat` (every operand contiguous) in
 // order, the last n % kVec elements one by one; else along the innermost dim, which every
-// operand has at stride 1 and whose size is a multiple of kVec (make_pack_plan).
+// operand has at stride 1 and whose size is a multiple of kVec (packs_along_inner_dim).
 template <int N, class F>
 __global__ void __launch_bounds__(kElementwiseThreads)
     elementwise_packed_kernel(int64_t n, bool flat, bool small, StridedIndexer<N> ix, F f) {
@@ -205,14 +211,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t off[N];
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs; p += step) {
-    if (flat) {
-#pragma unroll
-      for (int k = 0; k < N; ++k) off[k] = p * V;
-    } else if (small) {
-      ix.offsets32(static_cast<uint32_t>(p * V), off);
-    } else {
-      ix.offsets(p * V, off);
-    }
+    ix.offsets_at(p * V, flat, small, off);
     f.packed(off);
   }
   if (flat && blockIdx.x == 0 && threadIdx.x < n - packs * V) {

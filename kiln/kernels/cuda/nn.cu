@@ -1,9 +1,9 @@
 // CUDA bodies of the neural-network kernels (kernels/nn.h): embedding gather and a
 // deterministic scatter-add (stable radix sort of positions by id, one owner per id segment),
-// fused RMSNorm forward/backward (dweight from per-block partials summed in a fixed order),
-// rotary embedding, cross-entropy rows (one block per row), dropout mask (Philox, same bits as
-// the CPU), fused SwiGLU and the index range check. No float atomics anywhere: results are bitwise
-// reproducible. 16-bit and f32 inputs accumulate in f32 (fixed tree order), f64 in f64.
+// fused RMSNorm forward/backward (a warp per row; dweight from per-row-group partials summed
+// in a fixed order), rotary embedding, cross-entropy rows (one block per row), dropout mask
+// (Philox, same bits as the CPU), fused SwiGLU and the index range check. No float atomics
+// anywhere: results are bitwise reproducible. 16-bit and f32 inputs accumulate in f32 (fixed tree order), f64 in f64.
 #include <cub/cub.cuh>
 
 #include <type_traits>

@@ -55,7 +55,8 @@ __global__ void norm_partials_kernel(const T* __restrict__ g, int64_t n, double 
   double acc = 0;
   // A fixed trip count with predicated loads, so that a thread's loads are all in flight at
   // once (a loop to `e` issued them one after another: 0.9 TB/s on the H200, 4.4 ms of a 1b
-  // step); the same order as before, with zeros past the end, which change no sum and no max.
+  // step); each thread takes its elements in index order, zeros past the end changing no sum
+  // and no max.
   static_assert(kNormChunk % kThreads == 0, "whole rounds of the block per chunk");
 #pragma unroll
   for (int64_t j = 0; j < kNormChunk / kThreads; ++j) {
