@@ -1,6 +1,7 @@
 // The restricted unpickler (see pickle.h): a stack machine over the opcodes torch.save uses.
 #include "kiln/io/pickle.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
@@ -25,6 +26,28 @@ const char* Object::kind_name() const {
     case Kind::tensor: return "tensor";
   }
   return "?";
+}
+
+// Frees the subtree with a work list: a chain of 200,000 nested lists freed by recursion
+// overflowed the stack. A child still referenced elsewhere (the memo, another parent) keeps
+// its own children.
+Object::~Object() {
+  std::vector<Ref> work;
+  auto take = [&work](Object& o) {
+    for (auto& r : o.items) work.push_back(std::move(r));
+    for (auto& [k, v] : o.entries) {
+      work.push_back(std::move(k));
+      work.push_back(std::move(v));
+    }
+    o.items.clear();
+    o.entries.clear();
+  };
+  take(*this);
+  while (!work.empty()) {
+    Ref r = std::move(work.back());
+    work.pop_back();
+    if (r && r.use_count() == 1) take(*r);
+  }
 }
 
 namespace {
@@ -90,13 +113,13 @@ class Machine {
         case 'B': push_str(Object::Kind::bytes, n(4)); break;
         case 'C': push_str(Object::Kind::bytes, n(1)); break;
         case 0x8e: push_str(Object::Kind::bytes, n(8)); break;
-        case ')': push(Object::make(Object::Kind::tuple)); break;
-        case ']': push(Object::make(Object::Kind::list)); break;
-        case '}': push(Object::make(Object::Kind::dict)); break;
+        case ')': push(settled(Object::make(Object::Kind::tuple), "EMPTY_TUPLE")); break;
+        case ']': push(settled(Object::make(Object::Kind::list), "EMPTY_LIST")); break;
+        case '}': push(settled(Object::make(Object::Kind::dict), "EMPTY_DICT")); break;
         case 't': {
           auto r = Object::make(Object::Kind::tuple);
           r->items = pop_mark();
-          push(r);
+          push(settled(r, "TUPLE"));
           break;
         }
         case 0x85: case 0x86: case 0x87: {
@@ -105,13 +128,13 @@ class Machine {
           auto r = Object::make(Object::Kind::tuple);
           r->items.assign(stack_.end() - static_cast<ptrdiff_t>(k), stack_.end());
           stack_.resize(stack_.size() - k);
-          push(r);
+          push(settled(r, "TUPLE1/2/3"));
           break;
         }
         case 'l': {
           auto r = Object::make(Object::Kind::list);
           r->items = pop_mark();
-          push(r);
+          push(settled(r, "LIST"));
           break;
         }
         case 'd': {
@@ -119,30 +142,37 @@ class Machine {
           KILN_CHECK(items.size() % 2 == 0, what_, ": pickle DICT with an odd number of items");
           auto r = Object::make(Object::Kind::dict);
           for (size_t k = 0; k < items.size(); k += 2) r->entries.emplace_back(items[k], items[k + 1]);
-          push(r);
+          push(settled(r, "DICT"));
           break;
         }
         case 'a': {
           Ref v = pop();
-          list_of(top(), "APPEND")->items.push_back(v);
+          Object* l = growing(list_of(top(), "APPEND"), "APPEND");
+          l->items.push_back(v);
+          adopt(l, v, "APPEND");
           break;
         }
         case 'e': {
           auto items = pop_mark();
-          auto& l = list_of(top(), "APPENDS")->items;
-          l.insert(l.end(), items.begin(), items.end());
+          Object* l = growing(list_of(top(), "APPENDS"), "APPENDS");
+          l->items.insert(l->items.end(), items.begin(), items.end());
+          for (const Ref& v : items) adopt(l, v, "APPENDS");
           break;
         }
         case 's': {
           Ref v = pop(), k = pop();
-          dict_of(top(), "SETITEM")->entries.emplace_back(k, v);
+          Object* d = growing(dict_of(top(), "SETITEM"), "SETITEM");
+          d->entries.emplace_back(k, v);
+          adopt(d, k, "SETITEM");
+          adopt(d, v, "SETITEM");
           break;
         }
         case 'u': {
           auto items = pop_mark();
           KILN_CHECK(items.size() % 2 == 0, what_, ": pickle SETITEMS with an odd number of items");
-          auto& e = dict_of(top(), "SETITEMS")->entries;
-          for (size_t k = 0; k < items.size(); k += 2) e.emplace_back(items[k], items[k + 1]);
+          Object* d = growing(dict_of(top(), "SETITEMS"), "SETITEMS");
+          for (size_t k = 0; k < items.size(); k += 2) d->entries.emplace_back(items[k], items[k + 1]);
+          for (const Ref& v : items) adopt(d, v, "SETITEMS");
           break;
         }
         case 'q': memo_[n(1)] = top(); break;
@@ -166,7 +196,7 @@ class Machine {
           Ref args = pop(), callable = pop();
           KILN_CHECK(args->kind == Object::Kind::tuple, what_, ": pickle ", op == 'R' ? "REDUCE" : "NEWOBJ",
                      " arguments are a ", args->kind_name(), ", not a tuple");
-          push(h_.call(callable, args));
+          push(settled(h_.call(callable, args), op == 'R' ? "REDUCE" : "NEWOBJ"));
           break;
         }
         case 'b': {                                      // BUILD: object state is ignored for containers/tensors
@@ -228,6 +258,36 @@ class Machine {
       json::check_utf8(r->s, std::string(what_) + ": pickle string of " + std::to_string(len) + " bytes",
                        "malformed pickle");
     push(r);
+  }
+  // Depth bookkeeping (see Object::depth). A container takes items only while it is in no other
+  // container, and never itself: so no cycle can form and each depth, computed from the items
+  // as they arrive, is exact (a list grown after its parent was built would have been deeper
+  // than its parent's depth said).
+  void adopt(Object* parent, const Ref& child, const char* op) {
+    KILN_CHECK(child.get() != parent, what_, ": pickle ", op, " puts a ", parent->kind_name(),
+               " inside itself (kiln's unpickler takes no recursive containers)");
+    child->nested = true;
+    if (child->depth + 1 > parent->depth) {
+      KILN_CHECK(child->depth + 1 <= kMaxDepth, what_, ": pickle nests containers deeper than ", kMaxDepth,
+                 " levels (at ", op, ", byte ", i_, "): not a checkpoint kiln reads");
+      parent->depth = child->depth + 1;
+    }
+  }
+  Object* growing(Object* c, const char* op) {
+    KILN_CHECK(!c->nested, what_, ": pickle ", op, " adds to a ", c->kind_name(),
+               " that is already inside another container (kiln's unpickler does not take that)");
+    return c;
+  }
+  // A container made from items (or returned by a hook): its depth from its direct items.
+  Ref settled(Ref r, const char* op) {
+    if (r->kind == Object::Kind::tuple || r->kind == Object::Kind::list || r->kind == Object::Kind::dict)
+      r->depth = std::max(r->depth, 1);
+    for (const Ref& x : r->items) adopt(r.get(), x, op);
+    for (const auto& [k, v] : r->entries) {
+      adopt(r.get(), k, op);
+      adopt(r.get(), v, op);
+    }
+    return r;
   }
   void need(size_t k, const char* op) {
     const size_t floor = marks_.empty() ? 0 : marks_.back();
