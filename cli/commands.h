@@ -16,5 +16,7 @@ int run_train(const Args& args);
 int run_eval(const Args& args);
 int run_generate(const Args& args);
 int run_tokenizer(const Args& args);
+int run_launch(const Args& args);
+int run_comms(const Args& args);
 
 }  // namespace kiln::cli

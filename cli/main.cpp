@@ -29,6 +29,8 @@ constexpr Command kCommands[] = {
     {"eval", "loss and perplexity of a checkpoint, or its logits for given ids", kiln::cli::run_eval},
     {"generate", "sample text from a checkpoint (KV cache, streaming)", kiln::cli::run_generate},
     {"tokenizer", "train a SentencePiece tokenizer (BPE or unigram)", kiln::cli::run_tokenizer},
+    {"launch", "run a program as N ranks (torchrun's variables, restarts, failure report)", kiln::cli::run_launch},
+    {"comms", "communication tools: analyze flight-recorder dumps", kiln::cli::run_comms},
 };
 
 void print_usage() {
