@@ -334,6 +334,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
         }
       }
       metrics.write(m);
+      if (hooks.on_log) hooks.on_log(m);
     }
     const double eta = (cfg.steps - step) * run_s / std::max<int64_t>(step - sum.start_step, 1);
     progress.update(step, loss, tps, eta, mem, eval_loss);

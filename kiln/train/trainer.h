@@ -22,6 +22,7 @@ struct TrainHooks {
   FILE* progress = stderr;                   // null: silent
   WriteHook checkpoint_hook;                 // tests inject checkpoint failures
   std::function<void(int64_t step)> on_step;  // after each step (before the stop check)
+  std::function<void(const json::Value& record)> on_log;  // each metrics.jsonl record, once written
 };
 
 struct TrainSummary {

@@ -1,0 +1,285 @@
+"""kiln.torch: kiln's fused linear + cross-entropy and FlexAttention for PyTorch training loops
+(docs/python.md).
+
+- ``linear_cross_entropy(hidden, weight, target, ...)`` and ``LinearCrossEntropyLoss``: the
+  output projection and the loss fused, never holding the N x V logits.
+- ``flex_attention(q, k, v, score_mod=None, block_mask=None, ...)`` and ``create_block_mask``
+  with the library's mods (``kiln.torch.mods``).
+
+In eager mode each op is a ``torch.autograd.Function`` that keeps kiln's autograd graph for
+the backward (the fused loss computes its gradients in the forward, so its backward only
+scales them). Under ``torch.compile`` the same calls go through ``torch.library`` custom ops
+(``torch.ops.kiln.*``, with fake tensors), which the compiler treats as opaque; their backward
+recomputes the forward. Tensors cross by DLPack without copies; on CUDA kiln's kernels run on
+the caller's stream (``torch.cuda.current_stream()``).
+"""
+import contextlib
+import functools
+from typing import Optional, Tuple
+
+import torch
+from torch.utils import dlpack as _tdl
+
+from .. import _C
+from .._C import KilnError
+from . import mods
+from .mods import MaskMod, ScoreMod
+
+__all__ = ["BlockMask", "LinearCrossEntropyLoss", "create_block_mask", "flex_attention", "linear_cross_entropy", "mods"]
+
+_NO_JIT = ("a Python {what} needs kiln's JIT (kiln/jit: runtime mods traced from Python), which this build of kiln "
+           "does not have; use the library's mods by name: kiln.torch.mods.{examples}")
+
+
+def _k(t):
+    """torch -> kiln, zero copy (no autograd history crosses)."""
+    return None if t is None else _C.from_capsule(_tdl.to_dlpack(t.detach()))
+
+
+def _t(k):
+    """kiln -> torch, zero copy."""
+    return None if k is None else _tdl.from_dlpack(k)
+
+
+def _scope(t):
+    """kiln's kernels on `t`'s CUDA device launch on the caller's current stream in this scope."""
+    if not t.is_cuda:
+        return contextlib.nullcontext()
+    if not _C.has_streams:
+        raise KilnError("kiln.torch: this build of kiln cannot run on the caller's CUDA stream (no kiln/core/stream.h)")
+    return _C.StreamScope(f"cuda:{t.device.index}", torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def _check_tensor(name, t, op):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+# ---------------------------------------------------------------- the fused loss
+
+_LCE_DEFAULTS = dict(ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=0.0, num_items=0.0)
+
+
+class _LinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, class_weight, opts):
+        need = ctx.needs_input_grad
+        with _scope(hidden):
+            loss, z, lse, graph = _C.linear_cross_entropy(
+                _k(hidden), _k(weight), _k(target), bias=_k(bias), class_weight=_k(class_weight),
+                hidden_grad=need[0], weight_grad=need[1], bias_grad=bias is not None and need[3],
+                return_lse=opts["return_lse"], **{k: opts[k] for k in _LCE_DEFAULTS})
+            ctx.graph, ctx.device_tensor = graph, hidden
+            lse = _t(lse) if lse is not None else torch.empty(0, device=hidden.device)
+            out = (_t(loss), _t(z), lse)
+        ctx.mark_non_differentiable(out[1], out[2])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_z, _grad_lse):
+        # The graph stays with ctx (torch frees ctx with its graph): retain_graph works as in torch.
+        graph = ctx.graph
+        if graph is None or grad_loss is None:
+            return None, None, None, None, None, None
+        with _scope(ctx.device_tensor):
+            gh, gw, gb = graph.run([_k(grad_loss)], retain=True)
+            return _t(gh), _t(gw), None, _t(gb), None, None
+
+
+def _lce_options(ignore_index, reduction, label_smoothing, z_loss, softcap, num_items):
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"kiln.torch.linear_cross_entropy: reduction={reduction!r} is not one of mean, sum, none")
+    return dict(ignore_index=int(ignore_index), reduction=reduction, label_smoothing=float(label_smoothing),
+                z_loss=float(z_loss), softcap=float(softcap), num_items=float(num_items))
+
+
+def linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, reduction="mean",
+                         label_smoothing=0.0, z_loss=0.0, softcap=0.0, class_weight=None, num_items=0.0,
+                         return_z_loss=False, return_lse=False):
+    """``cross_entropy(hidden @ weight.T + bias, target)`` without the N x V logits.
+
+    hidden [N, d] or [B, T, d]; weight [V, d]; target [N] or [B, T] (int64 or int32); f32, bf16,
+    f16 or f64 (16-bit inputs accumulate in f32). Options as ``F.cross_entropy`` (ignore_index,
+    reduction, label_smoothing, class_weight = its `weight`) plus z_loss (s * lse^2 per token),
+    softcap (softcap * tanh(logits / softcap)) and num_items (divide the summed loss by it: for
+    gradient accumulation). Returns the loss, or (loss, z_loss part, lse) as asked.
+    """
+    op = "kiln.torch.linear_cross_entropy"
+    for name, t in (("hidden", hidden), ("weight", weight), ("target", target)):
+        _check_tensor(name, t, op)
+    opts = _lce_options(ignore_index, reduction, label_smoothing, z_loss, softcap, num_items)
+    if torch.compiler.is_compiling():
+        loss, z = torch.ops.kiln.linear_cross_entropy(hidden, weight, target, bias, class_weight, **opts)
+        lse = None
+        if return_lse:
+            raise KilnError(f"{op}: return_lse is not available under torch.compile (the custom op gives loss and z_loss)")
+    else:
+        loss, z, lse = _LinearCrossEntropyFunction.apply(hidden, weight, target, bias, class_weight,
+                                                         dict(opts, return_lse=return_lse))
+    if not (return_z_loss or return_lse):
+        return loss
+    out = (loss,)
+    if return_z_loss:
+        out += (z,)
+    if return_lse:
+        out += (lse,)
+    return out
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """The output projection and the loss as a module: ``loss = module(hidden, target)``.
+
+    Owns a weight [num_classes, in_features] initialised as ``nn.Linear``'s (and a bias when
+    ``bias=True``), or uses `weight` (a tied Parameter such as the embedding's; its gradient
+    accumulates there). Options as linear_cross_entropy.
+    """
+
+    def __init__(self, in_features=None, num_classes=None, bias=False, *, weight=None, ignore_index=-100,
+                 reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=0.0, device=None, dtype=None):
+        super().__init__()
+        if weight is not None:
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                raise ValueError("kiln.torch.LinearCrossEntropyLoss: weight must be a 2-D tensor [V, d]")
+            self.weight = weight
+        else:
+            if in_features is None or num_classes is None:
+                raise ValueError("kiln.torch.LinearCrossEntropyLoss: give in_features and num_classes, or weight")
+            lin = torch.nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
+            self.weight = lin.weight
+        self.bias = (torch.nn.Parameter(torch.zeros(self.weight.shape[0], device=self.weight.device,
+                                                    dtype=self.weight.dtype)) if bias and weight is not None
+                     else (lin.bias if bias else None))
+        self.options = _lce_options(ignore_index, reduction, label_smoothing, z_loss, softcap, 0.0)
+
+    def forward(self, hidden, target, num_items=0.0):
+        return linear_cross_entropy(hidden, self.weight, target, self.bias, **dict(self.options, num_items=num_items))
+
+    def extra_repr(self):
+        v, d = self.weight.shape
+        return f"in_features={d}, num_classes={v}, bias={self.bias is not None}, " + ", ".join(
+            f"{k}={v!r}" for k, v in self.options.items() if k != "num_items")
+
+
+# ---------------------------------------------------------------- FlexAttention
+
+class BlockMask:
+    """The block-sparse schedule of a library mask_mod for one (Q_LEN, KV_LEN), built once and
+    reused every step (PyTorch's BlockMask, for kiln's mods)."""
+
+    def __init__(self, mask_mod, q_len, kv_len, block_size, device, native):
+        self.mask_mod, self.q_len, self.kv_len = mask_mod, q_len, kv_len
+        self.BLOCK_SIZE, self.device, self._native = block_size, torch.device(device), native
+
+    @property
+    def shape(self):
+        return (1, 1, self.q_len, self.kv_len)
+
+    def sparsity(self):
+        """Percentage of tiles skipped (as PyTorch's BlockMask.sparsity)."""
+        return 100.0 * self._native.sparsity()
+
+    def to_dense(self):
+        """Tile classes [1, 1, nQ, nKV]: 0 skipped, 1 partial (the mask is evaluated), 2 full."""
+        return _t(self._native.to_dense())
+
+    def __repr__(self):
+        return (f"kiln.torch.BlockMask({self.mask_mod!r}, Q_LEN={self.q_len}, KV_LEN={self.kv_len}, "
+                f"BLOCK_SIZE={self.BLOCK_SIZE}, sparsity={self.sparsity():.1f}%)")
+
+
+def _native_mask(mask_mod, q_len, kv_len, block_size, device):
+    ids = None if mask_mod.document_ids is None else _k(torch.as_tensor(mask_mod.document_ids))
+    return _C.create_block_mask(mask_mod.kind, q_len, kv_len, window=mask_mod.window, prefix=mask_mod.prefix,
+                                document_ids=ids, block_size=block_size, device=str(device))
+
+
+def create_block_mask(mask_mod, B=None, H=None, Q_LEN=None, KV_LEN=None, device="cpu", BLOCK_SIZE=128, _compile=False):
+    """A BlockMask for a library mask_mod (``kiln.torch.mods.causal``, ``sliding_window(256)``,
+    ``prefix_lm(n)``, ``document(ids)``, ``noop_mask``). B and H are accepted as PyTorch's; the
+    library's masks do not depend on them (the mask broadcasts)."""
+    op = "kiln.torch.create_block_mask"
+    if not isinstance(mask_mod, MaskMod):
+        if callable(mask_mod):
+            raise NotImplementedError(_NO_JIT.format(what="mask_mod", examples="causal, sliding_window(w), "
+                                                     "prefix_lm(n), document(ids)"))
+        raise TypeError(f"{op}: mask_mod must be a kiln.torch.mods mask, got {type(mask_mod).__name__}")
+    if Q_LEN is None or KV_LEN is None:
+        raise ValueError(f"{op}: Q_LEN and KV_LEN are required")
+    device = torch.device(device)
+    native = _native_mask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device)
+    return BlockMask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device, native)
+
+
+def _score_args(score_mod, q):
+    """(kind, cap, slopes as a torch tensor or None) of a library score_mod."""
+    if score_mod is None:
+        return "none", 0.0, None
+    if not isinstance(score_mod, ScoreMod):
+        if callable(score_mod):
+            raise NotImplementedError(_NO_JIT.format(what="score_mod", examples="softcap(cap), alibi"))
+        raise TypeError(f"kiln.torch.flex_attention: score_mod must be a kiln.torch.mods score mod, got "
+                        f"{type(score_mod).__name__}")
+    slopes = None
+    if score_mod.kind == "alibi":
+        slopes = score_mod.slopes if score_mod.slopes is not None else _t(_C.alibi_slopes(q.shape[1]))
+        slopes = torch.as_tensor(slopes, dtype=torch.float32)
+    return score_mod.kind, score_mod.cap, slopes
+
+
+class _FlexAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, native_mask, score_kind, cap, slopes, scale):
+        ctx.set_materialize_grads(False)
+        need = ctx.needs_input_grad
+        with _scope(q):
+            out, lse, graph = _C.flex_attention(_k(q), _k(k), _k(v), native_mask, score_mod=score_kind, softcap=cap,
+                                                alibi_slopes=_k(slopes), scale=scale, return_lse=True,
+                                                q_grad=need[0], k_grad=need[1], v_grad=need[2])
+            ctx.graph, ctx.device_tensor = graph, q
+            return _t(out), _t(lse)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        graph = ctx.graph
+        if graph is None or (grad_out is None and grad_lse is None):
+            return (None,) * 8
+        with _scope(ctx.device_tensor):
+            dq, dk, dv = graph.run([_k(grad_out), _k(grad_lse)], retain=True)
+            return _t(dq), _t(dk), _t(dv), None, None, None, None, None
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+                   return_lse=False, kernel_options=None):
+    """PyTorch's ``flex_attention`` on kiln's kernels: query [B, Hq, L, E], key [B, Hkv, S, E],
+    value [B, Hkv, S, Ev] (Hq a multiple of Hkv: GQA without copies); f32, bf16 or f16. Returns
+    the output [B, Hq, L, Ev], and the log-sum-exp [B, Hq, L] (f32, natural log) with
+    ``return_lse=True``. Fully masked rows give 0 (lse -inf)."""
+    op = "kiln.torch.flex_attention"
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, t, op)
+        if t.dim() != 4:
+            raise ValueError(f"{op}: {name} must be 4-D [B, H, seq, dim], got shape {tuple(t.shape)}")
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise TypeError(f"{op}: block_mask must come from kiln.torch.create_block_mask, got "
+                            f"{type(block_mask).__name__}")
+        if (block_mask.q_len, block_mask.kv_len) != (query.shape[2], key.shape[2]):
+            raise ValueError(f"{op}: block_mask is for Q_LEN={block_mask.q_len}, KV_LEN={block_mask.kv_len}; "
+                             f"the inputs have L={query.shape[2]}, S={key.shape[2]}")
+    kind, cap, slopes = _score_args(score_mod, query)
+    scale = None if scale is None else float(scale)
+    if torch.compiler.is_compiling():
+        m = block_mask.mask_mod if block_mask is not None else mods.noop_mask
+        bs = block_mask.BLOCK_SIZE if block_mask is not None else 128
+        ids = None if m.document_ids is None else torch.as_tensor(m.document_ids)
+        out, lse = torch.ops.kiln.flex_attention(query, key, value, m.kind, m.window, m.prefix, ids, bs, kind, cap,
+                                                 slopes, scale)
+    else:
+        native = block_mask._native if block_mask is not None else None
+        if native is not None and torch.device(native.device) != query.device:
+            raise ValueError(f"{op}: block_mask is on {native.device}, the inputs on {query.device}")
+        out, lse = _FlexAttentionFunction.apply(query, key, value, native, kind, cap, slopes, scale)
+    return (out, lse) if return_lse else out
+
+
+from . import _ops  # noqa: E402,F401  (registers torch.ops.kiln.*)

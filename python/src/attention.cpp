@@ -1,0 +1,154 @@
+// Bindings of kiln/attention: block masks of the library's mask mods (none, causal,
+// sliding_window, document, prefix_lm; built once per shape) and flex_attention with the
+// library's score mods (none, alibi, softcap), returning out, lse and the autograd Graph that
+// kiln.torch's backward runs. The GIL is released around the kernels.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "kiln/attention/flex_attention.h"
+#include "python/src/bindings.h"
+
+namespace kiln::python {
+namespace {
+
+using namespace kiln::attention;
+
+// A built block mask and which library mask_mod it is.
+struct PyBlockMask {
+  std::string kind;  // none | causal | sliding_window | document | prefix_lm
+  AnyBlockMask any;  // none, causal, sliding_window, document
+  int64_t prefix = 0;
+  BlockLayout prefix_layout;  // prefix_lm
+  const BlockLayout& layout() const { return kind == "prefix_lm" ? prefix_layout : any.layout; }
+};
+
+std::unique_ptr<PyBlockMask> make_block_mask(const std::string& kind, int64_t q_len, int64_t kv_len, int64_t window,
+                                             int64_t prefix, const std::optional<PyTensor>& document_ids,
+                                             int64_t block_size, const std::string& device) {
+  const Device dev = Device::parse(device);
+  check_device_available(dev, "create_block_mask");
+  auto m = std::make_unique<PyBlockMask>();
+  m->kind = kind;
+  nb::gil_scoped_release nogil;
+  if (kind == "prefix_lm") {
+    KILN_CHECK(prefix >= 0 && prefix < (int64_t{1} << 31), "create_block_mask: prefix_lm's prefix must be in [0, 2^31), got ",
+               prefix);
+    m->prefix = prefix;
+    m->prefix_layout = create_block_mask(PrefixLM{static_cast<int>(prefix)}, 1, 1, q_len, kv_len, block_size,
+                                         block_size).layout;
+    if (!dev.is_cpu()) m->prefix_layout = m->prefix_layout.to(dev);
+    return m;
+  }
+  MaskSpec spec;
+  spec.block_size = block_size;
+  if (kind == "none") spec.kind = MaskSpec::Kind::none;
+  else if (kind == "causal") spec.kind = MaskSpec::Kind::causal;
+  else if (kind == "sliding_window") spec.kind = MaskSpec::Kind::sliding_window, spec.window = window;
+  else if (kind == "document") {
+    spec.kind = MaskSpec::Kind::document;
+    KILN_CHECK(document_ids.has_value(), "create_block_mask: the document mask needs document_ids (one id per position)");
+    spec.document_ids = document_ids->t;
+  } else {
+    fail("create_block_mask: unknown mask '", kind, "' (expected none, causal, sliding_window, document or prefix_lm)");
+  }
+  m->any = create_block_mask(spec, q_len, kv_len, dev);
+  return m;
+}
+
+template <class SM>
+FlexResult run_mask(const Tensor& q, const Tensor& k, const Tensor& v, const SM& sm, const PyBlockMask& m,
+                    const FlexOptions& o, const char* score_name) {
+  if (m.kind == "none") return flex_attention(q, k, v, sm, BlockMask<NoMask>{{}, m.any.layout}, o);
+  if (m.kind == "causal") return flex_attention(q, k, v, sm, BlockMask<Causal>{{}, m.any.layout}, o);
+  if constexpr (std::is_same_v<SM, NoScoreMod>) {
+    if (m.kind == "prefix_lm")
+      return flex_attention(q, k, v, sm, BlockMask<PrefixLM>{PrefixLM{static_cast<int>(m.prefix)}, m.prefix_layout}, o);
+    return flex_attention(q, k, v, m.any, o);  // sliding_window, document
+  }
+  fail("flex_attention: score_mod ", score_name, " runs with the none and causal masks only (kiln's kernels are "
+       "instantiated for those); got mask ", m.kind);
+}
+
+using FlexOut = std::tuple<PyTensor, std::optional<PyTensor>, std::unique_ptr<Graph>>;
+
+FlexOut flex(const PyTensor& q, const PyTensor& k, const PyTensor& v, const PyBlockMask* mask,
+             const std::string& score_mod, double softcap, const std::optional<PyTensor>& alibi_slopes,
+             std::optional<double> scale, bool return_lse, bool q_grad, bool k_grad, bool v_grad) {
+  nb::gil_scoped_release nogil;
+  auto leaf = [](const Tensor& t, bool g) {
+    Tensor l = t.detach();
+    if (g) l.requires_grad_(true);
+    return l;
+  };
+  Tensor lq = leaf(q.t, q_grad), lk = leaf(k.t, k_grad), lv = leaf(v.t, v_grad);
+  FlexOptions o;
+  o.scale = scale;
+  o.return_lse = true;  // kept for the caller's lse; returned only when asked
+  PyBlockMask none;
+  if (!mask) {
+    none.kind = "none";
+    none.any = create_block_mask(MaskSpec{MaskSpec::Kind::none}, q.t.dim() == 4 ? q.t.size(2) : 0,
+                                 k.t.dim() == 4 ? k.t.size(2) : 0, q.t.device());
+    mask = &none;
+  }
+  FlexResult r;
+  Tensor slopes;
+  if (score_mod == "none") {
+    r = run_mask(lq, lk, lv, NoScoreMod{}, *mask, o, "none");
+  } else if (score_mod == "softcap") {
+    r = run_mask(lq, lk, lv, Softcap{static_cast<float>(softcap)}, *mask, o, "softcap");
+  } else if (score_mod == "alibi") {
+    KILN_CHECK(alibi_slopes.has_value(), "flex_attention: the alibi score_mod needs its slopes");
+    slopes = alibi_slopes->t.to(DType::f32).to(q.t.device()).contiguous();
+    KILN_CHECK(q.t.dim() == 4 && slopes.dim() == 1 && slopes.size(0) == q.t.size(1),
+               "flex_attention: alibi slopes must be [Hq=", q.t.dim() == 4 ? q.t.size(1) : -1, "], got ",
+               shape_str(slopes.shape()));
+    r = run_mask(lq, lk, lv, Alibi{slopes.data<float>()}, *mask, o, "alibi");
+  } else {
+    fail("flex_attention: unknown score_mod '", score_mod, "' (expected none, softcap or alibi)");
+  }
+  std::unique_ptr<Graph> g;
+  if (r.out.requires_grad()) {
+    g = std::make_unique<Graph>();
+    g->roots = {r.out, r.lse};
+    g->leaves = {q_grad ? lq : Tensor(), k_grad ? lk : Tensor(), v_grad ? lv : Tensor()};
+    // The backward reads the slopes through the functor's raw pointer: the Graph keeps them.
+    g->keep = slopes;
+  }
+  std::optional<PyTensor> lse;
+  if (return_lse) lse = PyTensor{r.lse.detach(), false};
+  return {PyTensor{r.out.detach(), false}, lse, std::move(g)};
+}
+
+}  // namespace
+
+void bind_attention(nb::module_& m) {
+  nb::class_<PyBlockMask>(m, "BlockMask", "The block-sparse schedule of a library mask, built once per shape")
+      .def_prop_ro("kind", [](const PyBlockMask& b) { return b.kind; })
+      .def_prop_ro("q_len", [](const PyBlockMask& b) { return b.layout().q_len; })
+      .def_prop_ro("kv_len", [](const PyBlockMask& b) { return b.layout().kv_len; })
+      .def_prop_ro("block_size", [](const PyBlockMask& b) { return b.layout().q_block; })
+      .def_prop_ro("device", [](const PyBlockMask& b) { return b.layout().device().str(); })
+      .def("sparsity", [](const PyBlockMask& b) { return b.layout().sparsity(); })
+      .def("to_dense", [](const PyBlockMask& b) { return PyTensor{b.layout().to_dense(), false}; },
+           "tile classes [1, 1, nQ, nKV] (i32: 0 empty, 1 partial, 2 full)");
+  m.def("create_block_mask", &make_block_mask, nb::arg("kind"), nb::arg("q_len"), nb::arg("kv_len"), nb::kw_only(),
+        nb::arg("window") = 0, nb::arg("prefix") = 0, nb::arg("document_ids") = nb::none(),
+        nb::arg("block_size") = kDefaultBlockSize, nb::arg("device") = "cpu");
+  m.def("flex_attention", &flex, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("block_mask").none(),
+        nb::kw_only(), nb::arg("score_mod") = "none", nb::arg("softcap") = 0.0, nb::arg("alibi_slopes") = nb::none(),
+        nb::arg("scale") = nb::none(), nb::arg("return_lse") = false, nb::arg("q_grad") = false,
+        nb::arg("k_grad") = false, nb::arg("v_grad") = false,
+        "kiln::attention::flex_attention: (out, lse or None, Graph or None); the Graph's leaves are (q, k, v)");
+  m.def("alibi_slopes", [](int heads) {
+    KILN_CHECK(heads >= 1, "alibi_slopes: heads must be >= 1, got ", heads);
+    Tensor s = Tensor::empty({heads}, DType::f32);
+    alibi_slopes(heads, s.data<float>());
+    return PyTensor{s, false};
+  }, nb::arg("heads"));
+}
+
+}  // namespace kiln::python
