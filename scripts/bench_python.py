@@ -3,7 +3,8 @@
 10 us on the CPU, 15 us on CUDA). For each op it times the kiln.torch call (DLPack both ways,
 the autograd.Function, the caller's-stream scope) and the binding's direct call on kiln tensors
 made beforehand (the C++ call plus nanobind's argument conversion), and prints one JSON object
-per case on stdout (bench, impl, device, shape, dtype, ms_median, peak_bytes, overhead_us) and a
+per case on stdout (bench, impl, device, shape, dtype, ms_median, ms_min, peak_bytes, overhead_us,
+overhead_us_min) and a
 table on stderr.
 
   PYTHONPATH=build/cpu/python .venv/bin/python scripts/bench_python.py            # needs torch
@@ -23,7 +24,8 @@ from kiln import _C
 
 
 def timed(fn, device, iters, repeats):
-    """Median seconds per call over `repeats` batches of `iters` calls."""
+    """(median, fastest) seconds per call over `repeats` batches of `iters` calls (the fastest batch
+    is the figure least disturbed by other work on a shared machine)."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(max(iters // 10, 5)):
         fn()
@@ -35,7 +37,7 @@ def timed(fn, device, iters, repeats):
             fn()
         sync()
         per.append((time.perf_counter() - t0) / iters)
-    return statistics.median(per)
+    return statistics.median(per), min(per)
 
 
 def main():
@@ -72,17 +74,20 @@ def main():
          None),
         ("dlpack_round_trip", (n, d), lambda: torch.from_dlpack(kiln.from_dlpack(h)), None),
     ]
-    print(f"{'case':24} {'kiln.torch us':>14} {'C++ call us':>12} {'overhead us':>12}", file=sys.stderr)
+    print(f"{'case (median of batches)':24} {'kiln.torch us':>14} {'C++ call us':>12} {'overhead us':>12}",
+          file=sys.stderr)
     for name, shape, py, cpp in cases:
-        tp = timed(py, dev, a.iters, a.repeats)
-        tc = timed(cpp, dev, a.iters, a.repeats) if cpp else None
-        for impl, sec in (("kiln.torch", tp), ("kiln._C", tc)):
+        (tp, tp_min) = timed(py, dev, a.iters, a.repeats)
+        (tc, tc_min) = timed(cpp, dev, a.iters, a.repeats) if cpp else (None, None)
+        for impl, sec, sec_min in (("kiln.torch", tp, tp_min), ("kiln._C", tc, tc_min)):
             if sec is None:
                 continue
             rec = {"bench": f"python_{name}", "impl": impl, "device": dev, "shape": list(shape), "dtype": "f32",
-                   "ms_median": sec * 1e3, "peak_bytes": kiln.memory_stats(dev if dev == "cpu" else "cuda:0")["peak_bytes"]}
+                   "ms_median": sec * 1e3, "ms_min": sec_min * 1e3,
+                   "peak_bytes": kiln.memory_stats(dev if dev == "cpu" else "cuda:0")["peak_bytes"]}
             if impl == "kiln.torch" and tc is not None:
                 rec["overhead_us"] = (tp - tc) * 1e6
+                rec["overhead_us_min"] = (tp_min - tc_min) * 1e6
             print(json.dumps(rec))
         print(f"{name:24} {tp * 1e6:14.2f} {tc * 1e6 if tc else float('nan'):12.2f} "
               f"{(tp - tc) * 1e6 if tc else float('nan'):12.2f}", file=sys.stderr)

@@ -31,14 +31,20 @@ _NO_JIT = ("a Python {what} needs kiln's JIT (kiln/jit: runtime mods traced from
            "does not have; use the library's mods by name: kiln.torch.mods.{examples}")
 
 
+# The per-call conversions take torch's C entry points and pre-1.0 capsules (the fastest path);
+# no stream synchronisation is needed: inside _scope both sides work on torch's current stream.
+_to_capsule = getattr(torch._C, "_to_dlpack", None) or _tdl.to_dlpack
+_from_capsule = getattr(torch._C, "_from_dlpack", None) or _tdl.from_dlpack
+
+
 def _k(t):
     """torch -> kiln, zero copy (no autograd history crosses)."""
-    return None if t is None else _C.from_capsule(_tdl.to_dlpack(t.detach()))
+    return None if t is None else _C.from_capsule(_to_capsule(t))
 
 
 def _t(k):
     """kiln -> torch, zero copy."""
-    return None if k is None else _tdl.from_dlpack(k)
+    return None if k is None else _from_capsule(k.__dlpack__(stream=-1))
 
 
 def _scope(t):
@@ -57,33 +63,32 @@ def _check_tensor(name, t, op):
 
 # ---------------------------------------------------------------- the fused loss
 
-_LCE_DEFAULTS = dict(ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=0.0, num_items=0.0)
-
-
 class _LinearCrossEntropyFunction(torch.autograd.Function):
+    # Outputs: the loss, then the z-loss part and the lse when asked (`extras`).
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, class_weight, opts):
+    def forward(ctx, hidden, weight, target, bias, class_weight, opts, extras):
         need = ctx.needs_input_grad
         with _scope(hidden):
             loss, z, lse, graph = _C.linear_cross_entropy(
                 _k(hidden), _k(weight), _k(target), bias=_k(bias), class_weight=_k(class_weight),
                 hidden_grad=need[0], weight_grad=need[1], bias_grad=bias is not None and need[3],
-                return_lse=opts["return_lse"], **{k: opts[k] for k in _LCE_DEFAULTS})
+                return_lse="lse" in extras, **opts)
             ctx.graph, ctx.device_tensor = graph, hidden
-            lse = _t(lse) if lse is not None else torch.empty(0, device=hidden.device)
-            out = (_t(loss), _t(z), lse)
-        ctx.mark_non_differentiable(out[1], out[2])
+            if not extras:
+                return _t(loss)
+            out = (_t(loss),) + tuple(_t(z) if e == "z" else _t(lse) for e in extras)
+        ctx.mark_non_differentiable(*out[1:])
         return out
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_z, _grad_lse):
+    def backward(ctx, grad_loss, *_grad_extras):
         # The graph stays with ctx (torch frees ctx with its graph): retain_graph works as in torch.
         graph = ctx.graph
         if graph is None or grad_loss is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         with _scope(ctx.device_tensor):
             gh, gw, gb = graph.run([_k(grad_loss)], retain=True)
-            return _t(gh), _t(gw), None, _t(gb), None, None
+            return _t(gh), _t(gw), None, _t(gb), None, None, None
 
 
 def _lce_options(ignore_index, reduction, label_smoothing, z_loss, softcap, num_items):
@@ -109,21 +114,12 @@ def linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100
         _check_tensor(name, t, op)
     opts = _lce_options(ignore_index, reduction, label_smoothing, z_loss, softcap, num_items)
     if torch.compiler.is_compiling():
-        loss, z = torch.ops.kiln.linear_cross_entropy(hidden, weight, target, bias, class_weight, **opts)
-        lse = None
         if return_lse:
             raise KilnError(f"{op}: return_lse is not available under torch.compile (the custom op gives loss and z_loss)")
-    else:
-        loss, z, lse = _LinearCrossEntropyFunction.apply(hidden, weight, target, bias, class_weight,
-                                                         dict(opts, return_lse=return_lse))
-    if not (return_z_loss or return_lse):
-        return loss
-    out = (loss,)
-    if return_z_loss:
-        out += (z,)
-    if return_lse:
-        out += (lse,)
-    return out
+        loss, z = torch.ops.kiln.linear_cross_entropy(hidden, weight, target, bias, class_weight, **opts)
+        return (loss, z) if return_z_loss else loss
+    extras = ("z",) * bool(return_z_loss) + ("lse",) * bool(return_lse)
+    return _LinearCrossEntropyFunction.apply(hidden, weight, target, bias, class_weight, opts, extras)
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
