@@ -1,0 +1,56 @@
+// The argument checks every backend runs before queueing an operation (communicator.h).
+#include "kiln/dist/communicator.h"
+
+#include <numeric>
+
+namespace kiln::dist {
+
+void check_tensor(const char* op, const char* arg, const Tensor& t, TensorPlace place) {
+  KILN_CHECK(t.defined(), op, ": ", arg, " is an undefined tensor");
+  if (place == TensorPlace::cpu)
+    KILN_CHECK(t.is_cpu(), op, ": ", arg, " is on ", t.device().str(),
+               "; the gloo backend takes CPU tensors (use the nccl backend for CUDA tensors)");
+  else
+    KILN_CHECK(t.is_cuda(), op, ": ", arg, " is on ", t.device().str(),
+               "; the nccl backend takes CUDA tensors (use the gloo backend for CPU tensors)");
+  KILN_CHECK(t.is_contiguous(), op, ": ", arg, " of shape ", shape_str(t.shape()),
+             " is not contiguous (call .contiguous() first)");
+}
+
+void check_reduce(const char* op, DType dt, ReduceOp r) {
+  const bool reducible = dt == DType::f32 || dt == DType::bf16 || dt == DType::f16 || dt == DType::f64 ||
+                         dt == DType::i32 || dt == DType::i64 || dt == DType::u8;
+  KILN_CHECK(reducible, op, ": dtype ", dtype_name(dt),
+             " cannot be reduced (expected f32, bf16, f16, f64, i32, i64 or u8)");
+  KILN_CHECK(r != ReduceOp::avg || is_floating(dt), op, ": avg of dtype ", dtype_name(dt),
+             " (avg needs a floating dtype; use sum and divide)");
+}
+
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.dtype() == b.dtype(), op, ": output dtype ", dtype_name(a.dtype()), " differs from input dtype ",
+             dtype_name(b.dtype()));
+}
+
+void check_rank(const char* op, const char* arg, int r, int size, int self, bool self_allowed) {
+  KILN_CHECK(r >= 0 && r < size, op, ": ", arg, "=", r, " out of range [0, ", size, ")");
+  KILN_CHECK(self_allowed || r != self, op, ": ", arg, "=", r, " is this rank");
+}
+
+std::vector<int64_t> all_to_all_counts(const char* arg, const Tensor& t, const std::vector<int64_t>& splits,
+                                       int size) {
+  if (splits.empty()) {
+    KILN_CHECK(t.numel() % size == 0, "all_to_all_single: ", arg, " has ", t.numel(),
+               " elements, not divisible by the world size ", size, " (give split sizes)");
+    return std::vector<int64_t>(static_cast<size_t>(size), t.numel() / size);
+  }
+  KILN_CHECK(static_cast<int>(splits.size()) == size, "all_to_all_single: ", arg, " splits has ", splits.size(),
+             " entries (expected the world size ", size, ")");
+  for (size_t i = 0; i < splits.size(); ++i)
+    KILN_CHECK(splits[i] >= 0, "all_to_all_single: ", arg, " splits[", i, "]=", splits[i], " is negative");
+  const int64_t total = std::accumulate(splits.begin(), splits.end(), int64_t{0});
+  KILN_CHECK(total == t.numel(), "all_to_all_single: ", arg, " splits sum to ", total, " but ", arg, " has ",
+             t.numel(), " elements");
+  return splits;
+}
+
+}  // namespace kiln::dist

@@ -1,0 +1,769 @@
+// The Gloo backend (CPU tensors): a gloo::rendezvous::Context per communicator, connected full
+// mesh through kiln's store (gloo_store.h); one worker thread runs the operations in order (Gloo
+// calls block), each with its timeout starting when it starts; a watchdog publishes progress.
+// reduce_scatter_single is an all-to-all of the chunks then a local reduction in rank order
+// (bandwidth-optimal: each rank receives only its chunk from every peer); avg divides a sum.
+// On a failure the context is destroyed at once (its peers see "connection closed" and fail
+// too), the flight recorder is dumped, a log line names the op and the ranks that never joined,
+// and the policy runs: abort exits the process; shrink has the survivors agree on who is alive
+// (a generation number, a deadline, one compare_set), rebuild a smaller context, and fail the
+// Work with PeerLost carrying it.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "kiln/core/half.h"
+#include "kiln/dist/backends.h"
+#include "kiln/dist/dist_log.h"
+#include "kiln/dist/flight_recorder.h"
+#include "kiln/dist/gloo/gloo_store.h"
+#include "kiln/dist/watchdog.h"
+
+namespace kiln::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
+
+template <class T, class F>
+void reduce_loop(void* out, const void* a, const void* b, size_t n, F f) {
+  auto* o = static_cast<T*>(out);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+}
+
+template <class T, class C>  // C: the type the math runs in
+ReduceFn make_reduce_typed(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: case ReduceOp::avg:
+      return [](void* o, const void* a, const void* b, size_t n) {
+        reduce_loop<T>(o, a, b, n, [](T x, T y) { return T(static_cast<C>(x) + static_cast<C>(y)); });
+      };
+    case ReduceOp::product:
+      return [](void* o, const void* a, const void* b, size_t n) {
+        reduce_loop<T>(o, a, b, n, [](T x, T y) { return T(static_cast<C>(x) * static_cast<C>(y)); });
+      };
+    case ReduceOp::min:
+      return [](void* o, const void* a, const void* b, size_t n) {
+        reduce_loop<T>(o, a, b, n, [](T x, T y) { return static_cast<C>(y) < static_cast<C>(x) ? y : x; });
+      };
+    case ReduceOp::max:
+      return [](void* o, const void* a, const void* b, size_t n) {
+        reduce_loop<T>(o, a, b, n, [](T x, T y) { return static_cast<C>(y) > static_cast<C>(x) ? y : x; });
+      };
+  }
+  return {};
+}
+
+ReduceFn make_reduce(DType dt, ReduceOp op) {
+  switch (dt) {
+    case DType::f32: return make_reduce_typed<float, float>(op);
+    case DType::f64: return make_reduce_typed<double, double>(op);
+    case DType::bf16: return make_reduce_typed<BFloat16, float>(op);
+    case DType::f16: return make_reduce_typed<Half, float>(op);
+    case DType::i32: return make_reduce_typed<int32_t, int32_t>(op);
+    case DType::i64: return make_reduce_typed<int64_t, int64_t>(op);
+    case DType::u8: return make_reduce_typed<uint8_t, uint8_t>(op);
+    default: fail("gloo backend: no reduction for dtype ", dtype_name(dt));
+  }
+}
+
+template <class T>
+void divide_typed(void* p, size_t n, int by) {
+  auto* x = static_cast<T*>(p);
+  for (size_t i = 0; i < n; ++i) x[i] = T(static_cast<float>(x[i]) / static_cast<float>(by));
+}
+
+void divide(DType dt, void* p, size_t n, int by) {
+  switch (dt) {
+    case DType::f32: divide_typed<float>(p, n, by); break;
+    case DType::bf16: divide_typed<BFloat16>(p, n, by); break;
+    case DType::f16: divide_typed<Half>(p, n, by); break;
+    case DType::f64: {
+      auto* x = static_cast<double*>(p);
+      for (size_t i = 0; i < n; ++i) x[i] /= by;
+      break;
+    }
+    default: fail("avg: dtype ", dtype_name(dt), " is not floating");
+  }
+}
+
+// Gloo's typed setters only use sizeof(T): pick the unsigned type of the element's width.
+template <class F>
+void with_width(size_t itemsize, F&& f) {
+  switch (itemsize) {
+    case 1: f(uint8_t{}); break;
+    case 2: f(uint16_t{}); break;
+    case 4: f(uint32_t{}); break;
+    default: f(uint64_t{}); break;
+  }
+}
+
+std::string gloo_hostname() {
+  if (const char* h = std::getenv("KILN_GLOO_HOSTNAME"); h && *h) return h;
+  const char* m = std::getenv("MASTER_ADDR");
+  const std::string master = m ? m : "";
+  if (master.empty() || master == "127.0.0.1" || master == "localhost" || master == "::1") return "127.0.0.1";
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+struct Context {
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  int rank, size;
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<Store> store, int rank, int size, std::string name, CommOptions options,
+                   int generation, std::string prefix)
+      : store_(std::move(store)), rank_(rank), size_(size), name_(std::move(name)), options_(options),
+        generation_(generation), prefix_(std::move(prefix)) {
+    KILN_CHECK(store_ != nullptr, "gloo communicator '", name_, "': the store is null");
+    KILN_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, "gloo communicator '", name_, "': rank ", rank_,
+               " out of range [0, ", size_, ")");
+    KILN_CHECK(options_.timeout.count() > 0, "gloo communicator '", name_, "': timeout ",
+               options_.timeout.count(), " ms must be positive");
+    scoped_ = std::make_shared<PrefixStore>(prefix_, store_);
+    scoped_->set_timeout(options_.timeout);
+    const auto t0 = Clock::now();
+    if (size_ > 1) {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = gloo_hostname();
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+      ctx->setTimeout(options_.timeout);
+      GlooStoreAdapter adapter(std::make_shared<PrefixStore>("rdzv", scoped_));
+      try {
+        ctx->connectFullMesh(adapter, device_);
+      } catch (const std::exception& e) {
+        fail("gloo communicator '", name_, "' (rank ", rank_, " of ", size_, "): connecting to its peers failed: ",
+             e.what());
+      }
+      ctx_ = std::move(ctx);
+    }
+    json::Value ev = json::Value::object();
+    ev["event"] = "init";
+    ev["backend"] = "gloo";
+    ev["comm"] = name_;
+    ev["comm_rank"] = rank_;
+    ev["comm_size"] = size_;
+    ev["generation"] = generation_;
+    ev["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
+    rank_event(ev);
+    FlightRecorder::install_sigusr1();
+    worker_ = std::thread([this] { work_loop(); });
+    watchdog_ = std::make_unique<Watchdog>(options_.watchdog_interval, [this] { tick(); });
+  }
+
+  ~GlooCommunicator() override {
+    watchdog_.reset();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    // send / recv threads hold `this`: each ends within its timeout.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return p2p_running_ == 0; });
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  const char* backend() const override { return "gloo"; }
+  int generation() const override { return generation_; }
+
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op, CallOptions o) override {
+    check_tensor("all_reduce", "tensor", t, TensorPlace::cpu);
+    check_reduce("all_reduce", t.dtype(), op);
+    ReduceFn fn = make_reduce(t.dtype(), op);
+    const DType dt = t.dtype();
+    return enqueue("all_reduce", t, t, -1, o, [=, this](Context& c, Millis tmo, uint32_t tag) {
+      const size_t n = static_cast<size_t>(t.numel());
+      if (c.size > 1 && n > 0) {
+        gloo::AllreduceOptions opts(c.ctx);
+        with_width(itemsize(dt), [&](auto w) {
+          opts.setOutput(static_cast<decltype(w)*>(t.data_ptr()), n);
+        });
+        opts.setReduceFunction(fn);
+        opts.setTag(tag);
+        opts.setTimeout(tmo);
+        gloo::allreduce(opts);
+      }
+      if (op == ReduceOp::avg && n > 0) divide(dt, t.data_ptr(), n, c.size);
+    });
+  }
+
+  WorkPtr all_gather_single(const Tensor& out, const Tensor& in, CallOptions o) override {
+    check_tensor("all_gather_single", "output", out, TensorPlace::cpu);
+    check_tensor("all_gather_single", "input", in, TensorPlace::cpu);
+    check_same_dtype("all_gather_single", out, in);
+    KILN_CHECK(out.numel() == in.numel() * size_, "all_gather_single: output has ", out.numel(),
+               " elements; expected world size ", size_, " x input's ", in.numel());
+    return enqueue("all_gather", in, out, -1, o, [=](Context& c, Millis tmo, uint32_t tag) {
+      const size_t bytes = in.nbytes();
+      auto* slot = static_cast<uint8_t*>(out.data_ptr()) + bytes * static_cast<size_t>(c.rank);
+      if (bytes == 0) return;
+      if (slot != in.data_ptr()) std::memmove(slot, in.data_ptr(), bytes);
+      if (c.size == 1) return;
+      gloo::AllgatherOptions opts(c.ctx);
+      opts.setOutput(static_cast<uint8_t*>(out.data_ptr()), bytes * static_cast<size_t>(c.size));
+      opts.setTag(tag);
+      opts.setTimeout(tmo);
+      gloo::allgather(opts);
+    });
+  }
+
+  WorkPtr reduce_scatter_single(const Tensor& out, const Tensor& in, ReduceOp op, CallOptions o) override {
+    check_tensor("reduce_scatter_single", "output", out, TensorPlace::cpu);
+    check_tensor("reduce_scatter_single", "input", in, TensorPlace::cpu);
+    check_same_dtype("reduce_scatter_single", out, in);
+    check_reduce("reduce_scatter_single", in.dtype(), op);
+    KILN_CHECK(in.numel() == out.numel() * size_, "reduce_scatter_single: input has ", in.numel(),
+               " elements; expected world size ", size_, " x output's ", out.numel(),
+               in.numel() % size_ ? " (the input does not divide by the world size)" : "");
+    ReduceFn fn = make_reduce(in.dtype(), op);
+    const DType dt = in.dtype();
+    return enqueue("reduce_scatter", in, out, -1, o, [=](Context& c, Millis tmo, uint32_t tag) {
+      const size_t n = static_cast<size_t>(out.numel());
+      const size_t chunk = out.nbytes();
+      if (n == 0) return;
+      if (c.size == 1) {
+        std::memmove(out.data_ptr(), in.data_ptr(), chunk);
+      } else {
+        std::vector<uint8_t> recv(chunk * static_cast<size_t>(c.size));
+        gloo::AlltoallOptions opts(c.ctx);
+        opts.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+        opts.setOutput(recv.data(), recv.size());
+        opts.setTag(tag);
+        opts.setTimeout(tmo);
+        gloo::alltoall(opts);
+        // Rank order 0, 1, ..., size-1: every rank's chunk is reduced in the same order.
+        std::memcpy(out.data_ptr(), recv.data(), chunk);
+        for (int r = 1; r < c.size; ++r) fn(out.data_ptr(), out.data_ptr(), recv.data() + chunk * r, n);
+      }
+      if (op == ReduceOp::avg) divide(dt, out.data_ptr(), n, c.size);
+    });
+  }
+
+  WorkPtr all_to_all_single(const Tensor& out, const Tensor& in, const std::vector<int64_t>& out_splits,
+                            const std::vector<int64_t>& in_splits, CallOptions o) override {
+    check_tensor("all_to_all_single", "output", out, TensorPlace::cpu);
+    check_tensor("all_to_all_single", "input", in, TensorPlace::cpu);
+    check_same_dtype("all_to_all_single", out, in);
+    const auto oc = all_to_all_counts("output", out, out_splits, size_);
+    const auto ic = all_to_all_counts("input", in, in_splits, size_);
+    KILN_CHECK(out.numel() == 0 || in.numel() == 0 || out.data_ptr() != in.data_ptr(),
+               "all_to_all_single: output and input are the same memory (it cannot run in place)");
+    const size_t item = itemsize(in.dtype());
+    return enqueue("all_to_all", in, out, -1, o, [=](Context& c, Millis tmo, uint32_t tag) {
+      if (c.size == 1) {
+        KILN_CHECK(oc[0] == ic[0], "all_to_all_single: output split ", oc[0], " != input split ", ic[0]);
+        if (ic[0] > 0) std::memcpy(out.data_ptr(), in.data_ptr(), in.nbytes());
+        return;
+      }
+      if (in.numel() == 0 && out.numel() == 0) return;
+      std::vector<int64_t> ib, ob;
+      for (auto v : ic) ib.push_back(v * static_cast<int64_t>(item));
+      for (auto v : oc) ob.push_back(v * static_cast<int64_t>(item));
+      // Gloo refuses null buffers: point empty sides at a byte of scratch.
+      uint8_t scratch = 0;
+      auto* ip = in.numel() ? static_cast<uint8_t*>(in.data_ptr()) : &scratch;
+      auto* op = out.numel() ? static_cast<uint8_t*>(out.data_ptr()) : &scratch;
+      gloo::AlltoallvOptions opts(c.ctx);
+      opts.setInput(ip, ib);
+      opts.setOutput(op, ob);
+      opts.setTag(tag);
+      opts.setTimeout(tmo);
+      gloo::alltoallv(opts);
+    });
+  }
+
+  WorkPtr broadcast(const Tensor& t, int root, CallOptions o) override {
+    check_tensor("broadcast", "tensor", t, TensorPlace::cpu);
+    check_rank("broadcast", "root", root, size_, rank_, true);
+    return enqueue("broadcast", t, t, root, o, [=](Context& c, Millis tmo, uint32_t tag) {
+      if (c.size == 1 || t.numel() == 0) return;
+      gloo::BroadcastOptions opts(c.ctx);
+      opts.setOutput(static_cast<uint8_t*>(t.data_ptr()), t.nbytes());
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(tmo);
+      gloo::broadcast(opts);
+    });
+  }
+
+  WorkPtr send(const Tensor& t, int dst, CallOptions o) override {
+    check_tensor("send", "tensor", t, TensorPlace::cpu);
+    check_rank("send", "dst", dst, size_, rank_, false);
+    return enqueue_p2p("send", t, dst, p2p_slot(send_seq_, dst), o);
+  }
+
+  WorkPtr recv(const Tensor& t, int src, CallOptions o) override {
+    check_tensor("recv", "tensor", t, TensorPlace::cpu);
+    check_rank("recv", "src", src, size_, rank_, false);
+    return enqueue_p2p("recv", t, src, p2p_slot(recv_seq_, src), o);
+  }
+
+  WorkPtr barrier(CallOptions o) override {
+    return enqueue("barrier", Tensor(), Tensor(), -1, o, [](Context& c, Millis tmo, uint32_t tag) {
+      if (c.size == 1) return;
+      gloo::BarrierOptions opts(c.ctx);
+      opts.setTag(tag);
+      opts.setTimeout(tmo);
+      gloo::barrier(opts);
+    });
+  }
+
+  std::shared_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name) override {
+    KILN_CHECK(!name.empty(), "split: the new communicator's name is empty");
+    KILN_CHECK(!ranks.empty(), "split: the rank list is empty");
+    std::vector<int> seen;
+    int new_rank = -1;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      check_rank("split", "ranks[i]", ranks[i], size_, rank_, true);
+      KILN_CHECK(std::find(seen.begin(), seen.end(), ranks[i]) == seen.end(), "split: rank ", ranks[i],
+                 " appears twice in the list");
+      seen.push_back(ranks[i]);
+      if (ranks[i] == rank_) new_rank = static_cast<int>(i);
+    }
+    KILN_CHECK(new_rank >= 0, "split: this rank (", rank_, ") is not in the list; only the listed ranks call split");
+    check_usable("split");
+    std::string key = name;
+    for (int r : ranks) key += "," + std::to_string(r);
+    const int n = split_count_[key]++;
+    auto child = std::make_shared<GlooCommunicator>(store_, new_rank, static_cast<int>(ranks.size()), name, options_,
+                                                    0, prefix_ + "/split/" + name + "/" + std::to_string(n) + "/g0");
+    json::Value ev = json::Value::object();
+    ev["event"] = "split";
+    ev["comm"] = name_;
+    ev["new_comm"] = name;
+    ev["new_size"] = static_cast<int64_t>(ranks.size());
+    rank_event(ev);
+    return child;
+  }
+
+  void abort() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (broken_.empty()) broken_ = "aborted by the caller";
+    cv_.notify_all();
+  }
+
+ private:
+  using Body = std::function<void(Context&, Millis, uint32_t)>;
+  struct Pending {
+    WorkPtr work;
+    Body body;
+    int64_t fr_id;
+    int64_t seq;
+    std::string op;
+    std::string what;  // "all_reduce #3 of 'world' (12 elements of f32)"
+    int64_t bytes;
+  };
+
+  static uint64_t p2p_slot(std::map<int, uint64_t>& seq, int peer) { return (uint64_t{1} << 40) | seq[peer]++; }
+
+  void check_usable(const char* op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (successor_)
+      throw PeerLost(detail::str_cat(op, ": communicator '", name_, "' (generation ", generation_,
+                                     ") lost a peer: ", broken_, "; use the smaller communicator this carries"),
+                     successor_, lost_);
+    KILN_CHECK(broken_.empty(), op, ": communicator '", name_, "' is broken: ", broken_);
+  }
+
+  WorkPtr enqueue(const char* op, const Tensor& in, const Tensor& out, int peer, const CallOptions& o, Body body) {
+    check_usable(op);
+    const Millis tmo = o.timeout.value_or(options_.timeout);
+    KILN_CHECK(tmo.count() > 0, op, ": timeout ", tmo.count(), " ms must be positive");
+    const int64_t seq = ++seq_;
+    FrEntry e;
+    e.comm = name_;
+    e.comm_rank = rank_;
+    e.comm_size = size_;
+    e.seq = seq;
+    e.op = op;
+    e.in_numel = in.defined() ? in.numel() : 0;
+    e.out_numel = out.defined() ? out.numel() : 0;
+    e.dtype = in.defined() ? dtype_name(in.dtype()) : "";
+    e.peer = peer;
+    e.timeout_ms = tmo.count();
+    std::ostringstream what;
+    what << op << " #" << seq << " of '" << name_ << "'";
+    if (in.defined()) what << " (" << e.in_numel << " elements of " << e.dtype << ")";
+    auto work = std::make_shared<Work>(what.str(), tmo);
+    const int64_t fr = FlightRecorder::instance().record(e);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({work, std::move(body), fr, seq, op, what.str(), in.defined() ? int64_t(in.nbytes()) : 0});
+    }
+    cv_.notify_all();
+    return work;
+  }
+
+  // send / recv post at once and wait on their own thread: a send blocks until its peer posts
+  // the matching recv, so on the one worker a ring of send-then-recv would deadlock. Their
+  // slots never meet the collectives' tags. A failure fails the Work and breaks the communicator.
+  WorkPtr enqueue_p2p(const char* op, const Tensor& t, int peer, uint64_t slot, const CallOptions& o) {
+    check_usable(op);
+    const Millis tmo = o.timeout.value_or(options_.timeout);
+    KILN_CHECK(tmo.count() > 0, op, ": timeout ", tmo.count(), " ms must be positive");
+    const int64_t seq = ++seq_;
+    FrEntry e;
+    e.comm = name_;
+    e.comm_rank = rank_;
+    e.comm_size = size_;
+    e.seq = seq;
+    e.op = op;
+    e.in_numel = e.out_numel = t.numel();
+    e.dtype = dtype_name(t.dtype());
+    e.peer = peer;
+    e.timeout_ms = tmo.count();
+    const std::string what = detail::str_cat(op, " #", seq, " of '", name_, "' (", t.numel(), " elements of ",
+                                             e.dtype, ", peer ", peer, ")");
+    auto work = std::make_shared<Work>(what, tmo);
+    const int64_t fr = FlightRecorder::instance().record(e);
+    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ctx = ctx_;
+      ++p2p_running_;
+    }
+    const bool is_send = std::string(op) == "send";
+    std::thread([this, work, fr, ctx, t, peer, slot, tmo, is_send, what] {
+      work->start();
+      FlightRecorder::instance().started(fr);
+      try {
+        if (t.numel() > 0) {
+          KILN_CHECK(ctx != nullptr, what, ": the communicator's connections are closed");
+          auto buf = ctx->createUnboundBuffer(t.data_ptr(), t.nbytes());
+          if (is_send) {
+            buf->send(peer, slot);
+            buf->waitSend(tmo);
+          } else {
+            buf->recv(peer, slot);
+            buf->waitRecv(tmo);
+          }
+        }
+        FlightRecorder::instance().finished(fr, "completed");
+        work->complete();
+      } catch (const std::exception& ex) {
+        const bool timed_out = std::string(ex.what()).find("Timed out") != std::string::npos;
+        FlightRecorder::instance().finished(fr, timed_out ? "timed_out" : "error");
+        const std::string msg = "rank " + std::to_string(rank_) + ": " + what + (timed_out ? " timed out" : " failed") +
+                                ": " + ex.what();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (broken_.empty()) broken_ = msg;
+        }
+        if (timed_out) work->fail(WorkState::timed_out, std::make_exception_ptr(CommTimeout(msg)));
+        else work->fail(WorkState::error, std::make_exception_ptr(Error(msg)));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      --p2p_running_;
+      cv_.notify_all();
+    }).detach();
+    return work;
+  }
+
+  void work_loop() {
+    while (true) {
+      Pending p;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        p = std::move(queue_.front());
+        queue_.pop_front();
+        if (!broken_.empty() || stopping_) {
+          const std::string why = stopping_ ? "the communicator was destroyed" : broken_;
+          lock.unlock();
+          FlightRecorder::instance().finished(p.fr_id, "error");
+          if (successor_)
+            p.work->fail(WorkState::error, std::make_exception_ptr(PeerLost(
+                p.what + ": communicator '" + name_ + "' lost a peer: " + why, successor_, lost_)));
+          else
+            p.work->fail(WorkState::error, std::make_exception_ptr(Error(p.what + " not run: " + why)));
+          continue;
+        }
+        current_seq_ = p.seq;
+        current_start_ = Clock::now();
+        current_timeout_ = p.work->timeout();
+      }
+      p.work->start();
+      FlightRecorder::instance().started(p.fr_id);
+      last_started_ = p.seq;
+      if (trace_ops()) trace("op_start", p, 0);
+      const auto t0 = Clock::now();
+      try {
+        std::shared_ptr<gloo::rendezvous::Context> ctx;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ctx = ctx_;
+        }
+        Context c{ctx, rank_, size_};
+        p.body(c, p.work->timeout(), static_cast<uint32_t>(p.seq));
+        last_completed_ = p.seq;
+        FlightRecorder::instance().finished(p.fr_id, "completed");
+        if (trace_ops()) trace("op_end", p, std::chrono::duration<double>(Clock::now() - t0).count());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          current_seq_ = 0;
+        }
+        p.work->complete();
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          current_seq_ = 0;
+        }
+        on_failure(p, e.what());
+      }
+    }
+  }
+
+  void trace(const char* event, const Pending& p, double seconds) {
+    json::Value ev = json::Value::object();
+    ev["event"] = event;
+    ev["comm"] = name_;
+    ev["seq"] = p.seq;
+    ev["op"] = p.op;
+    ev["bytes"] = p.bytes;
+    if (seconds > 0) ev["seconds"] = seconds;
+    rank_event(ev);
+  }
+
+  void publish_progress() {
+    const int64_t s = last_started_, c = last_completed_;
+    if (s == published_started_ && c == published_completed_) return;
+    scoped_->set("progress/" + std::to_string(rank_), std::to_string(s) + "," + std::to_string(c));
+    published_started_ = s;
+    published_completed_ = c;
+  }
+
+  // Which ranks have not started op #seq, from their published progress.
+  std::string not_joined(int64_t seq) {
+    std::string out;
+    std::vector<int> missing;
+    std::ostringstream detail;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      int64_t started = 0;
+      try {
+        if (auto v = scoped_->try_get("progress/" + std::to_string(r))) started = std::atoll(v->c_str());
+      } catch (const std::exception&) {
+        return "(the store is unreachable: no word on the other ranks)";
+      }
+      if (started < seq) {
+        missing.push_back(r);
+        detail << (detail.tellp() > 0 ? ", " : "") << "rank " << r << " last started #" << started;
+      }
+    }
+    if (missing.empty()) return "every rank had started it (a peer died or stalled inside it)";
+    std::ostringstream s;
+    s << (missing.size() == 1 ? "rank " : "ranks ");
+    for (size_t i = 0; i < missing.size(); ++i) s << (i ? ", " : "") << missing[i];
+    s << (missing.size() == 1 ? " has" : " have") << " not joined it (" << detail.str() << ")";
+    return s.str();
+  }
+
+  void on_failure(Pending& p, const std::string& cause) {
+    std::string low = cause;
+    std::transform(low.begin(), low.end(), low.begin(), ::tolower);
+    const bool timed_out = low.find("timed out") != std::string::npos;
+    const WorkState st = timed_out ? WorkState::timed_out : WorkState::error;
+    // Destroying the context closes every pair, so the peers fail now rather than at their timeout.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ctx_.reset();
+    }
+    try {
+      publish_progress();
+    } catch (...) {
+    }
+    const std::string who = not_joined(p.seq);
+    std::ostringstream msg;
+    msg << "rank " << rank_ << ": " << p.what;
+    if (timed_out) msg << " timed out after " << p.work->timeout().count() << " ms";
+    else msg << " failed";
+    msg << ": " << who << "; gloo: " << cause;
+    FlightRecorder::instance().finished(p.fr_id, timed_out ? "timed_out" : "error");
+    const std::string dump = FlightRecorder::instance().dump(timed_out ? "timeout" : "error");
+    json::Value ev = json::Value::object();
+    ev["event"] = timed_out ? "timeout" : "error";
+    ev["comm"] = name_;
+    ev["seq"] = p.seq;
+    ev["op"] = p.op;
+    ev["message"] = msg.str();
+    if (!dump.empty()) ev["flight_recorder"] = dump;
+    rank_event(ev);
+    const std::string dump_note = dump.empty() ? " (no flight-recorder dump: set KILN_FR_DUMP_DIR or --log-dir)"
+                                               : " (flight recorder: " + dump + ")";
+    if (options_.policy == FailurePolicy::abort) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        broken_ = msg.str();
+      }
+      json::Value ab = json::Value::object();
+      ab["event"] = "abort";
+      ab["comm"] = name_;
+      ab["seq"] = p.seq;
+      rank_event(ab);
+      if (options_.abort_process) {
+        std::fprintf(stderr,
+                     "kiln dist: %s%s\nkiln dist: policy abort: exiting with status %d (kiln launch "
+                     "--max-restarts restarts the job; KILN_DIST_POLICY=shrink continues with the survivors)\n",
+                     msg.str().c_str(), dump_note.c_str(), kAbortExitCode);
+        std::fflush(stderr);
+        std::_Exit(kAbortExitCode);
+      }
+      if (timed_out) p.work->fail(st, std::make_exception_ptr(CommTimeout(msg.str() + dump_note)));
+      else p.work->fail(st, std::make_exception_ptr(Error(msg.str() + dump_note)));
+      return;
+    }
+    try {
+      auto next = shrink();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        broken_ = msg.str();
+        successor_ = next;
+      }
+      std::ostringstream lost;
+      for (size_t i = 0; i < lost_.size(); ++i) lost << (i ? ", " : "") << lost_[i];
+      p.work->fail(st, std::make_exception_ptr(PeerLost(
+          msg.str() + dump_note + "; policy shrink: continuing without rank(s) " + lost.str() + " as '" + name_ +
+              "' generation " + std::to_string(next->generation()) + " of " + std::to_string(next->size()) +
+              " ranks",
+          next, lost_)));
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        broken_ = msg.str();
+      }
+      p.work->fail(WorkState::error, std::make_exception_ptr(Error(msg.str() + "; shrink failed: " + e.what())));
+    }
+  }
+
+  // The survivors' agreement: each announces itself under this generation, waits up to the
+  // shrink window for the others, proposes the set it saw, and compare_set keeps the first
+  // proposal, which everyone then follows.
+  std::shared_ptr<Communicator> shrink() {
+    const std::string base = "shrink/" + std::to_string(generation_);
+    scoped_->set(base + "/alive/" + std::to_string(rank_), "1");
+    const auto deadline = Clock::now() + options_.shrink_window;
+    std::vector<int> alive;
+    while (true) {
+      alive.clear();
+      for (int r = 0; r < size_; ++r)
+        if (scoped_->check({base + "/alive/" + std::to_string(r)})) alive.push_back(r);
+      if (static_cast<int>(alive.size()) == size_ || Clock::now() >= deadline) break;
+      if (scoped_->try_get(base + "/decision")) break;
+      std::this_thread::sleep_for(Millis(50));
+    }
+    std::string proposal;
+    for (int r : alive) proposal += (proposal.empty() ? "" : ",") + std::to_string(r);
+    const std::string decision = scoped_->compare_set(base + "/decision", "", proposal);
+    std::vector<int> members;
+    std::stringstream ss(decision);
+    for (std::string tok; std::getline(ss, tok, ',');) members.push_back(std::atoi(tok.c_str()));
+    const auto me = std::find(members.begin(), members.end(), rank_);
+    KILN_CHECK(me != members.end(), "rank ", rank_, " was dropped from '", name_, "' at generation ", generation_,
+               ": the survivors [", decision, "] decided without it");
+    lost_.clear();
+    for (int r = 0; r < size_; ++r)
+      if (std::find(members.begin(), members.end(), r) == members.end()) lost_.push_back(r);
+    const int new_rank = static_cast<int>(me - members.begin());
+    const std::string root = prefix_.substr(0, prefix_.rfind("/g"));
+    auto next = std::make_shared<GlooCommunicator>(store_, new_rank, static_cast<int>(members.size()), name_, options_,
+                                                   generation_ + 1, root + "/g" + std::to_string(generation_ + 1));
+    json::Value ev = json::Value::object();
+    ev["event"] = "shrink";
+    ev["comm"] = name_;
+    ev["generation"] = generation_ + 1;
+    ev["survivors"] = decision;
+    ev["new_rank"] = new_rank;
+    rank_event(ev);
+    return next;
+  }
+
+  void tick() {
+    publish_progress();
+    if (FlightRecorder::take_dump_request()) {
+      const std::string path = FlightRecorder::instance().dump("SIGUSR1");
+      std::fprintf(stderr, "kiln dist: flight recorder dumped to %s\n",
+                   path.empty() ? "(nowhere: set KILN_FR_DUMP_DIR)" : path.c_str());
+    }
+    // The backend's own timeout should have ended the operation: past it by 5 s, it is hung.
+    std::unique_lock<std::mutex> lock(mu_);
+    if (current_seq_ > 0 && Clock::now() > current_start_ + current_timeout_ + std::chrono::seconds(5) &&
+        options_.policy == FailurePolicy::abort && options_.abort_process) {
+      const int64_t seq = current_seq_;
+      lock.unlock();
+      const std::string dump = FlightRecorder::instance().dump("watchdog");
+      std::fprintf(stderr, "kiln dist: rank %d: op #%lld of '%s' is past its timeout and gloo did not end it%s; "
+                   "exiting with status %d\n", rank_, static_cast<long long>(seq), name_.c_str(),
+                   dump.empty() ? "" : (" (flight recorder: " + dump + ")").c_str(), kAbortExitCode);
+      std::fflush(stderr);
+      std::_Exit(kAbortExitCode);
+    }
+  }
+
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<PrefixStore> scoped_;
+  int rank_, size_;
+  std::string name_;
+  CommOptions options_;
+  int generation_;
+  std::string prefix_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;  // guarded by mu_ after construction
+  int p2p_running_ = 0;                              // send / recv threads not yet finished
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  std::string broken_;
+  std::shared_ptr<Communicator> successor_;
+  std::vector<int> lost_;
+  int64_t seq_ = 0;  // of the caller's thread
+  std::map<int, uint64_t> send_seq_, recv_seq_;
+  std::map<std::string, int> split_count_;
+  int64_t current_seq_ = 0;
+  Clock::time_point current_start_;
+  Millis current_timeout_{0};
+  std::atomic<int64_t> last_started_{0}, last_completed_{0};
+  int64_t published_started_ = -1, published_completed_ = -1;
+  std::thread worker_;
+  std::unique_ptr<Watchdog> watchdog_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> new_gloo_communicator(std::shared_ptr<Store> store, int rank, int size,
+                                                    const std::string& name, CommOptions options) {
+  KILN_CHECK(!name.empty(), "gloo communicator: the name is empty");
+  return std::make_shared<GlooCommunicator>(std::move(store), rank, size, name, options, 0,
+                                            "kiln/comm/" + name + "/g0");
+}
+
+}  // namespace kiln::dist

@@ -1,0 +1,296 @@
+// The rank side of the multi-process tests: DistWorker.Run does nothing in a plain test run;
+// started by kiln launch with KILN_TEST_WORKER=<case> it runs that case as one rank and fails
+// (non-zero exit) on any mismatch. Inputs are small integers (exact in every dtype, so every
+// summation order gives the same bits) generated from (rank, op, size), so each rank computes
+// the serial float64 reference of all ranks itself.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "kiln/dist/backends.h"
+#include "kiln/ops/ops.h"
+
+using namespace kiln;
+using namespace kiln::dist;
+
+namespace {
+
+const DType kReduceDtypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i32, DType::i64, DType::u8};
+const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::product};
+
+// Element i of rank r's input for case k: small integers, non-negative for u8, in {1, 2, -1}
+// for products so 4 ranks stay exact.
+double value(int r, int64_t i, int k, DType dt, ReduceOp op) {
+  const int64_t h = (r * 131 + i * 29 + k * 7) % 7;
+  if (op == ReduceOp::product) return dt == DType::u8 ? 1 + h % 2 : (h % 3 == 2 ? -1 : 1 + h % 2);
+  return dt == DType::u8 ? static_cast<double>(h % 4) : static_cast<double>(h - 3);
+}
+
+Tensor make(const std::vector<double>& v, DType dt) {
+  return from_vector<double>(v, {static_cast<int64_t>(v.size())}).to(dt);
+}
+
+std::vector<double> input_of(int r, int64_t n, int k, DType dt, ReduceOp op) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = value(r, i, k, dt, op);
+  return v;
+}
+
+double reduce_ref(const std::vector<double>& xs, ReduceOp op) {
+  double acc = xs[0];
+  for (size_t i = 1; i < xs.size(); ++i) {
+    if (op == ReduceOp::sum || op == ReduceOp::avg) acc += xs[i];
+    if (op == ReduceOp::product) acc *= xs[i];
+    if (op == ReduceOp::min) acc = std::min(acc, xs[i]);
+    if (op == ReduceOp::max) acc = std::max(acc, xs[i]);
+  }
+  return op == ReduceOp::avg ? acc / static_cast<double>(xs.size()) : acc;
+}
+
+void expect_close(const Tensor& got, const std::vector<double>& want, DType dt, const std::string& what) {
+  const std::vector<double> g = got.to(DType::f64).to_vector<double>();
+  ASSERT_EQ(g.size(), want.size()) << what;
+  // The reference rounded to the dtype: exact except avg's division.
+  const std::vector<double> w = make(want, dt).to(DType::f64).to_vector<double>();
+  const double tol = dt == DType::bf16 ? 1e-2 : dt == DType::f16 ? 1e-3 : dt == DType::f32 ? 1e-6 : 0;
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_LE(std::fabs(g[i] - w[i]), tol * std::max(1.0, std::fabs(w[i])))
+        << what << " element " << i << ": got " << g[i] << " want " << w[i];
+}
+
+void run_collectives(Communicator& c) {
+  const int R = c.rank(), W = c.size();
+  const int64_t sizes[] = {0, 1, 7, 33};
+  int k = 0;
+  for (DType dt : kReduceDtypes)
+    for (ReduceOp op : kOps) {
+      if (op == ReduceOp::avg && !is_floating(dt)) continue;
+      for (int64_t n : sizes) {
+        ++k;
+        const std::string tag = std::string(dtype_name(dt)) + " " + reduce_op_name(op) + " n=" + std::to_string(n);
+        // all_reduce, in place.
+        Tensor t = make(input_of(R, n, k, dt, op), dt);
+        std::vector<double> want(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          std::vector<double> xs;
+          for (int r = 0; r < W; ++r) xs.push_back(value(r, i, k, dt, op));
+          want[static_cast<size_t>(i)] = reduce_ref(xs, op);
+        }
+        c.all_reduce(t, op)->wait();
+        expect_close(t, want, dt, "all_reduce " + tag);
+        // reduce_scatter_single: input of W*n, output n; and in place (output = this rank's chunk).
+        Tensor in = make(input_of(R, W * n, k, dt, op), dt);
+        std::vector<double> rs(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          std::vector<double> xs;
+          for (int r = 0; r < W; ++r) xs.push_back(value(r, R * n + i, k, dt, op));
+          rs[static_cast<size_t>(i)] = reduce_ref(xs, op);
+        }
+        Tensor out = Tensor::empty({n}, dt);
+        c.reduce_scatter_single(out, in, op)->wait();
+        expect_close(out, rs, dt, "reduce_scatter " + tag);
+        Tensor in2 = make(input_of(R, W * n, k, dt, op), dt);
+        Tensor view = in2.narrow(0, R * n, n);
+        c.reduce_scatter_single(view, in2, op)->wait();
+        expect_close(view, rs, dt, "reduce_scatter in place " + tag);
+      }
+    }
+  // all_gather_single, all_to_all_single, broadcast for every dtype (no reduction).
+  const DType all_dtypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i32,
+                              DType::i64, DType::u8, DType::i16, DType::i8, DType::boolean};
+  for (DType dt : all_dtypes)
+    for (int64_t n : sizes) {
+      ++k;
+      const std::string tag = std::string(dtype_name(dt)) + " n=" + std::to_string(n);
+      auto vals = [&](int r, int64_t m) {
+        std::vector<double> v(static_cast<size_t>(m));
+        for (int64_t i = 0; i < m; ++i)
+          v[static_cast<size_t>(i)] = dt == DType::boolean ? (r + i) % 2 : (r * 5 + i + k) % 11;
+        return v;
+      };
+      std::vector<double> gathered;
+      for (int r = 0; r < W; ++r) {
+        auto v = vals(r, n);
+        gathered.insert(gathered.end(), v.begin(), v.end());
+      }
+      Tensor out = Tensor::empty({W * n}, dt);
+      c.all_gather_single(out, make(vals(R, n), dt))->wait();
+      expect_close(out, gathered, dt, "all_gather " + tag);
+      Tensor out2 = make(std::vector<double>(static_cast<size_t>(W * n), 0.0), dt);
+      out2.narrow(0, R * n, n).copy_(make(vals(R, n), dt));
+      c.all_gather_single(out2, out2.narrow(0, R * n, n))->wait();
+      expect_close(out2, gathered, dt, "all_gather in place " + tag);
+      // all_to_all with equal chunks: chunk j of rank i holds (i, j)-dependent values.
+      auto a2a = [&](int from, int to, int64_t m) {
+        std::vector<double> v(static_cast<size_t>(m));
+        for (int64_t i = 0; i < m; ++i) v[static_cast<size_t>(i)] = dt == DType::boolean ? (from + to + i) % 2 : (from * 3 + to * 5 + i) % 13;
+        return v;
+      };
+      std::vector<double> send, want;
+      for (int j = 0; j < W; ++j) {
+        auto s = a2a(R, j, n), r = a2a(j, R, n);
+        send.insert(send.end(), s.begin(), s.end());
+        want.insert(want.end(), r.begin(), r.end());
+      }
+      Tensor a_out = Tensor::empty({W * n}, dt);
+      c.all_to_all_single(a_out, make(send, dt))->wait();
+      expect_close(a_out, want, dt, "all_to_all " + tag);
+      // Uneven all_to_all: rank i sends (i + j + n) % 3 elements to rank j.
+      std::vector<int64_t> in_splits, out_splits;
+      std::vector<double> us, uw;
+      for (int j = 0; j < W; ++j) {
+        const int64_t s = (R + j + n) % 3, r = (j + R + n) % 3;
+        in_splits.push_back(s);
+        out_splits.push_back(r);
+        auto sv = a2a(R, j, s), rv = a2a(j, R, r);
+        us.insert(us.end(), sv.begin(), sv.end());
+        uw.insert(uw.end(), rv.begin(), rv.end());
+      }
+      Tensor u_out = Tensor::empty({static_cast<int64_t>(uw.size())}, dt);
+      c.all_to_all_single(u_out, make(us, dt), out_splits, in_splits)->wait();
+      expect_close(u_out, uw, dt, "all_to_all uneven " + tag);
+      // broadcast from the last rank.
+      Tensor b = R == W - 1 ? make(vals(W - 1, n), dt) : make(std::vector<double>(static_cast<size_t>(n), 0.0), dt);
+      c.broadcast(b, W - 1)->wait();
+      expect_close(b, vals(W - 1, n), dt, "broadcast " + tag);
+    }
+  // send / recv around a ring, and a barrier.
+  if (W > 1) {
+    Tensor s = make(input_of(R, 5, 99, DType::f32, ReduceOp::sum), DType::f32);
+    Tensor r = Tensor::empty({5}, DType::f32);
+    auto ws = c.send(s, (R + 1) % W);
+    auto wr = c.recv(r, (R + W - 1) % W);
+    ws->wait();
+    wr->wait();
+    expect_close(r, input_of((R + W - 1) % W, 5, 99, DType::f32, ReduceOp::sum), DType::f32, "send/recv");
+  }
+  c.barrier()->wait();
+}
+
+// Several operations in flight at once, then all waited for; two communicators interleaved.
+void run_in_flight(Communicator& world) {
+  const int R = world.rank(), W = world.size();
+  auto other = world.split([&] {
+    std::vector<int> all;
+    for (int r = W - 1; r >= 0; --r) all.push_back(r);  // reversed: new rank = W-1-R
+    return all;
+  }(), "reversed");
+  EXPECT_EQ(other->rank(), W - 1 - R);
+  EXPECT_EQ(other->size(), W);
+  std::vector<Tensor> ts, os;
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < 8; ++i) {
+    ts.push_back(make(std::vector<double>(9, R + i), DType::f32));
+    works.push_back(world.all_reduce(ts.back(), ReduceOp::sum));
+    os.push_back(make(std::vector<double>(3, other->rank() * 10 + i), DType::i64));
+    works.push_back(other->all_reduce(os.back(), ReduceOp::max));
+  }
+  for (auto& w : works) w->wait();
+  for (int i = 0; i < 8; ++i) {
+    expect_close(ts[i], std::vector<double>(9, W * (W - 1) / 2.0 + W * i), DType::f32, "in flight world");
+    expect_close(os[i], std::vector<double>(3, (W - 1) * 10 + i), DType::i64, "in flight reversed");
+    EXPECT_TRUE(works[2 * i]->is_completed());
+  }
+  // split into a sub-group: the even ranks.
+  std::vector<int> evens;
+  for (int r = 0; r < W; r += 2) evens.push_back(r);
+  if (R % 2 == 0) {
+    auto sub = world.split(evens, "evens");
+    EXPECT_EQ(sub->rank(), R / 2);
+    EXPECT_EQ(sub->size(), static_cast<int>(evens.size()));
+    Tensor t = make({static_cast<double>(R)}, DType::f64);
+    sub->all_reduce(t, ReduceOp::sum)->wait();
+    double want = 0;
+    for (int r : evens) want += r;
+    expect_close(t, {want}, DType::f64, "split evens");
+  }
+  world.barrier()->wait();
+}
+
+// Bad input: each error names the op and the values, and the communicator stays usable.
+void run_bad_input(Communicator& c) {
+  const int W = c.size();
+  auto expect_error = [](auto&& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one containing: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  Tensor i16 = Tensor::empty({4}, DType::i16);
+  expect_error([&] { c.all_reduce(i16, ReduceOp::sum); }, "all_reduce: dtype i16 cannot be reduced");
+  expect_error([&] { c.all_reduce(Tensor::empty({4}, DType::i32), ReduceOp::avg); }, "avg of dtype i32");
+  expect_error([&] { c.reduce_scatter_single(Tensor::empty({2}), Tensor::empty({2 * W + 1}), ReduceOp::sum); },
+               "reduce_scatter_single: input has " + std::to_string(2 * W + 1) + " elements");
+  expect_error([&] { c.all_gather_single(Tensor::empty({W}), Tensor::empty({2})); }, "all_gather_single: output has");
+  expect_error([&] { c.all_reduce(Tensor::empty({2, 3}).t(), ReduceOp::sum); }, "not contiguous");
+  expect_error([&] { c.broadcast(Tensor::empty({2}), W); }, "broadcast: root=" + std::to_string(W));
+  expect_error([&] { c.all_reduce(Tensor::empty({2}), ReduceOp::sum, CallOptions{Millis(0)}); }, "timeout 0 ms");
+  if (W > 1) expect_error([&] { c.send(Tensor::empty({2}), c.rank()); }, "is this rank");
+  Tensor ok = make({1.0, 2.0}, DType::f32);
+  c.all_reduce(ok, ReduceOp::sum)->wait();
+  expect_close(ok, {1.0 * W, 2.0 * W}, DType::f32, "usable after bad input");
+}
+
+}  // namespace
+
+TEST(DistWorker, Run) {
+  const char* which = std::getenv("KILN_TEST_WORKER");
+  if (!which) GTEST_SKIP() << "runs only as a rank of a multi-process test";
+  const std::string mode = which;
+  CommOptions o;
+  o.timeout = Millis(std::atoi(std::getenv("KILN_TEST_TIMEOUT_MS") ? std::getenv("KILN_TEST_TIMEOUT_MS") : "20000"));
+  o.shrink_window = Millis(1500);
+  auto world = init_world("gloo", "world", o);
+  if (mode == "collectives") run_collectives(*world);
+  else if (mode == "in_flight") run_in_flight(*world);
+  else if (mode == "bad_input") run_bad_input(*world);
+  else if (mode == "sleeper" || mode == "killed") {
+    // Rank 1 sleeps past the timeout (or dies by SIGKILL) at the third all_reduce.
+    for (int i = 1; i <= 3; ++i) {
+      if (world->rank() == 1 && i == 3) {
+        if (mode == "killed") kill(getpid(), SIGKILL);
+        std::this_thread::sleep_for(std::chrono::seconds(8));
+        return;
+      }
+      Tensor t = make({1.0, 2.0, 3.0}, DType::f32);
+      auto work = world->all_reduce(t, ReduceOp::sum);
+      try {
+        work->wait();
+      } catch (const PeerLost& e) {
+        std::printf("PeerLost: %s\n", e.what());
+        auto next = e.communicator();
+        std::printf("survivor: old rank %d new rank %d of %d generation %d\n", world->rank(), next->rank(),
+                    next->size(), next->generation());
+        // The survivors' next collectives are correct.
+        for (int j = 0; j < 3; ++j) {
+          Tensor u = make({static_cast<double>(next->rank()), 1.0}, DType::f64);
+          next->all_reduce(u, ReduceOp::sum)->wait();
+          const int n = next->size();
+          expect_close(u, {n * (n - 1) / 2.0, static_cast<double>(n)}, DType::f64, "after shrink");
+        }
+        // The old communicator raises at once.
+        try {
+          world->barrier();
+          ADD_FAILURE() << "the old communicator accepted an op";
+        } catch (const PeerLost&) {
+        }
+        std::printf("survivor ok\n");
+        return;
+      } catch (const CommTimeout& e) {
+        std::printf("CommTimeout: %s\n", e.what());
+        return;
+      }
+      std::fflush(stdout);
+    }
+  } else {
+    FAIL() << "unknown KILN_TEST_WORKER " << mode;
+  }
+}
