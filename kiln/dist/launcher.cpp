@@ -86,7 +86,19 @@ class Job {
       if (first_failure_ >= 0 && !reported_) {
         report(children_[first_failure_]);
         reported_ = true;
-        if (!shrink) return;
+        if (!shrink) {
+          // The survivors' communicators see the failure too and, under the abort policy, exit
+          // within about a second naming the op: let them say so before they are stopped.
+          const auto settle = Clock::now() + std::chrono::duration<double>(o_.settle_s);
+          while (Clock::now() < settle) {
+            reap();
+            bool alive = false;
+            for (auto& c : children_) alive = alive || !c.status;
+            if (!alive || g_launcher_signal.load()) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+          return;
+        }
         std::fprintf(stderr, "kiln launch: policy shrink: the other ranks go on without rank %d\n",
                      children_[first_failure_].rank);
       }

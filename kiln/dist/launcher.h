@@ -2,7 +2,8 @@
 // variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_RESTART_COUNT) plus KILN_STORE_TOKEN, prefixes each rank's output with
 // "[rank N] ", watches the children every 0.1 s, reports the first failure (rank, pid, exit
-// code or signal, its last lines), and then stops the others (SIGTERM, SIGKILL after a grace
+// code or signal, its last lines), gives the others settle_s to exit on their own (their
+// communicators report the failure from their side), then stops them (SIGTERM, SIGKILL after a grace
 // period) and restarts up to max_restarts times, or under the shrink policy lets the survivors
 // finish. See docs/distributed.md ("Launching").
 #pragma once
@@ -21,6 +22,7 @@ struct LaunchOptions {
   std::string log_dir;       // per-rank output, launcher.jsonl, the ranks' event logs
   std::string policy;        // "" (the ranks' default, abort), "abort" or "shrink"
   double term_grace_s = 5.0; // SIGTERM, then SIGKILL after this
+  double settle_s = 2.0;     // after a failure, how long the others may take to exit on their own
   int tail_lines = 20;       // lines of the failed rank's output in the report
   std::vector<std::string> program;  // argv of every rank
 };

@@ -560,23 +560,31 @@ class GlooCommunicator : public Communicator {
     published_completed_ = c;
   }
 
-  // Which ranks have not started op #seq, from their published progress.
+  // Which ranks have not started op #seq, from their published progress. Live peers publish
+  // theirs when they fail and every watchdog interval, so this waits up to one interval for
+  // them; a rank still behind after that has not joined.
   std::string not_joined(int64_t seq) {
-    std::string out;
     std::vector<int> missing;
     std::ostringstream detail;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      int64_t started = 0;
-      try {
-        if (auto v = scoped_->try_get("progress/" + std::to_string(r))) started = std::atoll(v->c_str());
-      } catch (const std::exception&) {
-        return "(the store is unreachable: no word on the other ranks)";
+    const auto deadline = Clock::now() + options_.watchdog_interval + Millis(100);
+    while (true) {
+      missing.clear();
+      detail.str("");
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        int64_t started = 0;
+        try {
+          if (auto v = scoped_->try_get("progress/" + std::to_string(r))) started = std::atoll(v->c_str());
+        } catch (const std::exception&) {
+          return "(the store is unreachable: no word on the other ranks)";
+        }
+        if (started < seq) {
+          missing.push_back(r);
+          detail << (missing.size() > 1 ? ", " : "") << "rank " << r << " last started #" << started;
+        }
       }
-      if (started < seq) {
-        missing.push_back(r);
-        detail << (detail.tellp() > 0 ? ", " : "") << "rank " << r << " last started #" << started;
-      }
+      if (missing.empty() || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(Millis(50));
     }
     if (missing.empty()) return "every rank had started it (a peer died or stalled inside it)";
     std::ostringstream s;

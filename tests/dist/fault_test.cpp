@@ -1,0 +1,83 @@
+// Faults with real processes: a rank that sleeps past a short timeout (the others report a
+// timeout naming the op and the rank that never joined, within timeout + 2 s, with a flight-
+// recorder dump and a JSON-lines event); a rank killed with SIGKILL mid-job under abort (the
+// survivors exit non-zero naming the op) and under shrink (the survivors go on as a smaller
+// communicator whose collectives are correct).
+#include <chrono>
+
+#include <gtest/gtest.h>
+
+#include "tests/dist/dist_test_util.h"
+
+using namespace kiln::dist::test;
+
+namespace {
+std::string self() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+}
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + name;
+  run_command("rm -rf " + d);
+  return d;
+}
+RunResult run_ranks(int n, const std::string& worker, const std::string& env, const std::string& flags) {
+  return run_command("env KILN_TEST_WORKER=" + worker + " " + env + " " + kiln_cli() + " launch --nproc-per-node " +
+                         std::to_string(n) + " --master-port 0 --term-grace 1 " + flags + " -- " + self() +
+                         " --gtest_filter=DistWorker.Run --gtest_brief=1",
+                     60);
+}
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+TEST(Faults, SleeperTimesOutNamingOpAndRankWithDump) {
+  const std::string dir = fresh_dir("kiln_fault_sleeper");
+  const auto t0 = Clock::now();
+  const auto r = run_ranks(3, "sleeper", "KILN_TEST_TIMEOUT_MS=1500", "--log-dir " + dir);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "all_reduce #3 of 'world' (3 elements of f32) timed out after 1500 ms")) << r.output;
+  EXPECT_TRUE(contains(r.output, "rank 1 has not joined it (rank 1 last started #2)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "exit code 70")) << r.output;
+  EXPECT_TRUE(contains(r.output, "flight recorder: " + dir + "/kiln_fr_rank0.json")) << r.output;
+  // Detected within the timeout + 2 s of the sleeper going quiet (start-up included, generously).
+  EXPECT_LT(secs, 1.5 + 2 + 4) << r.output;
+  const auto dump = run_command("cat " + dir + "/kiln_fr_rank0.json").output;
+  EXPECT_TRUE(contains(dump, "\"state\": \"timed_out\"")) << dump;
+  const auto events = run_command("cat " + dir + "/rank0.jsonl").output;
+  EXPECT_TRUE(contains(events, "\"event\":\"timeout\"")) << events;
+  EXPECT_TRUE(contains(events, "\"event\":\"init\"")) << events;
+}
+
+TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
+  const std::string dir = fresh_dir("kiln_fault_abort");
+  const auto r = run_ranks(3, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--log-dir " + dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  // The launcher reports whichever it reaps first: the killed rank or a survivor exiting 70.
+  EXPECT_TRUE(contains(r.output, "signal 9 (SIGKILL)") || contains(r.output, "exit code 70")) << r.output;
+  EXPECT_TRUE(contains(r.output, "all_reduce #3 of 'world' (3 elements of f32) failed: rank 1 has not joined it"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "policy abort: exiting with status 70")) << r.output;
+  EXPECT_TRUE(contains(r.output, "(flight recorder: " + dir + "/kiln_fr_rank")) << r.output;
+  EXPECT_TRUE(contains(r.output, "kiln launch: the job failed")) << r.output;
+}
+
+TEST(Faults, KilledRankUnderShrinkSurvivorsContinue) {
+  const std::string dir = fresh_dir("kiln_fault_shrink");
+  const auto t0 = Clock::now();
+  const auto r = run_ranks(4, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--policy shrink --log-dir " + dir);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "policy shrink: continuing without rank(s) 1 as 'world' generation 1 of 3 ranks"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 0] survivor: old rank 0 new rank 0 of 3 generation 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 2] survivor: old rank 2 new rank 1 of 3 generation 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 3] survivor: old rank 3 new rank 2 of 3 generation 1")) << r.output;
+  size_t ok = 0;
+  for (size_t p = 0; (p = r.output.find("survivor ok", p)) != std::string::npos; ++p) ++ok;
+  EXPECT_EQ(ok, 3u) << r.output;
+  EXPECT_LT(secs, 20) << r.output;
+  const auto events = run_command("cat " + dir + "/rank0.jsonl").output;
+  EXPECT_TRUE(contains(events, "\"event\":\"shrink\"")) << events;
+}
