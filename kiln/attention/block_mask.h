@@ -17,14 +17,12 @@
 
 #include "kiln/attention/mods.h"
 #include "kiln/core/tensor.h"
+#include "kiln/kernels/flex_tiles.h"
 #include "kiln/kernels/cpu/loops.h"
 
 namespace kiln::attention {
 
 inline constexpr int64_t kDefaultBlockSize = 128;
-
-// Tile classes as produced by the builders (to_dense() reports them too).
-enum class BlockKind : uint8_t { empty = 0, partial = 1, full = 2 };
 
 struct BlockLayout {
   int64_t batch = 1, heads = 1;          // Bm, Hm (1: the mask does not depend on b / h)
@@ -82,19 +80,6 @@ inline void check_mask_mod(const Document& m) {
 template <class A, class B> void check_mask_mod(const AndMask<A, B>& m) { check_mask_mod(m.a), check_mask_mod(m.b); }
 template <class A, class B> void check_mask_mod(const OrMask<A, B>& m) { check_mask_mod(m.a), check_mask_mod(m.b); }
 }  // namespace detail
-
-// Classifies one tile by evaluating every in-range element (exact for any mask_mod).
-template <MaskMod M>
-KILN_HD BlockKind classify_tile(const M& m, int b, int h, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
-  bool any = false, all = true;
-  for (int64_t q = q0; q < q1; ++q)
-    for (int64_t k = k0; k < k1; ++k) {
-      bool keep = m(b, h, static_cast<int>(q), static_cast<int>(k));
-      any = any || keep;
-      all = all && keep;
-    }
-  return !any ? BlockKind::empty : (all ? BlockKind::full : BlockKind::partial);
-}
 
 // Builds a BlockMask on the CPU (host pointers in the mask_mod). batch / heads: 1 when the
 // mask does not depend on b / h (broadcast), else B / Hq.

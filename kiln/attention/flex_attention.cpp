@@ -222,10 +222,15 @@ void check_saved_block_tables(const std::vector<SavedTensor>& saved, const Block
   check_block_tables(layout);
 }
 
-void fail_no_cuda_body() {
-  fail("flex_attention: no CUDA body for this score_mod/mask_mod combination (the library's masks with "
-       "NoScoreMod, and ALiBi/softcap/relative bias with no mask or causal, have one; instantiate others with "
-       "KILN_FLEX_CUDA_INSTANTIATE, see docs/attention.md)");
+kernels::FlexEntry cuda_flex_entry(const KernelKey& key) {
+  if (auto e = KernelRegistry::global().find(key)) return reinterpret_cast<kernels::FlexEntry>(e->fn);
+  std::string have;
+  for (const KernelKey& k : KernelRegistry::global().keys(key.family))
+    if (k.device == key.device) have += (have.empty() ? "" : "; ") + k.mods;
+  fail("flex_attention: no CUDA body for the score_mod|mask_mod pair ", key.mods, " (registered: ",
+       have.empty() ? "none, this build has no CUDA kernels" : have,
+       "); instantiate it with KILN_FLEX_CUDA_INSTANTIATE (docs/attention.md) or use RuntimeScoreMod / "
+       "RuntimeMaskMod (docs/jit.md)");
 }
 
 }  // namespace detail
@@ -282,6 +287,17 @@ MaskSpec parse_mask_spec(const std::string& text, int64_t seq_len, Device device
 
 namespace {
 #ifdef KILN_CUDA
+// The CUDA instantiation files register their bodies when the program starts and nothing else
+// names them: these references keep them in a static link (KILN_FLEX_CUDA_FILE).
+extern "C" void kiln_flex_cuda_file_masks_dense();
+extern "C" void kiln_flex_cuda_file_masks_document();
+extern "C" void kiln_flex_cuda_file_masks_window();
+extern "C" void kiln_flex_cuda_file_mods_alibi();
+extern "C" void kiln_flex_cuda_file_mods_relative_bias();
+extern "C" void kiln_flex_cuda_file_mods_softcap();
+[[gnu::used]] void (*const kFlexCudaFiles[])() = {
+    kiln_flex_cuda_file_masks_dense,  kiln_flex_cuda_file_masks_document,     kiln_flex_cuda_file_masks_window,
+    kiln_flex_cuda_file_mods_alibi, kiln_flex_cuda_file_mods_relative_bias, kiln_flex_cuda_file_mods_softcap};
 // The GPU builder: tile classes computed on the device, index lists derived from them.
 template <class MM>
 BlockLayout build_on_gpu(const MM& mm, int64_t L, int64_t S, int64_t bs, Device device) {

@@ -7,7 +7,8 @@
 // copies; E, Ev >= 1), f32 / bf16 / f16 (16-bit storage, f32 math). Output in the input dtype;
 // lse [B, Hq, L] f32 in natural log when options.return_lse. Fully masked rows give output 0 and
 // lse −inf (gradients 0, never NaN). The template instantiates the CPU kernels for any mods; the CUDA
-// kernels exist for the library's mods (explicit instantiations in kernels/cuda/).
+// kernels are looked up in the KernelRegistry (the library's mods: explicit instantiations in
+// kernels/cuda/ that register themselves).
 // For config-driven masks (the trainer), flex_attention(q, k, v, const MaskSpec&) selects a
 // library mask at run time.
 #pragma once
@@ -46,24 +47,6 @@ struct FlexResult {
   Tensor lse;  // defined when options.return_lse
 };
 
-// The library combinations that have CUDA bodies (kernels/cuda/attention_masks_*.cu and
-// attention_mods_*.cu); see docs/attention.md for instantiating your own.
-}  // namespace kiln::attention
-namespace kiln::kernels {
-template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::NoMask> = true;
-template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::Causal> = true;
-template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::SlidingWindow> = true;
-template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::DocumentCausal> = true;
-template <> inline constexpr bool has_cuda_flex<attention::NoScoreMod, attention::PrefixLM> = true;
-template <> inline constexpr bool has_cuda_flex<attention::Alibi, attention::NoMask> = true;
-template <> inline constexpr bool has_cuda_flex<attention::Alibi, attention::Causal> = true;
-template <> inline constexpr bool has_cuda_flex<attention::Softcap, attention::NoMask> = true;
-template <> inline constexpr bool has_cuda_flex<attention::Softcap, attention::Causal> = true;
-template <> inline constexpr bool has_cuda_flex<attention::RelativePositionBias, attention::NoMask> = true;
-template <> inline constexpr bool has_cuda_flex<attention::RelativePositionBias, attention::Causal> = true;
-}  // namespace kiln::kernels
-namespace kiln::attention {
-
 namespace detail {
 
 void check_flex_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const BlockLayout& layout);
@@ -99,21 +82,14 @@ Tensor tile_counters(kernels::FlexParams& p, int64_t n, Device device);
 // value gave wrong gradients); the values are checked again as in the forward.
 std::vector<SavedTensor> save_block_tables(const BlockLayout& layout);
 void check_saved_block_tables(const std::vector<SavedTensor>& saved, const BlockLayout& layout);
-// The error for a score_mod / mask_mod pair with no CUDA instantiation.
-[[noreturn]] void fail_no_cuda_body();
+// The registered CUDA body of `key` (kernels::flex_key), or an error naming the pair and the
+// pairs that have one.
+kernels::FlexEntry cuda_flex_entry(const KernelKey& key);
 
 template <class SM, class MM>
 void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& sm, const MM& mm) {
   profile::Scope ps("flex_forward", dev);
-  if (dev.is_cuda()) {
-#ifdef KILN_CUDA
-    if constexpr (kernels::has_cuda_flex<SM, MM>) {
-      kernels::cuda::flex_forward(p, dt, sm, mm);
-      return;
-    }
-#endif
-    fail_no_cuda_body();
-  }
+  if (dev.is_cuda()) return cuda_flex_entry(kernels::flex_key<SM, MM>("flex_forward", "cuda"))(p, dt, &sm, &mm);
   switch (dt) {
     case DType::f32: return kernels::cpu::flex_forward<float>(p, sm, mm);
     case DType::bf16: return kernels::cpu::flex_forward<BFloat16>(p, sm, mm);
@@ -124,15 +100,7 @@ void run_forward(const kernels::FlexParams& p, DType dt, Device dev, const SM& s
 template <class SM, class MM>
 void run_backward(const kernels::FlexParams& p, DType dt, Device dev, const SM& sm, const MM& mm) {
   profile::Scope ps("flex_backward", dev);
-  if (dev.is_cuda()) {
-#ifdef KILN_CUDA
-    if constexpr (kernels::has_cuda_flex<SM, MM>) {
-      kernels::cuda::flex_backward(p, dt, sm, mm);
-      return;
-    }
-#endif
-    fail_no_cuda_body();
-  }
+  if (dev.is_cuda()) return cuda_flex_entry(kernels::flex_key<SM, MM>("flex_backward", "cuda"))(p, dt, &sm, &mm);
   switch (dt) {
     case DType::f32: return kernels::cpu::flex_backward<float>(p, sm, mm);
     case DType::bf16: return kernels::cpu::flex_backward<BFloat16>(p, sm, mm);

@@ -1,50 +1,15 @@
-// FlexAttention modifiers: score_mod and mask_mod functors with host+device call operators,
-// the C++20 concepts that check them, and the library (noop, causal, sliding window, document,
-// prefix LM, ALiBi, softcap, learnable relative-position bias, and_masks / or_masks).
-//
-// NOTE [flex mods]
-// - mask_mod(b, h, q_idx, kv_idx) -> bool: true keeps the pair. b and h are the query's batch
-//   and (query) head indices; q_idx/kv_idx are absolute positions (top-left aligned, as PyTorch).
-// - score_mod(score, b, h, q_idx, kv_idx) -> score', templated on the value type (float in the
-//   kernels, double in the reference). score is already scaled (scale * q·k), as in PyTorch.
-//   Every score_mod also gives dscore(score, ...) = d score' / d score, which the backward
-//   multiplies in (the C++ counterpart of PyTorch's traced derivative).
-// - Both must be pure, and safe at any in-range index (0 <= q_idx < L, 0 <= kv_idx < S): the
-//   kernels evaluate them branch-free on whole tiles, masked pairs included (their results are
-//   then discarded), as PyTorch applies score_mod before the mask. A mod must not rely on the
-//   mask to guard a table read (e.g. bias[q - kv] under a causal mask reads bias[-1]).
-// - A score_mod with a learnable tensor (RelativePositionBias) declares kLearnable and
-//   bias_index(): the backward accumulates d loss / d score' into grad[bias_index] in a fixed
-//   order (deterministic). The front end binds the tensor (options.bias) to the functor.
-// Functors hold raw pointers (device pointers for CUDA) to their tables; the caller keeps the
-// tables alive while the attention and its backward run.
+// FlexAttention modifiers: the C++20 concepts that check score_mod and mask_mod functors, and
+// the host helpers (alibi_slopes). The functors themselves (the library: noop, causal, sliding
+// window, document, prefix LM, ALiBi, softcap, learnable relative-position bias, and_masks /
+// or_masks) are device-only, in kiln/kernels/flex_mods.h (NOTE [flex mods] there).
 #pragma once
-#include <math.h>
-
 #include <cmath>
 #include <concepts>
 #include <cstdint>
 
-#include "kiln/core/macros.h"
+#include "kiln/kernels/flex_mods.h"
 
 namespace kiln::attention {
-
-// tanh for the score mods. In float on the GPU: 1 − 2 / (1 + e^{2x}) with the special-function
-// unit's exponential and reciprocal (5 instructions, absolute error under 1e-6, f32's level for a
-// value in [−1, 1]) instead of tanhf (16 instructions with the same two MUFU: a polynomial for
-// |x| < 0.6 selected against this form). ±inf and large |x| give ±1, NaN stays NaN. On the host
-// tanhf / tanh.
-template <class T> KILN_HD T tanh_t(T x) {
-  if constexpr (sizeof(T) == 4) {
-#ifdef __CUDA_ARCH__
-    return 1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * x));
-#else
-    return ::tanhf(x);
-#endif
-  } else {
-    return ::tanh(x);
-  }
-}
 
 template <class M>
 concept MaskMod = std::copy_constructible<M> && requires(const M& m, int b, int h, int q, int kv) {
@@ -65,48 +30,6 @@ concept LearnableScoreMod = ScoreMod<S> && S::kLearnable && requires(const S& s,
   { s.bias_index(i, i, i, i) } -> std::convertible_to<int64_t>;
 };
 
-template <class S> inline constexpr bool is_learnable_v = false;
-template <LearnableScoreMod S> inline constexpr bool is_learnable_v<S> = true;
-
-// ---- mask mods ----
-struct NoMask {  // every pair kept
-  KILN_HD bool operator()(int, int, int, int) const { return true; }
-};
-struct Causal {  // q_idx >= kv_idx
-  KILN_HD bool operator()(int, int, int q, int kv) const { return q >= kv; }
-};
-struct SlidingWindow {  // causal, and at most `window` tokens back (the query included)
-  int window = 256;
-  // 0 <= q − kv < window as one unsigned compare (q − kv cannot overflow: indices are
-  // non-negative ints); a window <= 0 keeps nothing.
-  KILN_HD bool operator()(int, int, int q, int kv) const {
-    return static_cast<unsigned>(q - kv) < static_cast<unsigned>(window > 0 ? window : 0);
-  }
-};
-struct PrefixLM {  // the first `prefix` tokens are seen by everyone; causal after
-  int prefix = 0;
-  KILN_HD bool operator()(int, int, int q, int kv) const { return (kv < prefix) | (q >= kv); }
-};
-// Packed documents: keeps pairs in the same document (ids per position, int32, q and kv side;
-// the same pointer when L == S). Combine with Causal via and_masks for causal packing.
-struct Document {
-  const int32_t* q_doc = nullptr;
-  const int32_t* kv_doc = nullptr;
-  KILN_HD bool operator()(int, int, int q, int kv) const { return q_doc[q] == kv_doc[kv]; }
-};
-
-template <MaskMod A, MaskMod B>
-struct AndMask {
-  A a;
-  B b;
-  KILN_HD bool operator()(int bi, int h, int q, int kv) const { return a(bi, h, q, kv) && b(bi, h, q, kv); }
-};
-template <MaskMod A, MaskMod B>
-struct OrMask {
-  A a;
-  B b;
-  KILN_HD bool operator()(int bi, int h, int q, int kv) const { return a(bi, h, q, kv) || b(bi, h, q, kv); }
-};
 template <MaskMod A, MaskMod B> AndMask<A, B> and_masks(A a, B b) { return {a, b}; }
 template <MaskMod A, MaskMod B> OrMask<A, B> or_masks(A a, B b) { return {a, b}; }
 template <MaskMod A, MaskMod B, MaskMod C, MaskMod... R>
@@ -114,57 +37,11 @@ auto and_masks(A a, B b, C c, R... r) { return and_masks(and_masks(a, b), c, r..
 template <MaskMod A, MaskMod B, MaskMod C, MaskMod... R>
 auto or_masks(A a, B b, C c, R... r) { return or_masks(or_masks(a, b), c, r...); }
 
-// Causal + same document (the trainer's "document" mask and the bench's document:N).
-using DocumentCausal = AndMask<Causal, Document>;
-
-// ---- score mods ----
-struct NoScoreMod {
-  template <class T> KILN_HD T operator()(T s, int, int, int, int) const { return s; }
-  template <class T> KILN_HD T dscore(T, int, int, int, int) const { return T(1); }
-};
-// ALiBi: score + slope[h] * (kv_idx - q_idx); slopes per query head (f32).
-struct Alibi {
-  const float* slopes = nullptr;
-  template <class T> KILN_HD T operator()(T s, int, int h, int q, int kv) const {
-    return s + static_cast<T>(slopes[h]) * static_cast<T>(kv - q);
-  }
-  template <class T> KILN_HD T dscore(T, int, int, int, int) const { return T(1); }
-};
 // The geometric ALiBi slopes of the paper for `heads` heads, written to out[0..heads).
 inline void alibi_slopes(int heads, float* out) {
   double start = std::pow(2.0, -8.0 / heads);
   for (int h = 0; h < heads; ++h) out[h] = static_cast<float>(std::pow(start, h + 1));
 }
-// Soft-capping (Gemma 2): cap * tanh(score / cap). score / cap is taken as score · (1 / cap):
-// the reciprocal is the same for every element (the kernels compute it once); a float division
-// on the GPU is a refined reciprocal, a range check and a branch to a slow path, per element.
-struct Softcap {
-  float cap = 50.0f;
-  template <class T> KILN_HD T operator()(T s, int, int, int, int) const {
-    return static_cast<T>(cap) * tanh_t(s * (T(1) / static_cast<T>(cap)));
-  }
-  template <class T> KILN_HD T dscore(T s, int, int, int, int) const {
-    const T t = tanh_t(s * (T(1) / static_cast<T>(cap)));
-    return T(1) - t * t;
-  }
-};
-// Learnable relative-position bias: score + bias[h, kv_idx - q_idx + (L - 1)], the table being
-// f32 [H, L + S - 1] (2S - 1 when L == S), H the query heads. Bound by the front end from
-// FlexOptions::bias; its gradient is computed deterministically.
-struct RelativePositionBias {
-  static constexpr bool kLearnable = true;
-  const float* bias = nullptr;
-  int64_t row = 0;     // L + S - 1
-  int64_t offset = 0;  // L - 1
-  KILN_HD int64_t bias_index(int, int h, int q, int kv) const {
-    return static_cast<int64_t>(h) * row + (static_cast<int64_t>(kv) - q) + offset;
-  }
-  template <class T> KILN_HD T operator()(T s, int b, int h, int q, int kv) const {
-    return s + static_cast<T>(bias[bias_index(b, h, q, kv)]);
-  }
-  template <class T> KILN_HD T dscore(T, int, int, int, int) const { return T(1); }
-};
-
 static_assert(MaskMod<NoMask> && MaskMod<Causal> && MaskMod<SlidingWindow> && MaskMod<Document> &&
               MaskMod<PrefixLM> && MaskMod<DocumentCausal>);
 static_assert(ScoreMod<NoScoreMod> && ScoreMod<Alibi> && ScoreMod<Softcap> && LearnableScoreMod<RelativePositionBias>);

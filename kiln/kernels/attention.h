@@ -1,66 +1,28 @@
 // Kernel entry points of FlexAttention. The mods are template parameters, so the CPU bodies are
 // templates (kernels/cpu/attention_impl.h, instantiated by the front end or explicitly in
 // kernels/cpu/attention.cpp); the CUDA bodies are explicit instantiations in
-// kernels/cuda/attention*.cu for the library's mods.
-//
-// FlexParams carries raw pointers and strides (elements) of q [B,Hq,L,E], k [B,Hkv,S,E],
-// v [B,Hkv,S,Ev] (last dim contiguous, any b/h/seq strides), the contiguous outputs, the lse
-// (f32, natural log, -inf on fully masked rows) and the block layout.
+// kernels/cuda/attention*.cu for the library's mods. FlexParams (the kernels' arguments) is in
+// the device-only kernels/flex_params.h.
 #pragma once
+#include <cxxabi.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <typeinfo>
 
 #include "kiln/core/dtype.h"
+#include "kiln/core/kernel_registry.h"
+#include "kiln/kernels/flex_params.h"
 
 namespace kiln::kernels {
 
-// Which CUDA kernels run a FlexAttention call (FlexOptions::backend, like PyTorch's
-// kernel_options["BACKEND"]). automatic: the fastest that applies (hopper, then sm80, then
-// simt). The others are required: a call they do not apply to fails with the reason.
-//   hopper: TMA + wgmma, warp-specialised (kernels/cuda/attention_*_wgmma.cuh)
-//   sm80:   mma.sync tensor cores (attention_fwd_mma.cuh, attention_bwd_mma.cuh)
-//   simt:   plain CUDA cores, every dtype, head dim and mod (attention_kernels.cuh)
-enum class FlexBackend : uint8_t { automatic, hopper, sm80, simt };
-
-struct FlexParams {
-  int64_t B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, E = 0, Ev = 0;
-  float scale = 1.0f;
-  FlexBackend backend = FlexBackend::automatic;  // CUDA only
-  const void *q = nullptr, *k = nullptr, *v = nullptr;
-  int64_t q_st[3] = {0, 0, 0}, k_st[3] = {0, 0, 0}, v_st[3] = {0, 0, 0};  // b, h, seq strides
-  void* out = nullptr;        // [B, Hq, L, Ev] contiguous, input dtype
-  float* lse = nullptr;       // [B, Hq, L] contiguous
-  // backward
-  const void* dout = nullptr;  // [B, Hq, L, Ev] contiguous, input dtype
-  const float* dlse = nullptr; // [B, Hq, L] or null
-  float* delta = nullptr;      // workspace [B, Hq, L]
-  void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // contiguous, input dtype
-  float* dbias = nullptr;       // learnable table gradient [Hq, bias_row] (f32) or null
-  float* dbias_partial = nullptr;  // workspace [B, Hq, nQ, bias_row] for the fixed-order reduction
-  int64_t bias_row = 0;
-  int32_t* tile_counters = nullptr;  // workspace (CUDA): the Hopper forward's tile counter [1], the backward's [2]
-  // block layout (see kiln/attention/block_mask.h)
-  const int32_t *kv_num = nullptr, *kv_idx = nullptr, *fkv_num = nullptr, *fkv_idx = nullptr;
-  const int32_t *q_num = nullptr, *q_idx = nullptr, *fq_num = nullptr, *fq_idx = nullptr;
-  int64_t Bm = 1, Hm = 1, nQ = 0, nKV = 0, QB = 128, KB = 128, nk1 = 1, nq1 = 1;
-
-  struct BlockList {
-    int32_t count;
-    const int32_t* index;
-  };
-  // The KV blocks of mask row `row` (a Q block): partial ones (mask evaluated) or full ones.
-  KILN_HD BlockList kv_blocks(int64_t row, bool partial) const {
-    return {partial ? kv_num[row] : fkv_num[row], (partial ? kv_idx : fkv_idx) + row * nk1};
-  }
-  // The Q blocks of mask column `col` (a KV block), for the dK/dV pass.
-  KILN_HD BlockList q_blocks(int64_t col, bool partial) const {
-    return {partial ? q_num[col] : fq_num[col], (partial ? q_idx : fq_idx) + col * nq1};
-  }
-};
-
 // CUDA bodies (kernels/cuda/attention_kernels.cuh): explicit instantiations for NoScoreMod ×
 // {NoMask, Causal, SlidingWindow, DocumentCausal, PrefixLM} (attention_masks_*.cu) and {Alibi,
-// Softcap, RelativePositionBias} × {NoMask, Causal} (attention_mods_*.cu); has_cuda_flex tells
-// the front end which exist.
+// Softcap, RelativePositionBias} × {NoMask, Causal} (attention_mods_*.cu). Each registers its
+// type-erased entry points in the KernelRegistry (core/kernel_registry.h) under flex_key(...);
+// the front end finds them there (and the JIT's kernels for run-time mods), so nothing keeps a
+// list of which combinations exist.
 namespace cuda {
 template <class SM, class MM> void flex_forward(const FlexParams& p, DType dt, const SM& sm, const MM& mm);
 template <class SM, class MM> void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm);
@@ -70,6 +32,33 @@ template <class MM>
 void classify_tiles(const MM& mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t qb, int64_t kb,
                     uint8_t* classes);
 }  // namespace cuda
-template <class SM, class MM> inline constexpr bool has_cuda_flex = false;
+
+// The registry's signature of a built-in flex_forward / flex_backward body: the mods passed by
+// address, cast back to their types by the body (flex_erased).
+using FlexEntry = void (*)(const FlexParams& p, DType dt, const void* score_mod, const void* mask_mod);
+template <class SM, class MM, bool kForward>
+void flex_erased(const FlexParams& p, DType dt, const void* sm, const void* mm) {
+  if constexpr (kForward)
+    cuda::flex_forward<SM, MM>(p, dt, *static_cast<const SM*>(sm), *static_cast<const MM*>(mm));
+  else
+    cuda::flex_backward<SM, MM>(p, dt, *static_cast<const SM*>(sm), *static_cast<const MM*>(mm));
+}
+
+// A mod type's name as the registry keys it: its C++ name without the kiln::attention:: prefixes
+// ("AndMask<Causal, Document>"); the same in every translation unit of one build.
+template <class M> std::string flex_mod_name() {
+  int status = 0;
+  char* d = abi::__cxa_demangle(typeid(M).name(), nullptr, nullptr, &status);
+  std::string n = status == 0 && d ? d : typeid(M).name();
+  std::free(d);
+  const std::string prefix = "kiln::attention::";
+  for (size_t at; (at = n.find(prefix)) != std::string::npos;) n.erase(at, prefix.size());
+  return n;
+}
+// The registry key of a built-in body: family "flex_forward" / "flex_backward", any dtype and
+// head dim (the body dispatches on both), mods "score_mod|mask_mod".
+template <class SM, class MM> KernelKey flex_key(const char* family, const char* device) {
+  return KernelKey{family, device, "*", 0, flex_mod_name<SM>() + "|" + flex_mod_name<MM>(), ""};
+}
 
 }  // namespace kiln::kernels

@@ -22,7 +22,7 @@
 #include <limits>
 #include <vector>
 
-#include "kiln/attention/mods.h"
+#include "kiln/kernels/flex_mods.h"
 #include "kiln/core/dtype.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cpu/vec_math.h"
@@ -205,6 +205,17 @@ inline void flex_tile_grad(float* s, float* dp, float* raw, int64_t ld, int64_t 
           dbias_row[sm.bias_index(b, h, static_cast<int>(i0 + i), static_cast<int>(j0 + j)) - base] += di[j];
       }
     }
+    if constexpr (attention::has_capture_grad_v<SM>) {
+      if (dbias_row) {
+        for (int64_t j = 0; j < nk; ++j) {
+          if (si[j] == 0.0f) continue;  // masked (or P underflowed): nothing to add, whatever the mod's slope
+          int64_t at = -1;
+          const float d =
+              sm.capture_grad(raw[i * ld + j], b, h, static_cast<int>(i0 + i), static_cast<int>(j0 + j), &at);
+          if (at >= 0) dbias_row[at] += di[j] * d;
+        }
+      }
+    }
     if constexpr (std::is_same_v<SM, attention::NoScoreMod>) {
 #pragma omp simd
       for (int64_t j = 0; j < nk; ++j) di[j] *= p.scale;
@@ -231,7 +242,8 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
   const T* v = static_cast<const T*>(p.v);
   const T* out = static_cast<const T*>(p.out);
   const T* dout = static_cast<const T*>(p.dout);
-  const bool learn = attention::is_learnable_v<SM> && p.dbias != nullptr;
+  // A learnable table (bias_row floats per head) or a learnable capture (bias_row = its size).
+  const bool learn = (attention::is_learnable_v<SM> || attention::has_capture_grad_v<SM>) && p.dbias != nullptr;
   const int64_t rows = p.B * p.Hq * p.L;
   // Δ = rowsum(dO ∘ O) − dlse
 #pragma omp parallel for schedule(static) if (rows > 256)
@@ -333,6 +345,19 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
         store_row(dv + (ob + j) * Ev, &dva[j * Ev], Ev);
       }
     }
+  }
+  // ---- learnable capture: reduce the per-task partials over the tasks in order ----
+  if constexpr (attention::has_capture_grad_v<SM>) {
+    if (learn) {
+      const int64_t R = p.bias_row;
+#pragma omp parallel for schedule(static) if (R > 4096)
+      for (int64_t x = 0; x < R; ++x) {
+        float sum = 0.0f;
+        for (int64_t t = 0; t < qtasks; ++t) sum += p.dbias_partial[t * R + x];
+        p.dbias[x] = sum;
+      }
+    }
+    return;
   }
   // ---- learnable bias: reduce the per-(b, h, q-block) partial rows in a fixed order ----
   if (learn) {

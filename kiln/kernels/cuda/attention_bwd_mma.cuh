@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kiln/attention/mods.h"
+#include "kiln/kernels/flex_mods.h"
 #include "kiln/kernels/cuda/attention_mma_common.cuh"
 #include "kiln/kernels/cuda/context.h"
 

@@ -45,9 +45,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kiln/attention/mods.h"
+#include "kiln/kernels/flex_mods.h"
 #include "kiln/core/error.h"
 #include "kiln/kernels/cuda/attention_mma_common.cuh"
+#include "kiln/kernels/cuda/tensor_map.h"
 #include "kiln/kernels/cuda/wgmma.cuh"
 
 namespace kiln::kernels::cuda::flex_wgmma {

@@ -4,8 +4,8 @@
 // then the SIMT kernels here; classify_tiles builds BlockMasks
 // on the GPU. A .cu file that includes this header and writes KILN_FLEX_CUDA_INSTANTIATE(SM, MM)
 // gets the kernels for its own mods (the library's: attention_masks_*.cu and attention_mods_*.cu,
-// one or two combinations a file so that a parallel build compiles them side by side); the front
-// end learns of them through kernels::has_cuda_flex<SM, MM>.
+// one or two combinations a file so that a parallel build compiles them side by side); they
+// register in the KernelRegistry, where the front end finds them.
 //
 // The SIMT kernels: one thread owns one query row (forward, dQ) or one kv row (dK/dV), iterating
 // the BlockMask's tile lists (partial tiles evaluate the mask_mod, full tiles skip it, empty
@@ -24,10 +24,11 @@
 
 #include <cmath>
 
-#include "kiln/attention/block_mask.h"
-#include "kiln/attention/mods.h"
+#include "kiln/kernels/flex_tiles.h"
+#include "kiln/kernels/flex_mods.h"
 #include "kiln/core/error.h"
 #include "kiln/core/half.h"
+#include "kiln/core/kernel_registry.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_mma.cuh"
@@ -353,9 +354,24 @@ void classify_tiles(const MM& mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, 
   KILN_CUDA_CHECK_LAUNCH("classify_tiles_kernel");
 }
 
-#define KILN_FLEX_CUDA_INSTANTIATE(SM, MM)                                            \
-  template void flex_forward<SM, MM>(const FlexParams&, DType, const SM&, const MM&); \
-  template void flex_backward<SM, MM>(const FlexParams&, DType, const SM&, const MM&);
+// The explicit instantiations of one (score_mod, mask_mod) pair, registered in the KernelRegistry
+// (kernels/attention.h: flex_key, FlexEntry) when the program starts.
+#define KILN_FLEX_CUDA_CAT2(a, b) a##b
+#define KILN_FLEX_CUDA_CAT(a, b) KILN_FLEX_CUDA_CAT2(a, b)
+#define KILN_FLEX_CUDA_INSTANTIATE(SM, MM)                                                                    \
+  template void flex_forward<SM, MM>(const FlexParams&, DType, const SM&, const MM&);                         \
+  template void flex_backward<SM, MM>(const FlexParams&, DType, const SM&, const MM&);                        \
+  static const ::kiln::KernelRegistrar KILN_FLEX_CUDA_CAT(flex_registrar_, __COUNTER__){                      \
+      ::kiln::kernels::flex_key<SM, MM>("flex_forward", "cuda"),                                             \
+      reinterpret_cast<const void*>(&::kiln::kernels::flex_erased<SM, MM, true>), "built in (" __FILE__ ")"}; \
+  static const ::kiln::KernelRegistrar KILN_FLEX_CUDA_CAT(flex_registrar_, __COUNTER__){                      \
+      ::kiln::kernels::flex_key<SM, MM>("flex_backward", "cuda"),                                            \
+      reinterpret_cast<const void*>(&::kiln::kernels::flex_erased<SM, MM, false>), "built in (" __FILE__ ")"};
+// Each instantiation file names itself once: nothing else refers to a file whose kernels only
+// register themselves, so a static link would leave it out; the front end refers to this symbol
+// (attention/flex_attention.cpp) to keep the file in.
+#define KILN_FLEX_CUDA_FILE(name) \
+  extern "C" void kiln_flex_cuda_file_##name() {}
 // A library mask: its kernels without a score_mod and its GPU BlockMask builder
 // (create_block_mask from a MaskSpec on a CUDA device).
 #define KILN_FLEX_CUDA_INSTANTIATE_MASK(MM)                  \

@@ -9,3 +9,5 @@ KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::NoMask)
 KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::Causal)
 
 }  // namespace kiln::kernels::cuda
+
+KILN_FLEX_CUDA_FILE(masks_dense)

@@ -7,3 +7,5 @@ namespace kiln::kernels::cuda {
 KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::DocumentCausal)
 
 }  // namespace kiln::kernels::cuda
+
+KILN_FLEX_CUDA_FILE(masks_document)

@@ -8,3 +8,5 @@ KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::SlidingWindow)
 KILN_FLEX_CUDA_INSTANTIATE_MASK(attention::PrefixLM)
 
 }  // namespace kiln::kernels::cuda
+
+KILN_FLEX_CUDA_FILE(masks_window)

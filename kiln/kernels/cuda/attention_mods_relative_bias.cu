@@ -8,3 +8,5 @@ KILN_FLEX_CUDA_INSTANTIATE(attention::RelativePositionBias, attention::NoMask)
 KILN_FLEX_CUDA_INSTANTIATE(attention::RelativePositionBias, attention::Causal)
 
 }  // namespace kiln::kernels::cuda
+
+KILN_FLEX_CUDA_FILE(mods_relative_bias)

@@ -8,3 +8,5 @@ KILN_FLEX_CUDA_INSTANTIATE(attention::Softcap, attention::NoMask)
 KILN_FLEX_CUDA_INSTANTIATE(attention::Softcap, attention::Causal)
 
 }  // namespace kiln::kernels::cuda
+
+KILN_FLEX_CUDA_FILE(mods_softcap)

@@ -19,11 +19,13 @@
 // addresses "row = l%16, col = 8·(l/16)" of a row-major 16×16 tile it yields an A fragment; the
 // .trans form of the same call on a row-major [k][n] tile yields two B fragments (n 0..7 and 8..15)
 // when addresses are "row k = l%16 ... " — see ldmatrix_b_trans below for the exact mapping.
+// Device-only (no host code): NVRTC compiles it (kernels/device_std.h), given the toolkit's
+// include folder for cuda_bf16.h / cuda_fp16.h.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdint>
+#include "kiln/kernels/device_std.h"
 
 namespace kiln::kernels::cuda::mma {
 

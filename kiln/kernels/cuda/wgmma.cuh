@@ -2,6 +2,8 @@
 // descriptors for 128-byte-swizzled tiles, the warpgroup mma (wgmma.mma_async, 16-bit inputs,
 // f32 accumulators) with its fences, mbarriers, and the bulk tensor copies (TMA) global → shared
 // and shared → global (tensor maps are encoded on the host: tensor_map.h), named barriers.
+// Device-only (no host code): NVRTC compiles it (kernels/device_std.h), given the toolkit's
+// include folder for cuda_bf16.h / cuda_fp16.h; there CUtensorMap is declared as cuda.h does.
 //
 // NOTE [swizzled tiles for wgmma and TMA]
 // A tile of ROWS × COLS 16-bit elements (COLS a multiple of 64) is stored as COLS / 64 column
@@ -25,14 +27,17 @@
 // the m16n8k16 A fragment of the warp's 16 rows, so a converted accumulator feeds the next mma
 // (FlashAttention's P·V) with no shuffles.
 #pragma once
+#ifdef __CUDACC_RTC__
+typedef struct CUtensorMap_st {  // cuda.h's opaque 128-byte tensor map
+  alignas(64) unsigned long long opaque[16];
+} CUtensorMap;
+#else
 #include <cuda.h>
+#endif
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
 
-#include <cstdint>
-
-#include "kiln/kernels/cuda/tensor_map.h"
+#include "kiln/kernels/device_std.h"
 
 namespace kiln::kernels::cuda::wgmma {
 

@@ -1,0 +1,247 @@
+// Source generation for run-time FlexAttention mods: the expression check, the functors, the CPU
+// translation units with their entry points.
+#include "kiln/jit/flex_source.h"
+
+#include <cctype>
+#include <set>
+#include <sstream>
+
+#include "kiln/core/error.h"
+
+namespace kiln::jit {
+
+namespace {
+const std::set<std::string>& functions() {
+  static const std::set<std::string> f{"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "abs",
+                                       "sin", "cos", "pow", "min", "max", "where"};
+  return f;
+}
+
+std::string capture_type(const CaptureSig& c) {
+  return std::string("Capture<") + (c.is_int ? "int32_t" : "float") + ", " + std::to_string(c.rank) + ">";
+}
+
+void check_text(const ModSpec& m, const std::string& text, bool has_score) {
+  std::set<std::string> known{"b",   "h",     "q_idx", "kv_idx", "q_len", "kv_len", "inf",
+                              "true", "false", "float", "double", "int", "int64_t", "bool"};
+  if (has_score) known.insert("score");
+  for (const auto& c : m.captures) known.insert(c.name);
+  KILN_CHECK(!text.empty(), m.kind, ": the expression is empty");
+  std::string open;  // brackets must balance inside the expression (else the compiler's message would point past it)
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '(' || ch == '[') open += ch;
+    if (ch == ')' || ch == ']') {
+      KILN_CHECK(!open.empty() && open.back() == (ch == ')' ? '(' : '['), m.kind, " '", text, "': unmatched '",
+                 std::string(1, ch), "' at column ", i + 1);
+      open.pop_back();
+    }
+  }
+  KILN_CHECK(open.empty(), m.kind, " '", text, "': '", open.substr(open.size() - 1), "' not closed");
+  for (size_t i = 0; i < text.size();) {
+    const char ch = text[i];
+    KILN_CHECK(std::string(";{}#\"'\\`").find(ch) == std::string::npos && (ch >= 32 || ch == '\t'), m.kind, " '",
+               text, "': character '", std::string(1, ch), "' at column ", i + 1,
+               " cannot appear in an expression (one C++ expression, no statements)");
+    if (std::isdigit(static_cast<unsigned char>(ch)) || (ch == '.' && i + 1 < text.size() && std::isdigit(text[i + 1]))) {
+      while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) || text[i] == '.' ||
+                                 ((text[i] == '+' || text[i] == '-') && (text[i - 1] == 'e' || text[i - 1] == 'E'))))
+        ++i;
+      continue;
+    }
+    if (std::isalpha(static_cast<unsigned char>(ch)) || ch == '_') {
+      const size_t b = i;
+      while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) || text[i] == '_')) ++i;
+      const std::string id = text.substr(b, i - b);
+      if (known.count(id) || functions().count(id)) continue;
+      std::string caps;
+      for (const auto& c : m.captures) caps += (caps.empty() ? "" : ", ") + c.name;
+      fail(m.kind, " '", text, "': unknown name '", id, "' at column ", b + 1, " (a ", m.kind,
+           " sees ", has_score ? "score, " : "", "b, h, q_idx, kv_idx, q_len, kv_len, its captures (",
+           caps.empty() ? "none given" : caps, ") and the functions of docs/jit.md)");
+    }
+    ++i;
+  }
+}
+
+// The body of one functor's eval: views of its captures, then the expression under #line.
+std::string bind_views(const ModSpec& m, const char* value_type, bool probe) {
+  std::string s;
+  for (const auto& c : m.captures)
+    s += "    const auto " + c.name + " = this->" + c.name + ".template view<" + value_type + ">(" +
+         (probe && c.learnable ? "probe_" : "nullptr") + ");\n    (void)" + c.name + ";\n";
+  s += "    const int64_t q_len = this->q_len, kv_len = this->kv_len;\n    (void)q_len, (void)kv_len;\n";
+  return s;
+}
+
+std::string line_block(const std::string& file, const std::string& text) {
+  return "\n#line 1 \"" + file + "\"\n" + text + "\n#line 1 \"kiln-generated\"\n";
+}
+
+std::string members(const ModSpec& m) {
+  std::string s = "  int64_t q_len = 0, kv_len = 0;\n";
+  for (const auto& c : m.captures) s += "  " + capture_type(c) + " " + c.name + ";\n";
+  return s;
+}
+}  // namespace
+
+void check_mod(const ModSpec& m) {
+  KILN_CHECK(m.kind == "score_mod" || m.kind == "mask_mod", "jit: unknown mod kind ", m.kind);
+  std::set<std::string> names;
+  int learnable = 0;
+  for (const auto& c : m.captures) {
+    bool ident = !c.name.empty() && (std::isalpha(static_cast<unsigned char>(c.name[0])) || c.name[0] == '_');
+    for (char ch : c.name) ident = ident && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_');
+    KILN_CHECK(ident, m.kind, ": capture name '", c.name, "' is not an identifier");
+    static const std::set<std::string> taken{"score", "b", "h", "q_idx", "kv_idx", "q_len", "kv_len", "inf", "true", "false"};
+    KILN_CHECK(!functions().count(c.name) && !taken.count(c.name), m.kind, ": capture name '", c.name,
+               "' is taken by a variable or function of the expression language");
+    KILN_CHECK(names.insert(c.name).second, m.kind, ": capture '", c.name, "' given twice");
+    KILN_CHECK(c.rank >= 1 && c.rank <= 4, m.kind, ": capture '", c.name, "' must have 1 to 4 dims, got ", c.rank);
+    learnable += c.learnable;
+    KILN_CHECK(!c.learnable || (m.kind == "score_mod" && !c.is_int), m.kind, ": capture '", c.name,
+               "' requires grad, which only an f32 capture of a score_mod may");
+  }
+  KILN_CHECK(learnable <= 1, m.kind, ": at most one captured tensor may require grad, got ", learnable);
+  check_text(m, m.expr, m.kind == "score_mod");
+  if (!m.dscore.empty()) check_text(m, m.dscore, true);
+  for (const auto& c : m.captures) {
+    if (!c.learnable) continue;
+    // Its gradient is probed through one read per evaluation.
+    size_t n = 0;
+    for (size_t at = m.expr.find(c.name); at != std::string::npos; at = m.expr.find(c.name, at + 1)) {
+      const bool start = at == 0 || !(std::isalnum(static_cast<unsigned char>(m.expr[at - 1])) || m.expr[at - 1] == '_');
+      const size_t e = at + c.name.size();
+      const bool end = e >= m.expr.size() || !(std::isalnum(static_cast<unsigned char>(m.expr[e])) || m.expr[e] == '_');
+      n += start && end;
+    }
+    KILN_CHECK(n == 1, m.kind, " '", m.expr, "': the capture '", c.name,
+               "' requires grad, so the expression must read it exactly once, got ", n);
+  }
+}
+
+std::string mod_functors(const ModSpec& score, const ModSpec& mask) {
+  check_mod(score);
+  check_mod(mask);
+  bool learn = false;
+  for (const auto& c : score.captures) learn = learn || c.learnable;
+  std::ostringstream s;
+  s << "namespace kiln::jit::expr::gen {\n"
+    << "struct ScoreMod {\n" << members(score)
+    << "  static constexpr bool kCaptureGrad = " << (learn ? "true" : "false") << ";\n"
+    << "  template <class T>\n  KILN_HD T eval(T score, int b, int h, int q_idx, int kv_idx, Probe* probe_) const {\n"
+    << bind_views(score, "T", true) << "    (void)probe_, (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;\n"
+    << "    const auto kiln_result_ = (" << line_block("score_mod", score.expr) << ");\n    return T(kiln_result_);\n  }\n"
+    << "  template <class T> KILN_HD T operator()(T score, int b, int h, int q_idx, int kv_idx) const {\n"
+    << "    return eval<T>(score, b, h, q_idx, kv_idx, nullptr);\n  }\n"
+    << "  template <class T> KILN_HD T dscore(T score, int b, int h, int q_idx, int kv_idx) const {\n";
+  if (score.dscore.empty()) {
+    s << "    return eval<Dual<T>>(Dual<T>(score, T(1)), b, h, q_idx, kv_idx, nullptr).d;\n  }\n";
+  } else {
+    s << bind_views(score, "T", false) << "    (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;\n"
+      << "    const auto kiln_result_ = (" << line_block("score_mod_derivative", score.dscore)
+      << ");\n    return T(kiln_result_);\n  }\n";
+  }
+  s << "  KILN_HD float capture_grad(float score, int b, int h, int q_idx, int kv_idx, int64_t* offset) const {\n"
+    << "    Probe probe_;\n"
+    << "    const float d = eval<Dual<float>>(Dual<float>(score, 0.0f), b, h, q_idx, kv_idx, &probe_).d;\n"
+    << "    *offset = probe_.offset;\n    return d;\n  }\n};\n"
+    << "struct MaskMod {\n" << members(mask)
+    << "  KILN_HD bool operator()(int b, int h, int q_idx, int kv_idx) const {\n"
+    << bind_views(mask, "float", false) << "    (void)b, (void)h, (void)q_idx, (void)kv_idx;\n"
+    << "    const bool kiln_result_ = (" << line_block("mask_mod", mask.expr) << ");\n    return kiln_result_;\n  }\n};\n";
+  // The captures arrive in one array: the score_mod's, then the mask_mod's.
+  s << "KILN_HD void bind(ScoreMod& sm, MaskMod& mm, const CaptureArg* caps, int64_t L, int64_t S) {\n"
+    << "  sm.q_len = mm.q_len = L;\n  sm.kv_len = mm.kv_len = S;\n";
+  size_t i = 0;
+  for (const auto& c : score.captures) s << "  sm." << c.name << ".bind(caps[" << i++ << "]);\n";
+  for (const auto& c : mask.captures) s << "  mm." << c.name << ".bind(caps[" << i++ << "]);\n";
+  s << "  (void)caps;\n}\n}  // namespace kiln::jit::expr::gen\n";
+  return s.str();
+}
+
+namespace {
+// The kernels' head: kiln's CPU kernel templates. Their tile products and row loops
+// (kernels/cpu/attention.cpp, compiled once per target ISA and picked at load time) are kiln's
+// own: the entry kiln_flex_link receives their addresses, so a run-time mod's kernel computes
+// with the very code of the built-in kernels (and compiles without them).
+const char* kCpuHead =
+    "// Generated by kiln/jit/flex_source.cpp.\n"
+    "#include <cstdio>\n#include <exception>\n"
+    "#include \"kiln/jit/expr_prelude.h\"\n"
+    "#include \"kiln/kernels/cpu/attention_impl.h\"\n"
+    "#define KILN_JIT_EXPORT extern \"C\" __attribute__((visibility(\"default\")))\n"
+    "using kiln::jit::expr::CaptureArg;\n"
+    "namespace kiln::kernels::cpu::flex_detail {\n"
+    "#define KILN_JIT_FORWARD(ret, name, params, args) \\\n"
+    "  static decltype(&name) name##_impl = nullptr; \\\n"
+    "  ret name params { return name##_impl args; }\n"
+    "KILN_JIT_FORWARD(void, tile_abt, (float* s, int64_t ld, const float* a, int64_t m, int64_t n, const float* bt, int64_t nk), (s, ld, a, m, n, bt, nk))\n"
+    "KILN_JIT_FORWARD(void, tile_ax, (float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols), (acc, n, w, ld, rows, x, cols))\n"
+    "KILN_JIT_FORWARD(void, tile_atx, (float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols), (acc, n, w, ld, rows, x, cols))\n"
+    "KILN_JIT_FORWARD(float, row_dot, (const float* a, const float* b, int64_t n), (a, b, n))\n"
+    "KILN_JIT_FORWARD(float, row_max, (const float* s, int64_t n), (s, n))\n"
+    "KILN_JIT_FORWARD(float, row_exp_sum, (float* s, int64_t n, float m), (s, n, m))\n"
+    "KILN_JIT_FORWARD(void, row_softmax_grad, (float* s, float* d, int64_t n, float lse, float delta), (s, d, n, lse, delta))\n"
+    "}  // namespace kiln::kernels::cpu::flex_detail\n"
+    "KILN_JIT_EXPORT void kiln_flex_link(void* const* fns) {\n"
+    "  using namespace kiln::kernels::cpu::flex_detail;\n"
+    "  tile_abt_impl = reinterpret_cast<decltype(tile_abt_impl)>(fns[0]);\n"
+    "  tile_ax_impl = reinterpret_cast<decltype(tile_ax_impl)>(fns[1]);\n"
+    "  tile_atx_impl = reinterpret_cast<decltype(tile_atx_impl)>(fns[2]);\n"
+    "  row_dot_impl = reinterpret_cast<decltype(row_dot_impl)>(fns[3]);\n"
+    "  row_max_impl = reinterpret_cast<decltype(row_max_impl)>(fns[4]);\n"
+    "  row_exp_sum_impl = reinterpret_cast<decltype(row_exp_sum_impl)>(fns[5]);\n"
+    "  row_softmax_grad_impl = reinterpret_cast<decltype(row_softmax_grad_impl)>(fns[6]);\n"
+    "}\n";
+// The tile classifier's head: the mask alone.
+const char* kClassifyHead =
+    "// Generated by kiln/jit/flex_source.cpp.\n"
+    "#include <algorithm>\n#include <cstdio>\n#include <exception>\n"
+    "#include \"kiln/jit/expr_prelude.h\"\n"
+    "#include \"kiln/kernels/flex_tiles.h\"\n"
+    "#define KILN_JIT_EXPORT extern \"C\" __attribute__((visibility(\"default\")))\n"
+    "using kiln::jit::expr::CaptureArg;\n";
+
+std::string cpp_storage(const std::string& storage) {
+  if (storage == "f32") return "float";
+  if (storage == "bf16") return "kiln::BFloat16";
+  if (storage == "f16") return "kiln::Half";
+  fail("jit: flex_attention storage '", storage, "' is not f32, bf16 or f16");
+}
+}  // namespace
+
+std::string flex_cpu_source(const ModSpec& score, const ModSpec& mask, const std::string& storage, bool backward) {
+  const std::string fn = backward ? "flex_backward" : "flex_forward";
+  std::ostringstream s;
+  s << kCpuHead << mod_functors(score, mask)
+    << "KILN_JIT_EXPORT int kiln_" << fn
+    << "(const kiln::kernels::FlexParams* p, const CaptureArg* caps, char* err, int errlen) {\n"
+    << "  try {\n    kiln::jit::expr::gen::ScoreMod sm;\n    kiln::jit::expr::gen::MaskMod mm;\n"
+    << "    kiln::jit::expr::gen::bind(sm, mm, caps, p->L, p->S);\n"
+    << "    kiln::kernels::cpu::" << fn << "<" << cpp_storage(storage) << ">(*p, sm, mm);\n    return 0;\n"
+    << "  } catch (const std::exception& e) {\n    std::snprintf(err, errlen, \"%s\", e.what());\n    return 1;\n  }\n}\n";
+  return s.str();
+}
+
+std::string classify_cpu_source(const ModSpec& mask) {
+  ModSpec none{"score_mod", "score", "", {}};
+  std::ostringstream s;
+  s << kClassifyHead << mod_functors(none, mask)
+    << "KILN_JIT_EXPORT int kiln_flex_classify(const CaptureArg* caps, int64_t Bm, int64_t Hm, int64_t L, int64_t S,\n"
+    << "                                       int64_t qb, int64_t kb, uint8_t* out, char* err, int errlen) {\n"
+    << "  try {\n    kiln::jit::expr::gen::ScoreMod sm;\n    kiln::jit::expr::gen::MaskMod mm;\n"
+    << "    kiln::jit::expr::gen::bind(sm, mm, caps, L, S);\n"
+    << "    const int64_t nq = (L + qb - 1) / qb, nk = (S + kb - 1) / kb;\n"
+    << "#pragma omp parallel for schedule(dynamic, 1)\n"
+    << "    for (int64_t r = 0; r < Bm * Hm * nq; ++r) {\n"
+    << "      const int64_t a = r % nq, h = (r / nq) % Hm, b = r / (nq * Hm);\n"
+    << "      for (int64_t c = 0; c < nk; ++c)\n"
+    << "        out[r * nk + c] = static_cast<uint8_t>(kiln::attention::classify_tile(mm, int(b), int(h), a * qb,\n"
+    << "            std::min(L, (a + 1) * qb), c * kb, std::min(S, (c + 1) * kb)));\n"
+    << "    }\n    return 0;\n"
+    << "  } catch (const std::exception& e) {\n    std::snprintf(err, errlen, \"%s\", e.what());\n    return 1;\n  }\n}\n";
+  return s.str();
+}
+
+}  // namespace kiln::jit

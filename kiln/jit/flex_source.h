@@ -1,0 +1,44 @@
+// Generated sources of FlexAttention kernels for run-time mods (docs/jit.md): a score_mod and a
+// mask_mod given as C++ expressions become functors (namespace kiln::jit::expr::gen, over the
+// helpers of kiln/jit/expr_prelude.h) instantiated into kiln's own kernel templates, with
+// extern "C" entry points the front end (attention/runtime_mods.cpp) calls.
+//
+// Names an expression sees: score (score_mod only), b, h, q_idx, kv_idx (int), q_len, kv_len
+// (int64: L and S), its captures, inf, true / false, the casts float(x), double(x), int(x),
+// int64_t(x), bool(x), and the functions of expr_prelude.h. Each
+// capture is a float (f32) or int (i32) view of rank 1..4, indexed with []. Anything else is an
+// error naming it before any compiler runs; so is a ';', '{', '}', '#', quote or backslash (an
+// expression is one expression).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace kiln::jit {
+
+struct CaptureSig {
+  std::string name;
+  bool is_int = false;     // i32 (else f32)
+  int rank = 1;            // 1..4
+  bool learnable = false;  // receives a gradient (score_mod, f32, at most one)
+};
+
+struct ModSpec {
+  std::string kind;    // "score_mod" or "mask_mod": the #line name of its expression
+  std::string expr;    // the expression ("score" / "true" for none)
+  std::string dscore;  // score_mod: its derivative w.r.t. score, or "" (forward-mode, automatic)
+  std::vector<CaptureSig> captures;
+};
+
+// Fails, naming the mod, the expression and the name or character, unless `m` is well formed
+// as above (the compiler checks the rest).
+void check_mod(const ModSpec& m);
+
+// The whole CPU translation unit of one kernel: "forward" or "backward" for the storage type
+// `storage` ("f32", "bf16", "f16"); exports kiln_flex_forward / kiln_flex_backward.
+std::string flex_cpu_source(const ModSpec& score, const ModSpec& mask, const std::string& storage, bool backward);
+// The CPU tile classifier of a mask_mod (create_block_mask); exports kiln_flex_classify.
+std::string classify_cpu_source(const ModSpec& mask);
+// The functors alone (for the CUDA sources too).
+std::string mod_functors(const ModSpec& score, const ModSpec& mask);
+
+}  // namespace kiln::jit
