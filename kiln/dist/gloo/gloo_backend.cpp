@@ -33,6 +33,8 @@
 #include "kiln/dist/dist_log.h"
 #include "kiln/dist/flight_recorder.h"
 #include "kiln/dist/gloo/gloo_store.h"
+#include "kiln/dist/progress.h"
+#include "kiln/dist/survivors.h"
 #include "kiln/dist/watchdog.h"
 
 namespace kiln::dist {
@@ -144,6 +146,7 @@ class GlooCommunicator : public Communicator {
                options_.timeout.count(), " ms must be positive");
     scoped_ = std::make_shared<PrefixStore>(prefix_, store_);
     scoped_->set_timeout(options_.timeout);
+    progress_ = std::make_unique<ProgressBoard>(scoped_, rank_, size_);
     const auto t0 = Clock::now();
     if (size_ > 1) {
       gloo::transport::tcp::attr attr;
@@ -512,7 +515,7 @@ class GlooCommunicator : public Communicator {
       }
       p.work->start();
       FlightRecorder::instance().started(p.fr_id);
-      last_started_ = p.seq;
+      progress_->started(p.seq);
       if (trace_ops()) trace("op_start", p, 0);
       const auto t0 = Clock::now();
       try {
@@ -523,7 +526,7 @@ class GlooCommunicator : public Communicator {
         }
         Context c{ctx, rank_, size_};
         p.body(c, p.work->timeout(), static_cast<uint32_t>(p.seq));
-        last_completed_ = p.seq;
+        progress_->completed(p.seq);
         FlightRecorder::instance().finished(p.fr_id, "completed");
         if (trace_ops()) trace("op_end", p, std::chrono::duration<double>(Clock::now() - t0).count());
         {
@@ -552,47 +555,7 @@ class GlooCommunicator : public Communicator {
     rank_event(ev);
   }
 
-  void publish_progress() {
-    const int64_t s = last_started_, c = last_completed_;
-    if (s == published_started_ && c == published_completed_) return;
-    scoped_->set("progress/" + std::to_string(rank_), std::to_string(s) + "," + std::to_string(c));
-    published_started_ = s;
-    published_completed_ = c;
-  }
-
-  // Which ranks have not started op #seq, from their published progress. Live peers publish
-  // theirs when they fail and every watchdog interval, so this waits up to one interval for
-  // them; a rank still behind after that has not joined.
-  std::string not_joined(int64_t seq) {
-    std::vector<int> missing;
-    std::ostringstream detail;
-    const auto deadline = Clock::now() + options_.watchdog_interval + Millis(100);
-    while (true) {
-      missing.clear();
-      detail.str("");
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
-        int64_t started = 0;
-        try {
-          if (auto v = scoped_->try_get("progress/" + std::to_string(r))) started = std::atoll(v->c_str());
-        } catch (const std::exception&) {
-          return "(the store is unreachable: no word on the other ranks)";
-        }
-        if (started < seq) {
-          missing.push_back(r);
-          detail << (missing.size() > 1 ? ", " : "") << "rank " << r << " last started #" << started;
-        }
-      }
-      if (missing.empty() || Clock::now() >= deadline) break;
-      std::this_thread::sleep_for(Millis(50));
-    }
-    if (missing.empty()) return "every rank had started it (a peer died or stalled inside it)";
-    std::ostringstream s;
-    s << (missing.size() == 1 ? "rank " : "ranks ");
-    for (size_t i = 0; i < missing.size(); ++i) s << (i ? ", " : "") << missing[i];
-    s << (missing.size() == 1 ? " has" : " have") << " not joined it (" << detail.str() << ")";
-    return s.str();
-  }
+  void publish_progress() { progress_->publish(); }
 
   void on_failure(Pending& p, const std::string& cause) {
     std::string low = cause;
@@ -608,7 +571,7 @@ class GlooCommunicator : public Communicator {
       publish_progress();
     } catch (...) {
     }
-    const std::string who = not_joined(p.seq);
+    const std::string who = progress_->not_joined(p.seq, options_.watchdog_interval + Millis(100));
     std::ostringstream msg;
     msg << "rank " << rank_ << ": " << p.what;
     if (timed_out) msg << " timed out after " << p.work->timeout().count() << " ms";
@@ -671,35 +634,15 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  // The survivors' agreement: each announces itself under this generation, waits up to the
-  // shrink window for the others, proposes the set it saw, and compare_set keeps the first
-  // proposal, which everyone then follows.
+  // The survivors agree on who is alive (survivors.h) and connect a smaller context.
   std::shared_ptr<Communicator> shrink() {
-    const std::string base = "shrink/" + std::to_string(generation_);
-    scoped_->set(base + "/alive/" + std::to_string(rank_), "1");
-    const auto deadline = Clock::now() + options_.shrink_window;
-    std::vector<int> alive;
-    while (true) {
-      alive.clear();
-      for (int r = 0; r < size_; ++r)
-        if (scoped_->check({base + "/alive/" + std::to_string(r)})) alive.push_back(r);
-      if (static_cast<int>(alive.size()) == size_ || Clock::now() >= deadline) break;
-      if (scoped_->try_get(base + "/decision")) break;
-      std::this_thread::sleep_for(Millis(50));
-    }
-    std::string proposal;
-    for (int r : alive) proposal += (proposal.empty() ? "" : ",") + std::to_string(r);
-    const std::string decision = scoped_->compare_set(base + "/decision", "", proposal);
-    std::vector<int> members;
-    std::stringstream ss(decision);
-    for (std::string tok; std::getline(ss, tok, ',');) members.push_back(std::atoi(tok.c_str()));
-    const auto me = std::find(members.begin(), members.end(), rank_);
-    KILN_CHECK(me != members.end(), "rank ", rank_, " was dropped from '", name_, "' at generation ", generation_,
-               ": the survivors [", decision, "] decided without it");
-    lost_.clear();
-    for (int r = 0; r < size_; ++r)
-      if (std::find(members.begin(), members.end(), r) == members.end()) lost_.push_back(r);
-    const int new_rank = static_cast<int>(me - members.begin());
+    const SurvivorDecision d =
+        agree_on_survivors(*scoped_, generation_, rank_, size_, options_.shrink_window, name_);
+    lost_ = d.lost;
+    const int new_rank = d.new_rank;
+    std::string decision;
+    for (int r : d.members) decision += (decision.empty() ? "" : ",") + std::to_string(r);
+    const std::vector<int>& members = d.members;
     const std::string root = prefix_.substr(0, prefix_.rfind("/g"));
     auto next = std::make_shared<GlooCommunicator>(store_, new_rank, static_cast<int>(members.size()), name_, options_,
                                                    generation_ + 1, root + "/g" + std::to_string(generation_ + 1));
@@ -759,8 +702,7 @@ class GlooCommunicator : public Communicator {
   int64_t current_seq_ = 0;
   Clock::time_point current_start_;
   Millis current_timeout_{0};
-  std::atomic<int64_t> last_started_{0}, last_completed_{0};
-  int64_t published_started_ = -1, published_completed_ = -1;
+  std::unique_ptr<ProgressBoard> progress_;
   std::thread worker_;
   std::unique_ptr<Watchdog> watchdog_;
 };
