@@ -25,6 +25,7 @@ struct BenchCase {
 constexpr BenchCase kBenchCases[] = {
     {"lce", "fused linear + cross-entropy vs the unfused reference (forward + backward)", run_bench_lce},
     {"attention", "flex_attention vs the dense reference (forward, or forward + backward)", run_bench_attention},
+    {"comms", "collective bandwidth under kiln launch (algbw / busbw as nccl-tests)", run_bench_comms},
 };
 
 void print_bench_usage() {

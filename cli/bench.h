@@ -13,6 +13,7 @@ namespace kiln::cli {
 
 int run_bench_lce(const Args& args);
 int run_bench_attention(const Args& args);
+int run_bench_comms(const Args& args);
 
 // Milliseconds of one call of f on `device` (CPU: steady_clock; CUDA: events on its stream).
 double bench_time_ms(const Device& device, const std::function<void()>& f);

@@ -22,7 +22,7 @@ struct LaunchOptions {
   std::string log_dir;       // per-rank output, launcher.jsonl, the ranks' event logs
   std::string policy;        // "" (the ranks' default, abort), "abort" or "shrink"
   double term_grace_s = 5.0; // SIGTERM, then SIGKILL after this
-  double settle_s = 2.0;     // after a failure, how long the others may take to exit on their own
+  double settle_s = 3.0;     // after a failure, how long the others may take to exit on their own
   int tail_lines = 20;       // lines of the failed rank's output in the report
   std::vector<std::string> program;  // argv of every rank
 };

@@ -4,6 +4,7 @@
 // survivors exit non-zero naming the op) and under shrink (the survivors go on as a smaller
 // communicator whose collectives are correct).
 #include <chrono>
+#include <regex>
 
 #include <gtest/gtest.h>
 
@@ -56,7 +57,9 @@ TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
   EXPECT_EQ(r.status, 1) << r.output;
   // The launcher reports whichever it reaps first: the killed rank or a survivor exiting 70.
   EXPECT_TRUE(contains(r.output, "signal 9 (SIGKILL)") || contains(r.output, "exit code 70")) << r.output;
-  EXPECT_TRUE(contains(r.output, "all_reduce #3 of 'world' (3 elements of f32) failed: rank 1 has not joined it"))
+  // #3 normally; #2 when rank 1 died while a peer still finished its part of #2.
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("all_reduce #[23] of 'world' \\(3 elements of f32\\) failed: "
+                                                     "(rank 1 has not joined it|every rank had started it)")))
       << r.output;
   EXPECT_TRUE(contains(r.output, "policy abort: exiting with status 70")) << r.output;
   EXPECT_TRUE(contains(r.output, "(flight recorder: " + dir + "/kiln_fr_rank")) << r.output;
