@@ -5,6 +5,26 @@
 
 namespace kiln::dist {
 
+OpRecord describe_op(const std::string& comm, int rank, int size, int64_t seq, const char* op, const Tensor& in,
+                     const Tensor& out, int peer, Millis timeout) {
+  OpRecord r;
+  FrEntry& e = r.entry;
+  e.comm = comm;
+  e.comm_rank = rank;
+  e.comm_size = size;
+  e.seq = seq;
+  e.op = op;
+  e.in_numel = in.defined() ? in.numel() : 0;
+  e.out_numel = out.defined() ? out.numel() : 0;
+  e.dtype = in.defined() ? dtype_name(in.dtype()) : "";
+  e.peer = peer;
+  e.timeout_ms = timeout.count();
+  r.what = detail::str_cat(op, " #", seq, " of '", comm, "'");
+  if (in.defined()) r.what += detail::str_cat(" (", e.in_numel, " elements of ", e.dtype, ")");
+  if (peer >= 0 && std::string_view(op) != "broadcast") r.what += detail::str_cat(" with rank ", peer);
+  return r;
+}
+
 void check_tensor(const char* op, const char* arg, const Tensor& t, TensorPlace place) {
   KILN_CHECK(t.defined(), op, ": ", arg, " is an undefined tensor");
   if (place == TensorPlace::cpu)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/core/tensor.h"
+#include "kiln/dist/flight_recorder.h"
 #include "kiln/dist/work.h"
 
 namespace kiln::dist {
@@ -46,6 +47,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Ends the communicator: pending and later operations fail at once.
   virtual void abort() = 0;
 };
+
+// What the backends record of an operation: its flight-recorder entry and its description,
+// "all_reduce #3 of 'world' (12 elements of f32)" (undefined tensors: a barrier).
+struct OpRecord {
+  FrEntry entry;
+  std::string what;
+};
+OpRecord describe_op(const std::string& comm, int rank, int size, int64_t seq, const char* op, const Tensor& in,
+                     const Tensor& out, int peer, Millis timeout);
 
 // ---- argument checks shared by the backends (each throws kiln::Error) ----
 enum class TensorPlace : uint8_t { cpu, cuda };

@@ -424,22 +424,9 @@ WorkPtr enqueue(NcclCommunicator::Parts& p, const char* op, const Tensor& in, co
   const Millis tmo = o.timeout.value_or(p.options.timeout);
   KILN_CHECK(tmo.count() > 0, op, ": timeout ", tmo.count(), " ms must be positive");
   const int64_t seq = ++p.seq;
-  FrEntry e;
-  e.comm = p.name;
-  e.comm_rank = p.rank;
-  e.comm_size = p.size;
-  e.seq = seq;
-  e.op = op;
-  e.in_numel = in.defined() ? in.numel() : 0;
-  e.out_numel = out.defined() ? out.numel() : 0;
-  e.dtype = in.defined() ? dtype_name(in.dtype()) : "";
-  e.peer = peer;
-  e.timeout_ms = tmo.count();
-  std::ostringstream what;
-  what << op << " #" << seq << " of '" << p.name << "'";
-  if (in.defined()) what << " (" << e.in_numel << " elements of " << e.dtype << ")";
-  auto work = std::make_shared<Work>(what.str(), tmo);
-  InFlight f{work, FlightRecorder::instance().record(e), seq, op, what.str()};
+  OpRecord rec = describe_op(p.name, p.rank, p.size, seq, op, in, out, peer, tmo);
+  auto work = std::make_shared<Work>(rec.what, tmo);
+  InFlight f{work, FlightRecorder::instance().record(rec.entry), seq, op, rec.what};
   const int dev = p.backend.device;
   CudaStreamHandle stream = p.cuda->comm_stream(dev);
   // The collective runs after what the caller queued on its stream.
@@ -453,7 +440,7 @@ WorkPtr enqueue(NcclCommunicator::Parts& p, const char* op, const Tensor& in, co
   const auto t0 = Clock::now();
   try {
     const NcclResult r = launch(p.comm, stream);
-    p.wait_ready(what.str(), r, p.comm, t0 + tmo, tmo);
+    p.wait_ready(rec.what, r, p.comm, t0 + tmo, tmo);
   } catch (const std::exception& ex) {
     const bool timed_out = dynamic_cast<const CommTimeout*>(&ex) != nullptr;
     p.inflight.push_back(f);

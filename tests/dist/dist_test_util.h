@@ -2,6 +2,7 @@
 // timeout, so no test can hang) and capture its combined output and exit status.
 #pragma once
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -28,6 +29,22 @@ inline RunResult run_command(const std::string& cmd, int deadline_s = 60) {
 }
 
 inline std::string kiln_cli() { return KILN_CLI_PATH; }
+
+// This test program's own path: the ranks of multi-process tests are its DistWorker.Run.
+inline std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+}
+
+// Runs case `worker` of DistWorker.Run as n ranks under kiln launch.
+inline RunResult run_ranks(int n, const std::string& worker, const std::string& env = "",
+                           const std::string& flags = "", int deadline_s = 90) {
+  return run_command("env KILN_TEST_WORKER=" + worker + " " + env + " " + kiln_cli() + " launch --nproc-per-node " +
+                         std::to_string(n) + " --master-port 0 --term-grace 1 " + flags + " -- " + self_exe() +
+                         " --gtest_filter=DistWorker.Run --gtest_brief=1",
+                     deadline_s);
+}
 
 inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 

@@ -13,21 +13,10 @@
 using namespace kiln::dist::test;
 
 namespace {
-std::string self() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
-}
 std::string fresh_dir(const std::string& name) {
   const std::string d = ::testing::TempDir() + name;
   run_command("rm -rf " + d);
   return d;
-}
-RunResult run_ranks(int n, const std::string& worker, const std::string& env, const std::string& flags) {
-  return run_command("env KILN_TEST_WORKER=" + worker + " " + env + " " + kiln_cli() + " launch --nproc-per-node " +
-                         std::to_string(n) + " --master-port 0 --term-grace 1 " + flags + " -- " + self() +
-                         " --gtest_filter=DistWorker.Run --gtest_brief=1",
-                     60);
 }
 using Clock = std::chrono::steady_clock;
 }  // namespace

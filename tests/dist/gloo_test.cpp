@@ -8,21 +8,6 @@
 
 using namespace kiln::dist::test;
 
-namespace {
-std::string self() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
-}
-RunResult run_ranks(int n, const std::string& worker, const std::string& env = "", const std::string& flags = "",
-                    int deadline_s = 90) {
-  return run_command("env KILN_TEST_WORKER=" + worker + " " + env + " " + kiln_cli() + " launch --nproc-per-node " +
-                         std::to_string(n) + " --master-port 0 --term-grace 1 " + flags + " -- " + self() +
-                         " --gtest_filter=DistWorker.Run --gtest_brief=1",
-                     deadline_s);
-}
-}  // namespace
-
 class GlooWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooWorld, EveryCollectiveAndDtypeMatchesSerialReference) {

@@ -400,25 +400,12 @@ class GlooCommunicator : public Communicator {
     const Millis tmo = o.timeout.value_or(options_.timeout);
     KILN_CHECK(tmo.count() > 0, op, ": timeout ", tmo.count(), " ms must be positive");
     const int64_t seq = ++seq_;
-    FrEntry e;
-    e.comm = name_;
-    e.comm_rank = rank_;
-    e.comm_size = size_;
-    e.seq = seq;
-    e.op = op;
-    e.in_numel = in.defined() ? in.numel() : 0;
-    e.out_numel = out.defined() ? out.numel() : 0;
-    e.dtype = in.defined() ? dtype_name(in.dtype()) : "";
-    e.peer = peer;
-    e.timeout_ms = tmo.count();
-    std::ostringstream what;
-    what << op << " #" << seq << " of '" << name_ << "'";
-    if (in.defined()) what << " (" << e.in_numel << " elements of " << e.dtype << ")";
-    auto work = std::make_shared<Work>(what.str(), tmo);
-    const int64_t fr = FlightRecorder::instance().record(e);
+    OpRecord rec = describe_op(name_, rank_, size_, seq, op, in, out, peer, tmo);
+    auto work = std::make_shared<Work>(rec.what, tmo);
+    const int64_t fr = FlightRecorder::instance().record(rec.entry);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({work, std::move(body), fr, seq, op, what.str(), in.defined() ? int64_t(in.nbytes()) : 0});
+      queue_.push_back({work, std::move(body), fr, seq, op, rec.what, in.defined() ? int64_t(in.nbytes()) : 0});
     }
     cv_.notify_all();
     return work;
@@ -432,20 +419,10 @@ class GlooCommunicator : public Communicator {
     const Millis tmo = o.timeout.value_or(options_.timeout);
     KILN_CHECK(tmo.count() > 0, op, ": timeout ", tmo.count(), " ms must be positive");
     const int64_t seq = ++seq_;
-    FrEntry e;
-    e.comm = name_;
-    e.comm_rank = rank_;
-    e.comm_size = size_;
-    e.seq = seq;
-    e.op = op;
-    e.in_numel = e.out_numel = t.numel();
-    e.dtype = dtype_name(t.dtype());
-    e.peer = peer;
-    e.timeout_ms = tmo.count();
-    const std::string what = detail::str_cat(op, " #", seq, " of '", name_, "' (", t.numel(), " elements of ",
-                                             e.dtype, ", peer ", peer, ")");
+    OpRecord rec = describe_op(name_, rank_, size_, seq, op, t, t, peer, tmo);
+    const std::string what = rec.what;
     auto work = std::make_shared<Work>(what, tmo);
-    const int64_t fr = FlightRecorder::instance().record(e);
+    const int64_t fr = FlightRecorder::instance().record(rec.entry);
     std::shared_ptr<gloo::rendezvous::Context> ctx;
     {
       std::lock_guard<std::mutex> lock(mu_);
