@@ -6,7 +6,9 @@
 // --backward ms_median and tflops are forward + backward's, and bwd_ms_median / bwd_tflops the
 // backward's alone, timed on its own after each of `iters` untimed forwards), a table on
 // stderr. --score-mod times flex with a library score_mod (softcap:C or alibi; masks none or
-// causal, the pairs instantiated for them).
+// causal, the pairs instantiated for them) or, given an expression, a run-time one
+// (attention/runtime_mods.h, compiled by the JIT before the timing); --mask-mod EXPR a run-time
+// mask (its flops counted on the tiles the kernels visit); --captures FILE their tensors.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,8 +20,10 @@
 #include "cli/commands.h"
 #include "kiln/attention/flex_attention.h"
 #include "kiln/attention/reference.h"
+#include "kiln/attention/runtime_mods.h"
 #include "kiln/core/allocator.h"
 #include "kiln/io/json.h"
+#include "kiln/io/safetensors.h"
 
 namespace kiln::cli {
 namespace {
@@ -49,7 +53,7 @@ void sync(const Tensor& t) {
 
 int run_bench_attention(const Args& args) {
   std::string device_s = "cpu", mask_s = "causal", dtype_s = "f32", impls = "flex,reference", backend_s = "auto";
-  std::string score_s = "none";
+  std::string score_s = "none", mask_mod_s, captures_s;
   int64_t B = 1, H = 8, S = 2048, D = 64, iters = 5, warmup = 1, block = kDefaultBlockSize;
   bool backward = false;
   ArgParser p("bench attention", "Time flex_attention against the dense reference path (kiln ops).");
@@ -61,7 +65,11 @@ int run_bench_attention(const Args& args) {
       .option("--mask", &mask_s, "MASK", "none, causal, window:W (causal, W tokens back) or document:N (causal in N-token documents)")
       .option("--score-mod", &score_s, "MOD",
               "none, softcap:C (C·tanh(s/C), as Gemma 2) or alibi (the paper's per-head slopes); with --mask none "
-              "or causal and --impl flex (the reference path has no score_mod)")
+              "or causal and --impl flex (the reference path has no score_mod), or a C++ expression over score, b, h, "
+              "q_idx, kv_idx (a run-time mod, docs/jit.md)")
+      .option("--mask-mod", &mask_mod_s, "EXPR",
+              "a run-time mask_mod: a C++ expression over b, h, q_idx, kv_idx (replaces --mask; flex only)")
+      .option("--captures", &captures_s, "FILE", "a safetensors file whose tensors the expressions name (captures)")
       .option("--dtype", &dtype_s, "DT", "f32, bf16 or f16")
       .option("--block", &block, "N", "BlockMask block size")
       .option("--iters", &iters, "N", "timed runs (median reported)")
@@ -92,7 +100,12 @@ int run_bench_attention(const Args& args) {
   const std::string shape = "B=" + std::to_string(B) + ",H=" + std::to_string(H) + ",S=" + std::to_string(S) +
                             ",D=" + std::to_string(D);
 
-  const bool score = score_s != "none";
+  const bool runtime_score = score_s != "none" && score_s != "alibi" && score_s.rfind("softcap:", 0) != 0;
+  const bool runtime = runtime_score || !mask_mod_s.empty();
+  const bool score = score_s != "none" && !runtime;
+  if (runtime)
+    KILN_CHECK(impl_list == std::vector<std::string>{"flex"},
+               "bench attention: run-time mods (--score-mod EXPR, --mask-mod) time flex only; pass --impl flex");
   if (score) {
     KILN_CHECK(spec.kind == MaskSpec::Kind::none || spec.kind == MaskSpec::Kind::causal,
                "bench attention: --score-mod runs with --mask none or causal, got '", mask_s, "'");
@@ -137,6 +150,32 @@ int run_bench_attention(const Args& args) {
       KILN_CHECK(false, "bench attention: --score-mod must be none, softcap:C or alibi, got '", score_s, "'");
     }
   }
+  double runtime_pairs = pairs;
+  if (runtime) {  // run-time mods: compiled (or loaded from the cache) here, before the timing
+    const Captures file = captures_s.empty() ? Captures{} : io::load_safetensors(captures_s);
+    Captures dev_file;
+    for (const auto& [name, t] : file) dev_file.emplace_back(name, t.to(dev));
+    const RuntimeScoreMod sm(runtime_score ? score_s : "score", captures_named_in(runtime_score ? score_s : "", dev_file));
+    std::string mexpr = mask_mod_s;
+    if (mexpr.empty()) {
+      KILN_CHECK(spec.kind == MaskSpec::Kind::none || spec.kind == MaskSpec::Kind::causal,
+                 "bench attention: a run-time --score-mod runs with --mask none or causal, or with --mask-mod EXPR");
+      mexpr = spec.kind == MaskSpec::Kind::causal ? "q_idx >= kv_idx" : "true";
+    }
+    const RuntimeMaskMod mm(mexpr, captures_named_in(mexpr, dev_file));
+    for (const jit::Ticket& t : precompile_flex(sm, mm, dt, dev, backward)) t.wait();
+    const auto rbm = std::make_shared<RuntimeBlockMask>(create_block_mask(mm, 1, 1, S, S, block, block, dev));
+    if (!mask_mod_s.empty()) {
+      double visited = 0;
+      for (const Tensor* t : {&rbm->layout.kv_num_blocks, &rbm->layout.full_kv_num_blocks})
+        for (int32_t n : t->to_vector<int32_t>()) visited += n;
+      runtime_pairs = visited * static_cast<double>(block * block) * static_cast<double>(B * H);
+    }
+    flex = [=](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+      return flex_attention(q_, k_, v_, sm, *rbm, flex_options).out;
+    };
+  }
+  const double flops_used = runtime ? runtime_pairs * static_cast<double>(D) * (backward ? 14.0 : 4.0) : flops;
   Tensor drop;  // the reference's element mask (true = masked out), built only when it runs
 
   std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10s %14s %9s%s\n", "impl", "device", "shape", "dtype", "mask",
@@ -189,23 +228,26 @@ int run_bench_attention(const Args& args) {
     o["device"] = dev.str();
     o["shape"] = shape;
     o["dtype"] = dtype_name(dt);
-    o["mask"] = mask_s;
-    if (score) o["score_mod"] = score_s;
+    o["mask"] = mask_mod_s.empty() ? mask_s : mask_mod_s;
+    if (score || runtime_score) o["score_mod"] = score_s;
+    if (runtime) o["runtime_mods"] = true;
     if (impl == "flex")  // the family asked for (--backend or KILN_FLEX_KERNEL); auto: the fastest that applies
       o["backend_requested"] = flex_backend_name(attention::detail::resolve_backend(flex_options.backend, dev));
     o["backward"] = backward;
     o["ms_median"] = med;
     o["peak_bytes"] = peak;
     o["extra_peak_bytes"] = peak - base;
-    const double tflops = flops / (med * 1e-3) / 1e12;
+    const double tflops = flops_used / (med * 1e-3) / 1e12;
     o["tflops"] = tflops;
     const double bwd_med = backward ? median(bwd_ms) : 0.0;
-    const double bwd_tflops = backward ? pairs * static_cast<double>(D) * 10.0 / (bwd_med * 1e-3) / 1e12 : 0.0;
+    const double bwd_tflops =
+        backward ? (runtime ? runtime_pairs : pairs) * static_cast<double>(D) * 10.0 / (bwd_med * 1e-3) / 1e12 : 0.0;
     if (backward) o["bwd_ms_median"] = bwd_med, o["bwd_tflops"] = bwd_tflops;
     o["iters"] = iters;
     print_record(o);
     std::fprintf(stderr, "%-10s %-6s %-28s %-6s %-14s %10.3f %14lld %9.4f", impl.c_str(), dev.str().c_str(),
-                 shape.c_str(), dtype_name(dt), mask_s.c_str(), med, static_cast<long long>(peak), tflops);
+                 shape.c_str(), dtype_name(dt), (mask_mod_s.empty() ? mask_s : std::string("(mask-mod)")).c_str(), med,
+                 static_cast<long long>(peak), tflops);
     if (backward) std::fprintf(stderr, "  %13.3f %10.4f", bwd_med, bwd_tflops);
     std::fprintf(stderr, "\n");
   }

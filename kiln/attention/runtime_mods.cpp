@@ -2,9 +2,12 @@
 // the forward with its recorded backward, and the run-time BlockMask.
 #include "kiln/attention/runtime_mods.h"
 
+#include <cctype>
+
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/core/kernel_registry.h"
 #include "kiln/jit/cpu_backend.h"
+#include "kiln/jit/cuda_backend.h"
 #include "kiln/jit/expr_prelude.h"
 #include "kiln/jit/flex_source.h"
 #include "kiln/jit/sha256.h"
@@ -125,15 +128,71 @@ void call_flex(const KernelEntry& e, const kernels::FlexParams& p, const std::ve
 
 }  // namespace
 
+namespace {
+// The tile classes of a run-time mask on a GPU: the NVRTC classifier (kiln/jit/cuda_backend.h),
+// one thread per tile, launched with the driver on the legacy default stream (which orders it
+// after kiln's work on the device's other blocking streams) and read back by the copy.
+std::vector<uint8_t> classify_on_gpu(const jit::ModSpec& spec, const std::vector<Tensor>& caps, const Captures& named,
+                                     int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t qb, int64_t kb,
+                                     Device device) {
+  KILN_CHECK(static_cast<int>(caps.size()) <= jit::kMaxCudaCaptures, "create_block_mask: at most ",
+             jit::kMaxCudaCaptures, " captures on CUDA");
+  const jit::CompileRequest req{"create_block_mask cuda (" + spec.expr + ")", jit::classify_cuda_source(spec),
+                                {"mask_mod"}};
+  const KernelKey key{"flex_classify", "cuda", "*", 0, jit::sha256_hex(req.source), "jit " + device.str()};
+  const KernelEntry e = KernelRegistry::global().get_or_make(key, [&] {
+    jit::Cubin cubin;  // compiled in the pool, loaded here (this thread has the device's context current)
+    jit::CompileService::global()
+        .submit(req.name, [&](const jit::CancelToken& tok) { cubin = jit::compile_cuda(req, "sm_90a", &tok); })
+        .wait();
+    const jit::CudaFunction f = jit::load_cuda_function(cubin, "kiln_flex_classify");
+    return KernelEntry{f.function, f.library, "jit cuda " + cubin.key};
+  });
+  const int64_t n = Bm * Hm * ((L + qb - 1) / qb) * ((S + kb - 1) / kb);
+  Tensor out = Tensor::empty({std::max<int64_t>(n, 1)}, DType::u8, device);
+  Tensor flags = zeros({std::max<int64_t>(static_cast<int64_t>(caps.size()), 1)}, DType::i32, device);
+  std::vector<int32_t> unused;
+  struct Args {
+    CaptureArg a[jit::kMaxCudaCaptures];
+  } args{};
+  const auto host_args = capture_args(caps, unused);
+  for (size_t i = 0; i < host_args.size(); ++i) {
+    args.a[i] = host_args[i];
+    args.a[i].flag = flags.data<int32_t>() + i;
+  }
+  if (n > 0) {
+    uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
+    void* params[] = {&args, &Bm, &Hm, &L, &S, &qb, &kb, &o};
+    const jit::DriverApi* d = jit::driver();
+    KILN_CHECK(d != nullptr, "create_block_mask: no CUDA driver");
+    const int rc = d->launch(const_cast<void*>(e.fn), static_cast<unsigned>((n + 255) / 256), 1, 1, 256, 1, 1, 0,
+                             nullptr, params, nullptr);
+    KILN_CHECK(rc == 0, "create_block_mask: launching the run-time mask's classifier failed (CUDA error ", rc, ")");
+  }
+  check_flags(flags.to(kCPU).to_vector<int32_t>(), named);
+  std::vector<uint8_t> cls = out.to(kCPU).to_vector<uint8_t>();
+  cls.resize(static_cast<size_t>(n));
+  return cls;
+}
+}  // namespace
+
 RuntimeBlockMask create_block_mask(const RuntimeMaskMod& mask_mod, int64_t batch, int64_t heads, int64_t q_len,
                                    int64_t kv_len, int64_t q_block, int64_t kv_block, Device device) {
   KILN_CHECK(batch >= 1 && heads >= 1 && q_len >= 0 && kv_len >= 0, "create_block_mask: bad sizes batch=", batch,
              " heads=", heads, " q_len=", q_len, " kv_len=", kv_len);
   check_block_sizes(q_block, kv_block, "create_block_mask");
   KILN_CHECK(q_len < (int64_t{1} << 31) && kv_len < (int64_t{1} << 31), "create_block_mask: lengths must fit int32");
-  require_cpu(device);
   BoundCaptures c = bind_captures("mask_mod", mask_mod.captures, device, false);
   const jit::ModSpec spec = mask_spec(mask_mod, c);
+  if (device.is_cuda()) {
+    check_device_available(device, "create_block_mask");
+    const auto cls = classify_on_gpu(spec, c.tensors, mask_mod.captures, batch, heads, q_len, kv_len, q_block,
+                                     kv_block, device);
+    RuntimeBlockMask m{mask_mod, layout_from_classes(cls, batch, heads, q_len, kv_len, q_block, kv_block).to(device)};
+    for (size_t i = 0; i < c.tensors.size(); ++i) m.mask_mod.captures[i].second = c.tensors[i];
+    return m;
+  }
+  require_cpu(device);
   jit::CompileRequest req{"create_block_mask (" + mask_mod.expr + ")", jit::classify_cpu_source(spec), {"mask_mod"}};
   const KernelEntry e = jit_entry("flex_classify", "*", req);
   const int64_t nq = (q_len + q_block - 1) / q_block, nk = (kv_len + kv_block - 1) / kv_block;
@@ -254,6 +313,21 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   r.out = out;
   if (options.return_lse) r.lse = lse;
   return r;
+}
+
+Captures captures_named_in(const std::string& expr, const Captures& file) {
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  Captures out;
+  for (const auto& [name, t] : file) {
+    for (size_t at = expr.find(name); at != std::string::npos; at = expr.find(name, at + 1)) {
+      const size_t end = at + name.size();
+      if ((at == 0 || !ident(expr[at - 1])) && (end >= expr.size() || !ident(expr[end]))) {
+        out.emplace_back(name, t);
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const RuntimeMaskMod& mask_mod, DType dtype,

@@ -53,6 +53,10 @@ RuntimeBlockMask create_block_mask(const RuntimeMaskMod& mask_mod, int64_t batch
 FlexResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RuntimeScoreMod& score_mod,
                           const RuntimeBlockMask& block_mask, const FlexOptions& options = {});
 
+// The tensors of `file` (name, tensor pairs: a safetensors file's, io/safetensors.h) that `expr` names as
+// identifiers, as captures (a file may hold the captures of several expressions).
+Captures captures_named_in(const std::string& expr, const Captures& file);
+
 // Starts compiling, in the JIT's pool, the kernels such a call needs (the forward, and the
 // backward when `backward`; the classifier of the mask), without waiting: the trainer and
 // `kiln precompile` call it for every kernel of a run, then wait on the tickets.

@@ -74,8 +74,23 @@ std::optional<CpuCompiler> find_cpu_compiler() {
 
 std::string include_root() {
   if (const char* d = std::getenv("KILN_INCLUDE_DIR"); d && *d) return d;
-  // This file is <root>/kiln/jit/cpu_backend.cpp in the tree kiln was built from.
-  return fs::path(__FILE__).parent_path().parent_path().parent_path().string();
+  auto holds = [](const fs::path& root) {
+    std::error_code ec;
+    return fs::exists(root / "kiln/jit/expr_prelude.h", ec);
+  };
+  // This file is <root>/kiln/jit/cpu_backend.cpp in the tree kiln was built from, when the
+  // build named it by an absolute path; else the nearest folder above the program that holds
+  // kiln/ (a build folder inside the tree).
+  const fs::path self(__FILE__);
+  if (self.is_absolute() && holds(self.parent_path().parent_path().parent_path()))
+    return self.parent_path().parent_path().parent_path().string();
+  std::error_code ec;
+  for (fs::path p = fs::read_symlink("/proc/self/exe", ec).parent_path(); !ec && !p.empty(); p = p.parent_path()) {
+    if (holds(p)) return p.string();
+    if (p == p.root_path()) break;
+  }
+  fail("jit: cannot find kiln's headers (kiln/jit/expr_prelude.h) above this program; set KILN_INCLUDE_DIR to the "
+       "folder that holds kiln/");
 }
 
 std::string kiln_headers_of(const std::string& source, const std::string& root) {

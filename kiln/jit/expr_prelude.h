@@ -17,7 +17,18 @@
 
 namespace kiln::jit::expr {
 
-inline constexpr float inf = __builtin_huge_valf();
+// `inf`: +infinity as a float (NVRTC has no constexpr way to spell it, so a value that converts).
+struct Inf {
+  KILN_HD operator float() const {
+#ifdef __CUDA_ARCH__
+    return __int_as_float(0x7f800000);
+#else
+    return __builtin_huge_valf();
+#endif
+  }
+};
+KILN_HD float operator-(Inf i) { return -static_cast<float>(i); }
+inline constexpr Inf inf{};
 
 template <class T> struct Dual {
   T v, d;

@@ -125,34 +125,41 @@ std::string mod_functors(const ModSpec& score, const ModSpec& mask) {
   check_mod(mask);
   bool learn = false;
   for (const auto& c : score.captures) learn = learn || c.learnable;
+  // The identity score_mod is the library's NoScoreMod: the kernels' fast path (the scale folded
+  // into one pass, no raw scores kept) is chosen by its type.
+  const bool identity = score.expr == "score" && score.dscore.empty() && score.captures.empty();
   std::ostringstream s;
-  s << "namespace kiln::jit::expr::gen {\n"
-    << "struct ScoreMod {\n" << members(score)
-    << "  static constexpr bool kCaptureGrad = " << (learn ? "true" : "false") << ";\n"
-    << "  template <class T>\n  KILN_HD T eval(T score, int b, int h, int q_idx, int kv_idx, Probe* probe_) const {\n"
-    << bind_views(score, "T", true) << "    (void)probe_, (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;\n"
-    << "    const auto kiln_result_ = (" << line_block("score_mod", score.expr) << ");\n    return T(kiln_result_);\n  }\n"
-    << "  template <class T> KILN_HD T operator()(T score, int b, int h, int q_idx, int kv_idx) const {\n"
-    << "    return eval<T>(score, b, h, q_idx, kv_idx, nullptr);\n  }\n"
-    << "  template <class T> KILN_HD T dscore(T score, int b, int h, int q_idx, int kv_idx) const {\n";
-  if (score.dscore.empty()) {
-    s << "    return eval<Dual<T>>(Dual<T>(score, T(1)), b, h, q_idx, kv_idx, nullptr).d;\n  }\n";
+  s << "namespace kiln::jit::expr::gen {\n";
+  if (identity) {
+    s << "using ScoreMod = ::kiln::attention::NoScoreMod;\n";
   } else {
-    s << bind_views(score, "T", false) << "    (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;\n"
-      << "    const auto kiln_result_ = (" << line_block("score_mod_derivative", score.dscore)
-      << ");\n    return T(kiln_result_);\n  }\n";
+    s << "struct ScoreMod {\n" << members(score)
+      << "  static constexpr bool kCaptureGrad = " << (learn ? "true" : "false") << ";\n"
+      << "  template <class T>\n  KILN_HD T eval(T score, int b, int h, int q_idx, int kv_idx, Probe* probe_) const {\n"
+      << bind_views(score, "T", true) << "    (void)probe_, (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;\n"
+      << "    const auto kiln_result_ = (" << line_block("score_mod", score.expr) << ");\n    return T(kiln_result_);\n  }\n"
+      << "  template <class T> KILN_HD T operator()(T score, int b, int h, int q_idx, int kv_idx) const {\n"
+      << "    return eval<T>(score, b, h, q_idx, kv_idx, nullptr);\n  }\n"
+      << "  template <class T> KILN_HD T dscore(T score, int b, int h, int q_idx, int kv_idx) const {\n";
+    if (score.dscore.empty()) {
+      s << "    return eval<Dual<T>>(Dual<T>(score, T(1)), b, h, q_idx, kv_idx, nullptr).d;\n  }\n";
+    } else {
+      s << bind_views(score, "T", false) << "    (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;\n"
+        << "    const auto kiln_result_ = (" << line_block("score_mod_derivative", score.dscore)
+        << ");\n    return T(kiln_result_);\n  }\n";
+    }
+    s << "  KILN_HD float capture_grad(float score, int b, int h, int q_idx, int kv_idx, int64_t* offset) const {\n"
+      << "    Probe probe_;\n"
+      << "    const float d = eval<Dual<float>>(Dual<float>(score, 0.0f), b, h, q_idx, kv_idx, &probe_).d;\n"
+      << "    *offset = probe_.offset;\n    return d;\n  }\n};\n";
   }
-  s << "  KILN_HD float capture_grad(float score, int b, int h, int q_idx, int kv_idx, int64_t* offset) const {\n"
-    << "    Probe probe_;\n"
-    << "    const float d = eval<Dual<float>>(Dual<float>(score, 0.0f), b, h, q_idx, kv_idx, &probe_).d;\n"
-    << "    *offset = probe_.offset;\n    return d;\n  }\n};\n"
-    << "struct MaskMod {\n" << members(mask)
+  s << "struct MaskMod {\n" << members(mask)
     << "  KILN_HD bool operator()(int b, int h, int q_idx, int kv_idx) const {\n"
     << bind_views(mask, "float", false) << "    (void)b, (void)h, (void)q_idx, (void)kv_idx;\n"
     << "    const bool kiln_result_ = (" << line_block("mask_mod", mask.expr) << ");\n    return kiln_result_;\n  }\n};\n";
   // The captures arrive in one array: the score_mod's, then the mask_mod's.
   s << "KILN_HD void bind(ScoreMod& sm, MaskMod& mm, const CaptureArg* caps, int64_t L, int64_t S) {\n"
-    << "  sm.q_len = mm.q_len = L;\n  sm.kv_len = mm.kv_len = S;\n";
+    << (identity ? "  (void)sm;\n  mm.q_len = L;\n  mm.kv_len = S;\n" : "  sm.q_len = mm.q_len = L;\n  sm.kv_len = mm.kv_len = S;\n");
   size_t i = 0;
   for (const auto& c : score.captures) s << "  sm." << c.name << ".bind(caps[" << i++ << "]);\n";
   for (const auto& c : mask.captures) s << "  mm." << c.name << ".bind(caps[" << i++ << "]);\n";
@@ -241,6 +248,29 @@ std::string classify_cpu_source(const ModSpec& mask) {
     << "            std::min(L, (a + 1) * qb), c * kb, std::min(S, (c + 1) * kb)));\n"
     << "    }\n    return 0;\n"
     << "  } catch (const std::exception& e) {\n    std::snprintf(err, errlen, \"%s\", e.what());\n    return 1;\n  }\n}\n";
+  return s.str();
+}
+
+std::string classify_cuda_source(const ModSpec& mask) {
+  KILN_CHECK(static_cast<int>(mask.captures.size()) <= kMaxCudaCaptures, "mask_mod: at most ", kMaxCudaCaptures,
+             " captures on CUDA, got ", mask.captures.size());
+  ModSpec none{"score_mod", "score", "", {}};
+  std::ostringstream s;
+  s << "// Generated by kiln/jit/flex_source.cpp (NVRTC).\n"
+    << "#include \"kiln/jit/expr_prelude.h\"\n#include \"kiln/kernels/flex_tiles.h\"\n"
+    << "using kiln::jit::expr::CaptureArg;\n"
+    << mod_functors(none, mask)
+    << "struct CaptureArgs {\n  CaptureArg a[" << kMaxCudaCaptures << "];\n};\n"
+    << "extern \"C\" __global__ void kiln_flex_classify(CaptureArgs caps, int64_t Bm, int64_t Hm, int64_t L, int64_t S,\n"
+    << "                                              int64_t qb, int64_t kb, uint8_t* out) {\n"
+    << "  kiln::jit::expr::gen::ScoreMod sm;\n  kiln::jit::expr::gen::MaskMod mm;\n"
+    << "  kiln::jit::expr::gen::bind(sm, mm, caps.a, L, S);\n"
+    << "  const int64_t nq = (L + qb - 1) / qb, nk = (S + kb - 1) / kb;\n"
+    << "  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
+    << "  if (t >= Bm * Hm * nq * nk) return;\n"
+    << "  const int64_t c = t % nk, a = (t / nk) % nq, h = (t / (nk * nq)) % Hm, b = t / (nk * nq * Hm);\n"
+    << "  out[t] = static_cast<uint8_t>(kiln::attention::classify_tile(mm, int(b), int(h), a * qb,\n"
+    << "      min(L, (a + 1) * qb), c * kb, min(S, (c + 1) * kb)));\n}\n";
   return s.str();
 }
 

@@ -38,6 +38,11 @@ void check_mod(const ModSpec& m);
 std::string flex_cpu_source(const ModSpec& score, const ModSpec& mask, const std::string& storage, bool backward);
 // The CPU tile classifier of a mask_mod (create_block_mask); exports kiln_flex_classify.
 std::string classify_cpu_source(const ModSpec& mask);
+// The CUDA tile classifier of a mask_mod (NVRTC, device-only headers): extern "C" __global__
+// kiln_flex_classify(CaptureArgs caps, Bm, Hm, L, S, qb, kb, uint8_t* out), one thread per tile.
+std::string classify_cuda_source(const ModSpec& mask);
+// The most captures a CUDA kernel takes (CaptureArgs holds them by value).
+inline constexpr int kMaxCudaCaptures = 8;
 // The functors alone (for the CUDA sources too).
 std::string mod_functors(const ModSpec& score, const ModSpec& mask);
 

@@ -1,0 +1,187 @@
+// The CUDA backend: NVRTC and the driver opened with dlopen, cubins compiled and cached.
+#include "kiln/jit/cuda_backend.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+
+#include "kiln/core/error.h"
+#include "kiln/jit/cache.h"
+#include "kiln/jit/sha256.h"
+
+namespace kiln::jit {
+namespace fs = std::filesystem;
+
+namespace {
+void* open_first(const std::vector<std::string>& names, std::string* tried) {
+  for (const auto& n : names) {
+    if (n.empty()) continue;
+    if (void* h = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+    *tried += (tried->empty() ? "" : ", ") + n;
+  }
+  return nullptr;
+}
+std::string cuda_home() {
+  const char* h = std::getenv("CUDA_HOME");
+  return h && *h ? h : "/usr/local/cuda";
+}
+template <class F> void bind(void* h, const char* name, F& out, std::string& missing) {
+  out = reinterpret_cast<F>(::dlsym(h, name));
+  if (!out) missing += std::string(missing.empty() ? "" : ", ") + name;
+}
+}  // namespace
+
+const NvrtcApi* nvrtc(std::string* why) {
+  static std::once_flag once;
+  static NvrtcApi api;
+  static const NvrtcApi* ready = nullptr;
+  static std::string reason;
+  std::call_once(once, [] {
+    std::string tried;
+    const char* env = std::getenv("KILN_NVRTC");
+    void* h = open_first({env ? env : "", "libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12",
+                          cuda_home() + "/lib64/libnvrtc.so"},
+                         &tried);
+    if (!h) {
+      reason = "libnvrtc not found (tried " + tried + "; set KILN_NVRTC to its path)";
+      return;
+    }
+    std::string missing;
+    bind(h, "nvrtcVersion", api.version, missing);
+    bind(h, "nvrtcCreateProgram", api.create, missing);
+    bind(h, "nvrtcCompileProgram", api.compile, missing);
+    bind(h, "nvrtcGetProgramLogSize", api.log_size, missing);
+    bind(h, "nvrtcGetProgramLog", api.log, missing);
+    bind(h, "nvrtcGetCUBINSize", api.cubin_size, missing);
+    bind(h, "nvrtcGetCUBIN", api.cubin, missing);
+    bind(h, "nvrtcDestroyProgram", api.destroy, missing);
+    if (!missing.empty()) {
+      reason = "libnvrtc lacks " + missing;
+      return;
+    }
+    int major = 0, minor = 0;
+    api.version(&major, &minor);
+    api.version_string = std::to_string(major) + "." + std::to_string(minor);
+    ready = &api;
+  });
+  if (!ready && why) *why = reason;
+  return ready;
+}
+
+const DriverApi* driver(std::string* why) {
+  static std::once_flag once;
+  static DriverApi api;
+  static const DriverApi* ready = nullptr;
+  static std::string reason;
+  std::call_once(once, [] {
+    std::string tried;
+    void* h = open_first({"libcuda.so.1", "libcuda.so"}, &tried);
+    if (!h) {
+      reason = "no CUDA driver (libcuda.so.1 not found)";
+      return;
+    }
+    std::string missing;
+    bind(h, "cuInit", api.init, missing);
+    bind(h, "cuLibraryLoadData", api.library_load_data, missing);
+    bind(h, "cuLibraryGetKernel", api.library_get_kernel, missing);
+    bind(h, "cuKernelGetFunction", api.kernel_get_function, missing);
+    bind(h, "cuLibraryUnload", api.library_unload, missing);
+    bind(h, "cuLaunchKernel", api.launch, missing);
+    bind(h, "cuGetErrorString", api.get_error_string, missing);
+    if (!missing.empty()) {
+      reason = "the CUDA driver lacks " + missing + " (CUDA 12 or newer is needed)";
+      return;
+    }
+    if (const int rc = api.init(0); rc != 0) {
+      reason = "cuInit failed with error " + std::to_string(rc) + " (no GPU?)";
+      return;
+    }
+    ready = &api;
+  });
+  if (!ready && why) *why = reason;
+  return ready;
+}
+
+std::string cuda_include_dir() {
+  std::error_code ec;
+  for (std::string d : {std::string(std::getenv("KILN_CUDA_INCLUDE") ? std::getenv("KILN_CUDA_INCLUDE") : ""),
+                        cuda_home() + "/include", std::string("/usr/local/cuda/include")})
+    if (!d.empty() && fs::exists(d + "/cuda_fp16.h", ec)) return d;
+  return "";
+}
+
+std::vector<std::string> nvrtc_flags(const std::string& arch) {
+  std::vector<std::string> f{"-arch=" + arch, "-std=c++20", "-default-device",
+                             "-I" + include_root()};
+  if (const std::string inc = cuda_include_dir(); !inc.empty()) f.push_back("-I" + inc);
+  return f;
+}
+
+Cubin compile_cuda(const CompileRequest& r, const std::string& arch, const CancelToken* token) {
+  std::string why;
+  const NvrtcApi* api = nvrtc(&why);
+  KILN_CHECK(api != nullptr, "jit: ", r.name, " needs NVRTC for CUDA: ", why);
+  const std::vector<std::string> flags = nvrtc_flags(arch);
+  std::string opts;
+  for (const auto& f : flags) opts += f + " ";
+  Sha256 h;
+  h.field("backend", "nvrtc")
+      .field("source", r.source)
+      .field("headers", kiln_headers_of(r.source, include_root()))
+      .field("options", opts)
+      .field("target", arch)
+      .field("compiler", api->version_string)
+      .field("kiln", KILN_VERSION);
+  const std::string key = h.hex();
+  DiskCache cache(cache_dir());
+  if (auto hit = cache.lookup(key, "cubin")) return Cubin{read_file(*hit), key, true};
+  KILN_CHECK(!token || !token->cancelled, "jit: ", r.name, " cancelled");
+  void* prog = nullptr;
+  KILN_CHECK(api->create(&prog, r.source.c_str(), "kiln-generated.cu", 0, nullptr, nullptr) == 0,
+             "jit: nvrtcCreateProgram failed for ", r.name);
+  std::vector<const char*> argv;
+  for (const auto& f : flags) argv.push_back(f.c_str());
+  const int rc = api->compile(prog, static_cast<int>(argv.size()), argv.data());
+  size_t n = 0;
+  api->log_size(prog, &n);
+  std::string log(n, '\0');
+  if (n) api->log(prog, log.data());
+  std::string image;
+  if (rc == 0) {
+    size_t size = 0;
+    api->cubin_size(prog, &size);
+    image.resize(size);
+    api->cubin(prog, image.data());
+  }
+  api->destroy(&prog);
+  KILN_CHECK(rc == 0, "jit: ", r.name, " does not compile (NVRTC ", api->version_string, "):\n", log);
+  KILN_CHECK(!token || !token->cancelled, "jit: ", r.name, " cancelled");
+  cache.store(key, "cubin", image);
+  return Cubin{image, key, false};
+}
+
+CudaFunction load_cuda_function(const Cubin& cubin, const char* name) {
+  std::string why;
+  const DriverApi* d = driver(&why);
+  KILN_CHECK(d != nullptr, "jit: cannot load a CUDA kernel: ", why);
+  auto err = [&](int rc) {
+    const char* s = nullptr;
+    d->get_error_string(rc, &s);
+    return std::string(s ? s : "unknown error") + " (" + std::to_string(rc) + ")";
+  };
+  void* lib = nullptr;
+  int rc = d->library_load_data(&lib, cubin.image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  KILN_CHECK(rc == 0, "jit: cuLibraryLoadData failed: ", err(rc));
+  std::shared_ptr<void> keep(lib, [d](void* l) { d->library_unload(l); });
+  void* kernel = nullptr;
+  rc = d->library_get_kernel(&kernel, lib, name);
+  KILN_CHECK(rc == 0, "jit: the cubin has no kernel ", name, ": ", err(rc));
+  void* fn = nullptr;
+  rc = d->kernel_get_function(&fn, kernel);
+  KILN_CHECK(rc == 0, "jit: cuKernelGetFunction(", name, ") failed: ", err(rc));
+  return CudaFunction{keep, fn};
+}
+
+}  // namespace kiln::jit

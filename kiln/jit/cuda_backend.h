@@ -1,0 +1,69 @@
+// The JIT's CUDA backend (docs/jit.md): NVRTC and the CUDA driver API opened at run time with
+// dlopen, so that a CPU-only build and a machine without a GPU still run (nvrtc() / driver()
+// return null there, and callers say so). Sources are compiled for sm_90a to a cubin, cached on
+// disk like the CPU kernels (the key: source, kiln headers, options, arch, NVRTC's version,
+// kiln's version), and loaded with cuLibraryLoadData / cuLibraryGetKernel / cuKernelGetFunction.
+// The generated sources include only device-only headers (kernels/device_std.h).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/jit/cpu_backend.h"
+
+namespace kiln::jit {
+
+// NVRTC's entry points (nvrtc.h's signatures with opaque handles).
+struct NvrtcApi {
+  int (*version)(int*, int*);
+  int (*create)(void** prog, const char* src, const char* name, int n, const char* const* headers,
+                const char* const* include_names);
+  int (*compile)(void* prog, int n, const char* const* options);
+  int (*log_size)(void* prog, size_t*);
+  int (*log)(void* prog, char*);
+  int (*cubin_size)(void* prog, size_t*);
+  int (*cubin)(void* prog, char*);
+  int (*destroy)(void** prog);
+  std::string version_string;  // "13.0"
+};
+// The driver's entry points used to load and launch (cuda.h's signatures with opaque handles).
+struct DriverApi {
+  int (*init)(unsigned);
+  int (*library_load_data)(void** lib, const void* image, void* jit_opts, void** jit_vals, unsigned n_jit,
+                           void* lib_opts, void** lib_vals, unsigned n_lib);
+  int (*library_get_kernel)(void** kernel, void* lib, const char* name);
+  int (*kernel_get_function)(void** fn, void* kernel);
+  int (*library_unload)(void* lib);
+  int (*launch)(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                unsigned smem, void* stream, void** params, void** extra);
+  int (*get_error_string)(int, const char**);
+};
+
+// libnvrtc (KILN_NVRTC, else libnvrtc.so / .so.13 / .so.12 on the loader's path, else under
+// $CUDA_HOME or /usr/local/cuda), or null with the reason in *why.
+const NvrtcApi* nvrtc(std::string* why = nullptr);
+// libcuda.so.1 with cuInit(0) done, or null with the reason (no driver, no GPU).
+const DriverApi* driver(std::string* why = nullptr);
+// The CUDA toolkit's include folder (cuda_bf16.h, cuda_fp16.h): KILN_CUDA_INCLUDE, else
+// $CUDA_HOME/include, else /usr/local/cuda/include; "" when none exists.
+std::string cuda_include_dir();
+// NVRTC's options for a kernel (-arch, -std, include folders).
+std::vector<std::string> nvrtc_flags(const std::string& arch);
+
+struct Cubin {
+  std::string image;
+  std::string key;
+  bool from_cache = false;
+};
+// Compiles `r` with NVRTC for `arch` (or loads it from the cache). Errors: no NVRTC (saying how
+// to name one), a compile error (NVRTC's log about the user's code, nothing cached).
+Cubin compile_cuda(const CompileRequest& r, const std::string& arch = "sm_90a", const CancelToken* token = nullptr);
+
+struct CudaFunction {
+  std::shared_ptr<void> library;  // cuLibraryUnload'ed with the last reference
+  void* function = nullptr;       // a CUfunction
+};
+// Loads a cubin in the current context and finds an extern "C" kernel in it.
+CudaFunction load_cuda_function(const Cubin& cubin, const char* name);
+
+}  // namespace kiln::jit
