@@ -222,6 +222,26 @@ void check_saved_block_tables(const std::vector<SavedTensor>& saved, const Block
   check_block_tables(layout);
 }
 
+BackwardBuffers backward_buffers(kernels::FlexParams& bp, const Tensor& q, const Tensor& out, const Tensor& lse,
+                                 const std::vector<Tensor>& grads, bool want_lse) {
+  BackwardBuffers b;
+  b.dout = grads[0].to(q.dtype()).contiguous();
+  if (want_lse) b.dlse = grads[1].to(DType::f32).contiguous();
+  b.delta = Tensor::empty({bp.B, bp.Hq, bp.L}, DType::f32, q.device());
+  b.dq = Tensor::empty({bp.B, bp.Hq, bp.L, bp.E}, q.dtype(), q.device());
+  b.dk = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.E}, q.dtype(), q.device());
+  b.dv = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.Ev}, q.dtype(), q.device());
+  bp.out = out.data_ptr();
+  bp.lse = lse.data<float>();
+  bp.dout = b.dout.data_ptr();
+  bp.dlse = want_lse ? b.dlse.data<float>() : nullptr;
+  bp.delta = b.delta.data<float>();
+  bp.dq = b.dq.data_ptr();
+  bp.dk = b.dk.data_ptr();
+  bp.dv = b.dv.data_ptr();
+  return b;
+}
+
 kernels::FlexEntry cuda_flex_entry(const KernelKey& key) {
   if (auto e = KernelRegistry::global().find(key)) return reinterpret_cast<kernels::FlexEntry>(e->fn);
   std::string have;

@@ -82,6 +82,13 @@ Tensor tile_counters(kernels::FlexParams& p, int64_t n, Device device);
 // value gave wrong gradients); the values are checked again as in the forward.
 std::vector<SavedTensor> save_block_tables(const BlockLayout& layout);
 void check_saved_block_tables(const std::vector<SavedTensor>& saved, const BlockLayout& layout);
+// The backward's inputs and outputs: the output gradient in q's dtype, the lse gradient (f32,
+// when the forward returned lse), Δ and the contiguous dq, dk, dv, all pointed to by bp.
+struct BackwardBuffers {
+  Tensor dout, dlse, delta, dq, dk, dv;
+};
+BackwardBuffers backward_buffers(kernels::FlexParams& bp, const Tensor& q, const Tensor& out, const Tensor& lse,
+                                 const std::vector<Tensor>& grads, bool want_lse);
 // The registered CUDA body of `key` (kernels::flex_key), or an error naming the pair and the
 // pairs that have one.
 kernels::FlexEntry cuda_flex_entry(const KernelKey& key);
@@ -175,22 +182,9 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
              bp.dbias_partial = dbias_partial.data<float>();
              sm.bias = static_cast<const float*>(bias_t.data_ptr());
            }
-           Tensor dout = grads[0].to(q.dtype()).contiguous();
-           Tensor dlse;
-           if (want_lse) dlse = grads[1].to(DType::f32).contiguous();
-           Tensor delta = Tensor::empty({bp.B, bp.Hq, bp.L}, DType::f32, q.device());
+           const detail::BackwardBuffers buf = detail::backward_buffers(bp, q, out, lse, grads, want_lse);
            const Tensor counters = detail::tile_counters(bp, 2, q.device());  // dQ's and dK/dV's
-           Tensor dq = Tensor::empty({bp.B, bp.Hq, bp.L, bp.E}, q.dtype(), q.device());
-           Tensor dk = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.E}, q.dtype(), q.device());
-           Tensor dv = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.Ev}, q.dtype(), q.device());
-           bp.out = out.data_ptr();
-           bp.lse = lse.data<float>();
-           bp.dout = dout.data_ptr();
-           bp.dlse = want_lse ? dlse.data<float>() : nullptr;
-           bp.delta = delta.data<float>();
-           bp.dq = dq.data_ptr();
-           bp.dk = dk.data_ptr();
-           bp.dv = dv.data_ptr();
+           Tensor dq = buf.dq, dk = buf.dk, dv = buf.dv;
            if (bp.L > 0 && bp.S > 0) {
              detail::run_backward(bp, q.dtype(), q.device(), sm, mm);
            } else {

@@ -2,6 +2,7 @@
 // the forward with its recorded backward, and the run-time BlockMask.
 #include "kiln/attention/runtime_mods.h"
 
+#include <array>
 #include <cctype>
 
 #include "kiln/autograd/grad_mode.h"
@@ -163,17 +164,87 @@ std::vector<uint8_t> classify_on_gpu(const jit::ModSpec& spec, const std::vector
   if (n > 0) {
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     void* params[] = {&args, &Bm, &Hm, &L, &S, &qb, &kb, &o};
-    const jit::DriverApi* d = jit::driver();
-    KILN_CHECK(d != nullptr, "create_block_mask: no CUDA driver");
-    const int rc = d->launch(const_cast<void*>(e.fn), static_cast<unsigned>((n + 255) / 256), 1, 1, 256, 1, 1, 0,
-                             nullptr, params, nullptr);
-    KILN_CHECK(rc == 0, "create_block_mask: launching the run-time mask's classifier failed (CUDA error ", rc, ")");
+    jit::launch_cuda(const_cast<void*>(e.fn), static_cast<unsigned>((n + 255) / 256), 1, 1, 256, params,
+                     "create_block_mask (run-time mask on CUDA)");
   }
   check_flags(flags.to(kCPU).to_vector<int32_t>(), named);
   std::vector<uint8_t> cls = out.to(kCPU).to_vector<uint8_t>();
   cls.resize(static_cast<size_t>(n));
   return cls;
 }
+// The CUDA kernels of a run-time pair (the SIMT bodies, f32; kiln/jit/flex_source.h), compiled in
+// the pool and loaded on this thread: fwd {kiln_flex_fwd}, bwd {delta, dq, dkdv}.
+std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, const jit::ModSpec& m, int maxd,
+                                                      bool backward, Device device) {
+  const jit::CompileRequest req{std::string(backward ? "flex_backward" : "flex_forward") + " cuda f32 (" + s.expr +
+                                    " | " + m.expr + ")",
+                                jit::flex_cuda_source(s, m, maxd, backward),
+                                {"score_mod", "score_mod_derivative", "mask_mod"}};
+  const KernelKey key{backward ? "flex_backward" : "flex_forward", "cuda", "f32", maxd, jit::sha256_hex(req.source),
+                      "jit " + device.str()};
+  const KernelEntry e = KernelRegistry::global().get_or_make(key, [&] {
+    jit::Cubin cubin;
+    jit::CompileService::global()
+        .submit(req.name, [&](const jit::CancelToken& tok) { cubin = jit::compile_cuda(req, "sm_90a", &tok); })
+        .wait();
+    auto f = std::make_shared<jit::CudaFunctions>(jit::load_cuda_functions(
+        cubin, backward ? std::vector<std::string>{"kiln_flex_delta", "kiln_flex_dq", "kiln_flex_dkdv"}
+                        : std::vector<std::string>{"kiln_flex_fwd"}));
+    return KernelEntry{f.get(), f, "jit cuda " + cubin.key};
+  });
+  return std::shared_ptr<jit::CudaFunctions>(e.keep, static_cast<jit::CudaFunctions*>(const_cast<void*>(e.fn)));
+}
+
+// Runs the forward or the backward of a run-time pair on CUDA (f32, no captured gradient).
+void run_cuda_flex(bool backward, const kernels::FlexParams& p, const jit::ModSpec& s, const jit::ModSpec& m,
+                   const std::vector<Tensor>& caps, size_t n_score, const Captures& named, Device device) {
+  KILN_CHECK(p.E <= 256 && p.Ev <= 256, "flex_attention (CUDA, run-time mods): head dims up to 256, got E=", p.E,
+             ", Ev=", p.Ev);
+  KILN_CHECK(p.nQ < 65536 * 32 && p.Hq < 65536 && p.B < 65536, "flex_attention (CUDA): grid too large");
+  const int maxd = p.E <= 128 && p.Ev <= 128 ? 128 : 256;
+  const auto k = cuda_flex_kernels(s, m, maxd, backward, device);
+  Tensor flags = zeros({std::max<int64_t>(static_cast<int64_t>(caps.size()), 1)}, DType::i32, device);
+  std::vector<const void*> data;
+  std::vector<std::array<int64_t, 4>> sizes, strides;
+  std::vector<int32_t*> fl;
+  std::vector<int32_t> unused;
+  for (const CaptureArg& a : capture_args(caps, unused)) {
+    data.push_back(a.data);
+    sizes.push_back({a.sizes[0], a.sizes[1], a.sizes[2], a.sizes[3]});
+    strides.push_back({a.strides[0], a.strides[1], a.strides[2], a.strides[3]});
+    fl.push_back(flags.data<int32_t>() + fl.size());
+  }
+  auto bytes = [&](bool identity, size_t from, size_t n) {
+    return jit::functor_bytes(identity, p.L, p.S, data.data() + from,
+                              reinterpret_cast<const int64_t(*)[4]>(sizes.data() + from),
+                              reinterpret_cast<const int64_t(*)[4]>(strides.data() + from), fl.data() + from, n);
+  };
+  std::vector<unsigned char> sm = bytes(jit::is_identity(s), 0, n_score), mm = bytes(false, n_score, caps.size() - n_score);
+  kernels::FlexParams pp = p;
+  void* args[] = {&pp, sm.data(), mm.data()};
+  const unsigned B = static_cast<unsigned>(p.B);
+  if (!backward) {
+    jit::launch_cuda(k->functions[0], static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), B, 128, args,
+                     "flex_attention (run-time mods, CUDA forward)");
+  } else {
+    const int64_t rows = p.B * p.Hq * p.L;
+    jit::launch_cuda(k->functions[0], static_cast<unsigned>((rows + 255) / 256), 1, 1, 256, args,
+                     "flex_attention (run-time mods, CUDA delta)");
+    jit::launch_cuda(k->functions[1], static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), B, 128, args,
+                     "flex_attention (run-time mods, CUDA dQ)");
+    jit::launch_cuda(k->functions[2], static_cast<unsigned>(p.nKV), static_cast<unsigned>(p.Hkv), B, 128, args,
+                     "flex_attention (run-time mods, CUDA dK/dV)");
+  }
+  check_flags(flags.to(kCPU).to_vector<int32_t>(), named);
+}
+
+void check_cuda_call(const Tensor& q, int learn_at) {
+  KILN_CHECK(q.dtype() == DType::f32, "flex_attention: run-time mods on CUDA run f32 for now (the NVRTC kernels "
+                                      "are the SIMT ones, f32 storage), got ", dtype_name(q.dtype()));
+  KILN_CHECK(learn_at < 0, "flex_attention: a captured tensor that requires grad is supported on the CPU only for "
+                           "now (docs/jit.md)");
+}
+
 }  // namespace
 
 RuntimeBlockMask create_block_mask(const RuntimeMaskMod& mask_mod, int64_t batch, int64_t heads, int64_t q_len,
@@ -214,7 +285,6 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
                           const RuntimeBlockMask& block_mask, const FlexOptions& options) {
   const BlockLayout& layout = block_mask.layout;
   detail::check_flex_inputs(q_in, k_in, v_in, layout);
-  require_cpu(q_in.device());
   KILN_CHECK(!options.bias.defined(), "flex_attention: options.bias is for RelativePositionBias; a run-time "
                                       "score_mod reads its tables as captures");
   Tensor q = detail::last_dim_contiguous(q_in), k = detail::last_dim_contiguous(k_in),
@@ -234,16 +304,23 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
     if (sc.sigs[i].learnable) learn_at = static_cast<int>(i);
 
   const DType dt = q.dtype();
-  const KernelEntry fwd = jit_entry("flex_forward", dtype_name(dt), flex_request(s, m, dt, false));
+  const bool on_cuda = q.device().is_cuda();
+  if (on_cuda) check_cuda_call(q, learn_at);
+  const size_t n_score = sc.tensors.size();
+  const KernelEntry fwd = on_cuda ? KernelEntry{} : jit_entry("flex_forward", dtype_name(dt), flex_request(s, m, dt, false));
   Tensor out = Tensor::empty({p.B, p.Hq, p.L, p.Ev}, dt, q.device());
   Tensor lse = Tensor::empty({p.B, p.Hq, p.L}, DType::f32, q.device());
   p.out = out.data_ptr();
   p.lse = lse.data<float>();
   if (p.L > 0 && p.Ev > 0) {
     profile::Scope ps("flex_forward", q.device());
-    std::vector<int32_t> flags;
-    call_flex(fwd, p, capture_args(caps, flags));
-    check_flags(flags, named);
+    if (on_cuda) {
+      run_cuda_flex(false, p, s, m, caps, n_score, named, q.device());
+    } else {
+      std::vector<int32_t> flags;
+      call_flex(fwd, p, capture_args(caps, flags));
+      check_flags(flags, named);
+    }
   } else {
     out.zero_(), lse.fill_(-INFINITY);
   }
@@ -265,7 +342,9 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
              std::vector<Tensor> caps;
              for (const SavedTensor& c : scaps) caps.push_back(c.get("flex_attention's captures"));
              kernels::FlexParams bp = detail::make_params(q, k, v, layout, scale, backend);
-             const KernelEntry bwd = jit_entry("flex_backward", dtype_name(q.dtype()), flex_request(s, m, q.dtype(), true));
+             const KernelEntry bwd = on_cuda ? KernelEntry{}
+                                             : jit_entry("flex_backward", dtype_name(q.dtype()),
+                                                         flex_request(s, m, q.dtype(), true));
              Tensor dcap, partial;
              if (learn_at >= 0) {
                const Tensor& c = caps[static_cast<size_t>(learn_at)];
@@ -280,26 +359,17 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
                bp.dbias = dcap.data<float>();
                bp.dbias_partial = partial.data<float>();
              }
-             Tensor dout = grads[0].to(q.dtype()).contiguous();
-             Tensor dlse;
-             if (want_lse) dlse = grads[1].to(DType::f32).contiguous();
-             Tensor delta = Tensor::empty({bp.B, bp.Hq, bp.L}, DType::f32, q.device());
-             Tensor dq = Tensor::empty({bp.B, bp.Hq, bp.L, bp.E}, q.dtype(), q.device());
-             Tensor dk = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.E}, q.dtype(), q.device());
-             Tensor dv = Tensor::empty({bp.B, bp.Hkv, bp.S, bp.Ev}, q.dtype(), q.device());
-             bp.out = out.data_ptr();
-             bp.lse = lse.data<float>();
-             bp.dout = dout.data_ptr();
-             bp.dlse = want_lse ? dlse.data<float>() : nullptr;
-             bp.delta = delta.data<float>();
-             bp.dq = dq.data_ptr();
-             bp.dk = dk.data_ptr();
-             bp.dv = dv.data_ptr();
+             const detail::BackwardBuffers buf = detail::backward_buffers(bp, q, out, lse, grads, want_lse);
+             Tensor dq = buf.dq, dk = buf.dk, dv = buf.dv;
              if (bp.L > 0 && bp.S > 0) {
                profile::Scope ps("flex_backward", q.device());
-               std::vector<int32_t> flags;
-               call_flex(bwd, bp, capture_args(caps, flags));
-               check_flags(flags, named);
+               if (on_cuda) {
+                 run_cuda_flex(true, bp, s, m, caps, n_score, named, q.device());
+               } else {
+                 std::vector<int32_t> flags;
+                 call_flex(bwd, bp, capture_args(caps, flags));
+                 check_flags(flags, named);
+               }
              } else {
                dq.zero_(), dk.zero_(), dv.zero_();
                if (dcap.defined()) dcap.zero_();

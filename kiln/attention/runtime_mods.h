@@ -10,8 +10,8 @@
 //   auto r = flex_attention(q, k, v, alibi, mask);
 //
 // The CPU kernels are kiln's own kernel templates instantiated with the expression (the same
-// bits as the library mod it spells: tests/jit). On CUDA, see docs/jit.md for the state of the
-// NVRTC path.
+// bits as the library mod it spells: tests/jit). On CUDA the NVRTC path runs the SIMT kernels,
+// f32, without captured gradients (docs/jit.md says what is missing).
 #pragma once
 #include <string>
 #include <utility>

@@ -90,6 +90,7 @@ const DriverApi* driver(std::string* why) {
     bind(h, "cuLibraryUnload", api.library_unload, missing);
     bind(h, "cuLaunchKernel", api.launch, missing);
     bind(h, "cuGetErrorString", api.get_error_string, missing);
+    bind(h, "cuCtxSynchronize", api.ctx_synchronize, missing);
     if (!missing.empty()) {
       reason = "the CUDA driver lacks " + missing + " (CUDA 12 or newer is needed)";
       return;
@@ -162,26 +163,49 @@ Cubin compile_cuda(const CompileRequest& r, const std::string& arch, const Cance
   return Cubin{image, key, false};
 }
 
-CudaFunction load_cuda_function(const Cubin& cubin, const char* name) {
+namespace {
+std::string driver_error(const DriverApi* d, int rc) {
+  const char* s = nullptr;
+  d->get_error_string(rc, &s);
+  return std::string(s ? s : "unknown error") + " (" + std::to_string(rc) + ")";
+}
+}  // namespace
+
+CudaFunctions load_cuda_functions(const Cubin& cubin, const std::vector<std::string>& names) {
   std::string why;
   const DriverApi* d = driver(&why);
   KILN_CHECK(d != nullptr, "jit: cannot load a CUDA kernel: ", why);
-  auto err = [&](int rc) {
-    const char* s = nullptr;
-    d->get_error_string(rc, &s);
-    return std::string(s ? s : "unknown error") + " (" + std::to_string(rc) + ")";
-  };
   void* lib = nullptr;
   int rc = d->library_load_data(&lib, cubin.image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-  KILN_CHECK(rc == 0, "jit: cuLibraryLoadData failed: ", err(rc));
-  std::shared_ptr<void> keep(lib, [d](void* l) { d->library_unload(l); });
-  void* kernel = nullptr;
-  rc = d->library_get_kernel(&kernel, lib, name);
-  KILN_CHECK(rc == 0, "jit: the cubin has no kernel ", name, ": ", err(rc));
-  void* fn = nullptr;
-  rc = d->kernel_get_function(&fn, kernel);
-  KILN_CHECK(rc == 0, "jit: cuKernelGetFunction(", name, ") failed: ", err(rc));
-  return CudaFunction{keep, fn};
+  KILN_CHECK(rc == 0, "jit: cuLibraryLoadData failed: ", driver_error(d, rc));
+  CudaFunctions out{std::shared_ptr<void>(lib, [d](void* l) { d->library_unload(l); }), {}};
+  for (const auto& name : names) {
+    void* kernel = nullptr;
+    rc = d->library_get_kernel(&kernel, lib, name.c_str());
+    KILN_CHECK(rc == 0, "jit: the cubin has no kernel ", name, ": ", driver_error(d, rc));
+    void* fn = nullptr;
+    rc = d->kernel_get_function(&fn, kernel);
+    KILN_CHECK(rc == 0, "jit: cuKernelGetFunction(", name, ") failed: ", driver_error(d, rc));
+    out.functions.push_back(fn);
+  }
+  return out;
+}
+
+CudaFunction load_cuda_function(const Cubin& cubin, const char* name) {
+  CudaFunctions f = load_cuda_functions(cubin, {name});
+  return CudaFunction{f.library, f.functions[0]};
+}
+
+void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args, const char* what) {
+  std::string why;
+  const DriverApi* d = driver(&why);
+  KILN_CHECK(d != nullptr, what, ": no CUDA driver: ", why);
+  int rc = d->ctx_synchronize();
+  KILN_CHECK(rc == 0, what, ": the device failed before the launch: ", driver_error(d, rc));
+  rc = d->launch(fn, gx, gy, gz, block, 1, 1, 0, nullptr, args, nullptr);
+  KILN_CHECK(rc == 0, what, ": the launch failed: ", driver_error(d, rc));
+  rc = d->ctx_synchronize();
+  KILN_CHECK(rc == 0, what, ": the kernel failed: ", driver_error(d, rc));
 }
 
 }  // namespace kiln::jit

@@ -37,6 +37,7 @@ struct DriverApi {
   int (*launch)(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                 unsigned smem, void* stream, void** params, void** extra);
   int (*get_error_string)(int, const char**);
+  int (*ctx_synchronize)();
 };
 
 // libnvrtc (KILN_NVRTC, else libnvrtc.so / .so.13 / .so.12 on the loader's path, else under
@@ -65,5 +66,15 @@ struct CudaFunction {
 };
 // Loads a cubin in the current context and finds an extern "C" kernel in it.
 CudaFunction load_cuda_function(const Cubin& cubin, const char* name);
+// The same for several kernels of one cubin (one library).
+struct CudaFunctions {
+  std::shared_ptr<void> library;
+  std::vector<void*> functions;
+};
+CudaFunctions load_cuda_functions(const Cubin& cubin, const std::vector<std::string>& names);
+// Launches `fn` (args: pointers to each argument's bytes) with the device synchronized before
+// and after (the driver's legacy stream does not order with kiln's non-blocking streams; this
+// goes when the launch takes kiln/core/stream.h's current stream); an error names `what`.
+void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args, const char* what);
 
 }  // namespace kiln::jit

@@ -10,6 +10,7 @@
 // error naming it before any compiler runs; so is a ';', '{', '}', '#', quote or backslash (an
 // expression is one expression).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,18 @@ std::string classify_cpu_source(const ModSpec& mask);
 // The CUDA tile classifier of a mask_mod (NVRTC, device-only headers): extern "C" __global__
 // kiln_flex_classify(CaptureArgs caps, Bm, Hm, L, S, qb, kb, uint8_t* out), one thread per tile.
 std::string classify_cuda_source(const ModSpec& mask);
+// The CUDA kernels of one pair (NVRTC, device-only headers: kernels/cuda/attention_simt.cuh's
+// bodies, f32 storage, row vectors of `maxd` floats): the forward exports extern "C"
+// kiln_flex_fwd; the backward kiln_flex_delta, kiln_flex_dq, kiln_flex_dkdv; each takes
+// (FlexParams, ScoreMod, MaskMod) by value, the functors laid out as functor_bytes() says.
+std::string flex_cuda_source(const ModSpec& score, const ModSpec& mask, int maxd, bool backward);
+// A generated functor's bytes as a kernel argument: int64 q_len, kv_len, then per capture its
+// data pointer, sizes[4], strides[4] (int64) and flag pointer. The identity score_mod is
+// NoScoreMod: one byte.
+std::vector<unsigned char> functor_bytes(bool identity, int64_t q_len, int64_t kv_len, const void* const* data,
+                                         const int64_t (*sizes)[4], const int64_t (*strides)[4],
+                                         int32_t* const* flags, size_t n);
+bool is_identity(const ModSpec& score);
 // The most captures a CUDA kernel takes (CaptureArgs holds them by value).
 inline constexpr int kMaxCudaCaptures = 8;
 // The functors alone (for the CUDA sources too).
