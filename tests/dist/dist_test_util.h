@@ -6,7 +6,10 @@
 
 #include <array>
 #include <cstdio>
+#include <memory>
 #include <string>
+
+#include "kiln/dist/backends.h"
 
 namespace kiln::dist::test {
 
@@ -45,6 +48,23 @@ inline RunResult run_ranks(int n, const std::string& worker, const std::string& 
                          " --gtest_filter=DistWorker.Run --gtest_brief=1",
                      deadline_s);
 }
+
+// Whether this build has the Gloo backend (a build without libgloo-dev has a stub that says so).
+inline bool have_gloo() {
+  kiln::dist::StoreServerOptions o;
+  o.token = "probe";
+  o.quiet = true;
+  kiln::dist::StoreServer server(o);
+  auto store = std::make_shared<kiln::dist::TcpStore>("127.0.0.1", server.port(), "probe");
+  try {
+    kiln::dist::new_gloo_communicator(store, 0, 1, "probe");
+    return true;
+  } catch (const kiln::Error&) {
+    return false;
+  }
+}
+#define KILN_SKIP_WITHOUT_GLOO() \
+  if (!::kiln::dist::test::have_gloo()) GTEST_SKIP() << "built without Gloo (Debian: libgloo-dev)"
 
 inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 

@@ -22,6 +22,7 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 TEST(Faults, SleeperTimesOutNamingOpAndRankWithDump) {
+  KILN_SKIP_WITHOUT_GLOO();
   const std::string dir = fresh_dir("kiln_fault_sleeper");
   const auto t0 = Clock::now();
   const auto r = run_ranks(3, "sleeper", "KILN_TEST_TIMEOUT_MS=1500", "--log-dir " + dir);
@@ -41,6 +42,7 @@ TEST(Faults, SleeperTimesOutNamingOpAndRankWithDump) {
 }
 
 TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
+  KILN_SKIP_WITHOUT_GLOO();
   const std::string dir = fresh_dir("kiln_fault_abort");
   const auto r = run_ranks(3, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--log-dir " + dir);
   EXPECT_EQ(r.status, 1) << r.output;
@@ -56,6 +58,7 @@ TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
 }
 
 TEST(Faults, KilledRankUnderShrinkSurvivorsContinue) {
+  KILN_SKIP_WITHOUT_GLOO();
   const std::string dir = fresh_dir("kiln_fault_shrink");
   const auto t0 = Clock::now();
   const auto r = run_ranks(4, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--policy shrink --log-dir " + dir);

@@ -11,11 +11,13 @@ using namespace kiln::dist::test;
 class GlooWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooWorld, EveryCollectiveAndDtypeMatchesSerialReference) {
+  KILN_SKIP_WITHOUT_GLOO();
   const auto r = run_ranks(GetParam(), "collectives");
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
 TEST_P(GlooWorld, OpsInFlightOnTwoCommunicatorsAndSplit) {
+  KILN_SKIP_WITHOUT_GLOO();
   const auto r = run_ranks(GetParam(), "in_flight");
   EXPECT_EQ(r.status, 0) << r.output;
 }
@@ -23,6 +25,7 @@ TEST_P(GlooWorld, OpsInFlightOnTwoCommunicatorsAndSplit) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
 
 TEST(Gloo, BadInputNamesOpAndValuesAndCommunicatorStaysUsable) {
+  KILN_SKIP_WITHOUT_GLOO();
   const auto r = run_ranks(2, "bad_input");
   EXPECT_EQ(r.status, 0) << r.output;
 }
