@@ -1,7 +1,10 @@
 // ArgParser implementation.
 #include "cli/args.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
@@ -58,8 +61,14 @@ ArgParser& ArgParser::option(const std::string& name, double* out, const std::st
     double x = 0;
     try {
       x = std::stod(v, &used);
-    } catch (const std::out_of_range&) {  // past a double's range, or below its smallest normal (1e-320)
-      fail(name, ": '", v, "' is out of the range of a double");
+    } catch (const std::out_of_range&) {
+      // stod throws for subnormals too (1e-320 is one, and a double): strtod says which it is
+      errno = 0;
+      char* end = nullptr;
+      x = std::strtod(v.c_str(), &end);
+      used = static_cast<size_t>(end - v.c_str());
+      KILN_CHECK(std::isfinite(x), name, ": '", v, "' is larger than a double can hold (at most 1.8e308)");
+      KILN_CHECK(x != 0, name, ": '", v, "' is smaller than a double can hold (it rounds to 0; the smallest is 4.9e-324)");
     } catch (...) {
       used = 0;
     }

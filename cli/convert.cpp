@@ -44,9 +44,11 @@ int run_convert(const Args& args) {
   io::Metadata metadata;
   io::StoredTensors tensors = io::load_stored(in, &metadata);
   // A checkpoint with no tensors is not a model (a pickle of other values, a sharded index whose
-  // weight_map is empty): writing an empty file would pass for a conversion.
-  KILN_CHECK(!tensors.empty(), "convert: ", in, " holds no tensors (", io::format_name(io::sniff_format(in)),
-             "); nothing to convert");
+  // weight_map is empty): writing an empty file would pass for a conversion. A safetensors file
+  // with none is valid (Python's safetensors writes and reads one) and is copied as it is.
+  const io::FileFormat in_format = io::sniff_format(in);
+  KILN_CHECK(!tensors.empty() || in_format == io::FileFormat::safetensors, "convert: ", in, " holds no tensors (",
+             io::format_name(in_format), "); nothing to convert");
   check_out_spares_input(in, out, p.given("--shard-size"));
   uint64_t total = 0;
   for (const auto& t : tensors) total += t.nbytes();

@@ -37,8 +37,10 @@ int run_generate(const Args& args) {
   o.validate();  // before the model loads and the prompt is printed
   const Device dev = Device::parse(device);
   check_device_available(dev, "generate");
-  std::string dir = train::find_checkpoint(ckpt);
+  std::string note;
+  std::string dir = train::find_checkpoint(ckpt, &note);
   KILN_CHECK(!dir.empty(), "--ckpt: no checkpoint (config.json) in '", ckpt, "'", train::why_no_checkpoint(ckpt));
+  if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   auto model = train::load_model(dir, dev);
   model->eval();
   auto tok = train::load_tokenizer_for(*model, dir, tokenizer, "generate");
@@ -52,6 +54,12 @@ int run_generate(const Args& args) {
     std::fprintf(stderr, "note: the prompt's %zu tokens and --max-tokens %lld do not fit the model's context of %lld "
                  "positions; generating from the prompt's last %lld\n", ids.size(), static_cast<long long>(max_tokens),
                  static_cast<long long>(context), static_cast<long long>(kept));
+  // Past the length it was trained at the model has seen no position: it may run, but say so.
+  if (const int64_t trained = train::trained_seq_len(dir);
+      trained > 0 && static_cast<int64_t>(ids.size()) + max_tokens > trained)
+    std::fprintf(stderr, "note: the model was trained on sequences of %lld tokens; the prompt's %zu tokens and "
+                 "--max-tokens %lld go past that, where its text may fall apart\n", static_cast<long long>(trained),
+                 ids.size(), static_cast<long long>(max_tokens));
   std::printf("%s", prompt.c_str());
   std::fflush(stdout);
   // Each token prints what it adds to the decoded text after the prompt (spaces SentencePiece

@@ -13,6 +13,26 @@
 
 namespace kiln::cli {
 
+namespace {
+// Control characters (ESC, BEL, CR, ...) and DEL as \xNN, a backslash as \\; other bytes as they are
+// (names are UTF-8, checked by the readers).
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+}  // namespace
+
 int run_inspect(const Args& args) {
   std::string path;
   bool as_json = false;
@@ -24,7 +44,8 @@ int run_inspect(const Args& args) {
   if (!p.parse(args)) return 0;
   // A training run's folder or a checkpoint folder (as eval and generate take them): its model's
   // weights (the folder also holds optimizer.safetensors, so as a folder of tensors it failed).
-  if (const std::string ck = std::filesystem::is_directory(path) ? train::find_checkpoint(path) : ""; !ck.empty()) {
+  std::error_code ec;
+  if (const std::string ck = std::filesystem::is_directory(path, ec) ? train::find_checkpoint(path) : ""; !ck.empty()) {
     for (const char* name : {"model.safetensors.index.json", "model.safetensors"})
       if (std::filesystem::exists(std::filesystem::path(ck) / name)) {
         path = (std::filesystem::path(ck) / name).string();
@@ -70,10 +91,13 @@ int run_inspect(const Args& args) {
   std::printf("%s: %s, %zu tensors, %llu elements, %llu bytes\n", path.c_str(), io::format_name(format),
               tensors.size(), static_cast<unsigned long long>(total_elements),
               static_cast<unsigned long long>(total_bytes));
-  for (const auto& [k, v] : metadata) std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
+  // Names and metadata come from the file: escaped, so that a crafted name cannot send terminal
+  // escape sequences (clear the screen, retitle the window, hide lines) through the table.
+  for (const auto& [k, v] : metadata)
+    std::printf("  metadata %s = %s\n", escaped(k).c_str(), escaped(v).c_str());
   for (const auto& t : tensors)
-    std::printf("  %-48s %-12s %-24s %14llu%s\n", t.name.c_str(), t.dtype.c_str(), shape_str(t.shape).c_str(),
-                static_cast<unsigned long long>(t.nbytes()), t.raw() ? "  (raw bytes)" : "");
+    std::printf("  %-48s %-12s %-24s %14llu%s\n", escaped(t.name).c_str(), escaped(t.dtype).c_str(),
+                shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.nbytes()), t.raw() ? "  (raw bytes)" : "");
   return 0;
 }
 

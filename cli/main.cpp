@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     print_usage();
     return 0;
   }
+  if (args[0] == "help" && args.size() > 1) args = {args[1], "--help"};  // `kiln help train`
   if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     print_usage();
     return 0;
@@ -73,7 +74,14 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kiln %s: error: %.*s\n", c.name, static_cast<int>(what.size()), what.data());
         return 1;
       } catch (const std::bad_alloc&) {  // a host allocation beyond this machine's memory
-        std::fprintf(stderr, "kiln %s: error: out of host memory (a host allocation failed)\n", c.name);
+        // The sizes the user gave are what to lower: name them (the message named no flag).
+        std::string sizes;
+        for (size_t i = 1; i + 1 < args.size(); ++i)
+          if (args[i].rfind("--", 0) == 0 && !args[i + 1].empty() &&
+              args[i + 1].find_first_not_of("0123456789") == std::string::npos)
+            sizes += (sizes.empty() ? "" : " ") + args[i] + " " + args[i + 1];
+        std::fprintf(stderr, "kiln %s: error: out of host memory (a host allocation failed)%s%s\n", c.name,
+                     sizes.empty() ? "" : "; lower the sizes given: ", sizes.c_str());
         return 1;
       } catch (const std::exception& e) {  // from the standard library: still a message, not an abort
         std::fprintf(stderr, "kiln %s: error: %s\n", c.name, e.what());

@@ -16,6 +16,7 @@
 #include "kiln/data/tokenizer.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/report.h"
+#include "kiln/train/run_folder.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::cli {
@@ -148,6 +149,9 @@ int run_train(const Args& args) {
            "  kiln train --resume runs/tiny --steps 1000\n");
   if (!p.parse(args)) return 0;
   KILN_CHECK(seed >= 0, "--seed: must be >= 0, got ", seed);
+  // An empty --data (a shell variable that was not set) trained on the built-in corpus silently.
+  KILN_CHECK(!p.given("--data") || !c.data.empty(), "--data: the path is empty (''); give a text file or folder, or "
+             "leave --data out to train on the built-in corpus");
   c.seed = static_cast<uint64_t>(seed);
   if (c.resume.empty() && !p.given("--device") && c.device == train::preset(c.preset).device) {
     // A preset's device the user never named ("device cuda:0 requested but kiln was built
@@ -162,8 +166,10 @@ int run_train(const Args& args) {
   if (!c.resume.empty()) {
     // A resumed run keeps its saved settings; of those a run may change, the flags not given
     // come from the checkpoint too (and --out defaults to the run directory resumed from).
-    std::string ck = train::find_checkpoint(c.resume);
+    std::string note;
+    std::string ck = train::find_checkpoint(c.resume, &note);
     KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'", train::why_no_checkpoint(c.resume));
+    if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
     const json::Value saved = *train::read_trainer_state(ck).find("config");
     auto flag_of = [](const std::string& key) {
       std::string flag = "--" + (key == "sample" ? std::string("sample-mode") : key);
@@ -205,7 +211,8 @@ int run_train(const Args& args) {
   // The default run directory never takes over an earlier run: the next free runs/kiln-N does.
   if (c.resume.empty() && !p.given("--out") && c.out == train::TrainConfig{}.out && !c.overwrite) {
     const std::string base = c.out;
-    for (int n = 2; train::earlier_run(c.out).exists(); ++n) c.out = base + "-" + std::to_string(n);
+    for (int n = 2; train::earlier_run(c.out).exists() || train::run_folder_holder(c.out) != 0; ++n)
+      c.out = base + "-" + std::to_string(n);
     if (c.out != base)
       std::fprintf(stderr, "%s holds an earlier run: this one goes to %s\n", base.c_str(), c.out.c_str());
   }

@@ -3,6 +3,7 @@
 #include "kiln/core/profile.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 
@@ -31,8 +32,14 @@ Session::Session(Profiler& p) {
 Session::~Session() { active_slot().store(nullptr); }
 
 bool env_requested() {
+  // A value that is neither on nor off is an error naming it (KILN_PROFILE=banana profiled).
   const char* v = std::getenv("KILN_PROFILE");
-  return v && *v && std::string(v) != "0";
+  if (!v) return false;
+  std::string s(v);
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s.empty() || s == "0" || s == "false" || s == "no" || s == "off") return false;
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  fail("KILN_PROFILE='", v, "' is not 1 or 0 (also true/false, yes/no, on/off; unset: off)");
 }
 
 Profiler::~Profiler() {

@@ -138,7 +138,8 @@ inline void count_sync(const char* what) {
   if (Profiler* p = active()) p->sync(what);
 }
 
-// True when the environment asks for profiling (KILN_PROFILE set to anything but "" or "0").
+// True when the environment asks for profiling: KILN_PROFILE 1, true, yes or on (any case);
+// false when it is unset, empty, 0, false, no or off; kiln::Error naming any other value.
 bool env_requested();
 
 }  // namespace kiln::profile

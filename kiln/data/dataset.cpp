@@ -1,10 +1,12 @@
 // Corpus loading with the token cache, the train/validation split, and the batch sampler.
 #include "kiln/data/dataset.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -63,10 +65,60 @@ uint64_t hash_words(const std::vector<int32_t>& v, uint64_t h) {
 
 uint64_t stream_checksum(const TokenStream& s, uint64_t key) { return hash_words(s.doc, hash_words(s.tokens, key)); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  KILN_CHECK(f.good(), "data: cannot open '", p.string(), "'");
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+// POSIX reads, so that a failure names the file and errno's text (a /proc file gave
+// "basic_filebuf::underflow error reading the file: Invalid argument"). `limit` > 0: at most
+// that many bytes.
+std::string read_file(const fs::path& p, size_t limit = 0) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  KILN_CHECK(fd >= 0, "data: cannot open '", p.string(), "': ", std::strerror(errno));
+  std::string out;
+  char buf[1 << 16];
+  while (limit == 0 || out.size() < limit) {
+    const ssize_t n = ::read(fd, buf, limit == 0 ? sizeof buf : std::min(sizeof buf, limit - out.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      fail("data: cannot read '", p.string(), "': ", why);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// Text files have no NUL bytes (git's test): weights, optimizer state and token caches do.
+bool looks_binary(const fs::path& p) {
+  const std::string head = read_file(p, 8192);
+  return head.find('\0') != std::string::npos;
+}
+
+// "a, b, c and 2 more"
+std::string some_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 3; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 3) out += " and " + std::to_string(names.size() - 3) + " more";
+  return out;
+}
+
+// Removes the oldest tokens-*.bin of `dir` beyond `max_bytes` in all, never `keep`.
+void prune_cache_dir(const fs::path& dir, uint64_t max_bytes, const fs::path& keep) {
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> caches;
+  uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("tokens-", 0) != 0 || !e.is_regular_file(ec)) continue;
+    total += e.file_size(ec);
+    if (e.path() != keep) caches.emplace_back(e.last_write_time(ec), e.path());
+  }
+  std::sort(caches.begin(), caches.end());
+  for (const auto& [when, path] : caches) {
+    if (total <= max_bytes) break;
+    const uint64_t size = fs::file_size(path, ec);
+    if (fs::remove(path, ec)) total -= std::min(total, size);
+  }
 }
 
 // A cache is used only when it is the user's own file, whole and unchanged (its count fits its
@@ -111,8 +163,36 @@ void write_cache(const fs::path& p, uint64_t key, const TokenStream& s) {
 
 }  // namespace
 
+bool is_run_or_checkpoint_dir(const std::string& d) {
+  const fs::path dir(d);
+  std::error_code ec;
+  auto has = [&](const char* f) { return fs::exists(dir / f, ec); };
+  if (has("config.json") && (has("model.safetensors") || has("model.safetensors.index.json") || has("pytorch_model.bin")))
+    return true;
+  if (!has("latest") && !has("metrics.jsonl")) return false;
+  if (has("loss.svg") || has("trainer_state.json")) return true;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind("step-", 0) == 0 && e.is_directory(ec)) return true;
+  return false;
+}
+
+std::string clamp_batches(size_t tokens, int64_t batch, int64_t seq, const char* flag, int64_t& batches) {
+  const int64_t per_batch = std::max<int64_t>(batch * seq, 1);
+  const int64_t held = std::max<int64_t>(1, (static_cast<int64_t>(tokens) - 1) / per_batch);
+  if (batches <= held) return "";
+  std::string note = "note: " + std::string(flag) + " " + std::to_string(batches) + " is more than the " +
+                     std::to_string(tokens) + " held-out tokens hold (" + std::to_string(held) + " batch" +
+                     (held == 1 ? "" : "es") + " of " + std::to_string(batch) + " x " + std::to_string(seq) +
+                     "); evaluating " + std::to_string(held);
+  batches = held;
+  return note;
+}
+
 std::optional<std::string> user_cache_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / (name + "-" + std::to_string(::geteuid()));
+  std::error_code ec;  // TMPDIR missing or a file: no cache (eval failed with "temp_directory_path")
+  const fs::path tmp = fs::temp_directory_path(ec);
+  if (ec || !fs::is_directory(tmp, ec)) return std::nullopt;
+  const fs::path dir = tmp / (name + "-" + std::to_string(::geteuid()));
   ::mkdir(dir.c_str(), 0700);
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
@@ -121,23 +201,45 @@ std::optional<std::string> user_cache_dir(const std::string& name) {
 }
 
 TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir, bool* cache_hit,
-                        bool use_cache) {
+                        bool use_cache, uint64_t max_cache_bytes) {
   fs::path root(path);
+  KILN_CHECK(!path.empty(), "data: the path is empty ('')");
   KILN_CHECK(fs::exists(root), "data: '", path, "' does not exist");
   std::vector<fs::path> files;
+  std::vector<std::string> skipped_files, skipped_dirs, notes;
   if (fs::is_directory(root)) {
-    for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
-      std::error_code ec;  // the cache directory (a run directory) inside the folder holds no text to train on
-      if (it->is_directory() && !cache_dir.empty() && fs::equivalent(it->path(), cache_dir, ec)) {
-        it.disable_recursion_pending();
+    std::error_code ec;
+    auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+    KILN_CHECK(!ec, "data: cannot list folder '", path, "': ", ec.message());
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      KILN_CHECK(!ec, "data: cannot list folder '", path, "' (at '", it->path().string(), "'): ", ec.message());
+      const std::string name = it->path().filename().string();
+      const std::string rel = fs::relative(it->path(), root, ec).string();
+      if (it->is_directory(ec)) {
+        // the cache directory (a run directory) inside the folder holds no text to train on
+        if (!cache_dir.empty() && fs::equivalent(it->path(), cache_dir, ec)) {
+          it.disable_recursion_pending();
+        } else if (is_run_or_checkpoint_dir(it->path().string())) {
+          it.disable_recursion_pending();
+          skipped_dirs.push_back(rel);
+        }
         continue;
       }
-      if (it->is_regular_file() && it->path().filename().string()[0] != '.' &&
-          it->path().filename().string().rfind("tokens-", 0) != 0)
-        files.push_back(it->path());
+      if (!it->is_regular_file(ec) || name[0] == '.' || name.rfind("tokens-", 0) == 0) continue;
+      if (looks_binary(it->path())) skipped_files.push_back(rel);
+      else files.push_back(it->path());
     }
     std::sort(files.begin(), files.end());
-    KILN_CHECK(!files.empty(), "data: folder '", path, "' holds no files");
+    std::sort(skipped_files.begin(), skipped_files.end());
+    std::sort(skipped_dirs.begin(), skipped_dirs.end());
+    if (!skipped_dirs.empty())
+      notes.push_back("data: skipped " + std::to_string(skipped_dirs.size()) + " folder(s) of kiln runs or checkpoints in " +
+                      path + " (" + some_names(skipped_dirs) + ")");
+    if (!skipped_files.empty())
+      notes.push_back("data: skipped " + std::to_string(skipped_files.size()) + " file(s) that are not text in " + path +
+                      " (" + some_names(skipped_files) + ")");
+    KILN_CHECK(!files.empty(), "data: folder '", path, "' holds no text files",
+               notes.empty() ? std::string() : " (" + notes[0] + (notes.size() > 1 ? "; " + notes[1] : "") + ")");
   } else {
     // a device or a pipe (/dev/zero, /dev/stdin) would be read until memory runs out
     KILN_CHECK(fs::is_regular_file(root), "data: '", path, "' is neither a regular file nor a folder");
@@ -158,16 +260,19 @@ TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std
   if (use_cache && read_cache(cache, h, s)) {
     if (cache_hit) *cache_hit = true;
     s.source_hash = h;
+    s.notes = notes;
     return s;
   }
   if (cache_hit) *cache_hit = false;
   std::vector<std::string_view> views(texts.begin(), texts.end());
   s = tokenize_documents(views, tok);
   s.source_hash = h;
-  if (use_cache) {
+  s.notes = notes;
+  if (use_cache && (max_cache_bytes == 0 || 24 + 8 * s.tokens.size() <= max_cache_bytes)) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     write_cache(cache, h, s);
+    if (max_cache_bytes > 0) prune_cache_dir(dir, max_cache_bytes, cache);
   }
   return s;
 }

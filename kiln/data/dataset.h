@@ -24,23 +24,38 @@ struct TokenStream {
   // load_corpus: the hash of the tokenizer and the texts (file names included) it came from,
   // its cache key; 0 from tokenize_documents.
   uint64_t source_hash = 0;
+  // load_corpus: what it left out of a folder and why ("data: skipped ..."), for the user.
+  std::vector<std::string> notes;
   size_t size() const { return tokens.size(); }
 };
 
 // Tokenizes documents (no cache).
 TokenStream tokenize_documents(const std::vector<std::string_view>& docs, const Tokenizer& tok);
-// Tokenizes a file or every regular file under a folder (sorted by path, one document per
-// file), through a cache file `cache_dir/tokens-<hash>.bin` (created when absent; cache_dir
-// empty: next to the data). `cache_hit` (optional) tells whether the cache was used.
+// Tokenizes a file or every text file under a folder (sorted by path, one document per file),
+// through a cache file `cache_dir/tokens-<hash>.bin` (created when absent; cache_dir empty:
+// next to the data). `cache_hit` (optional) tells whether the cache was used.
+// In a folder, files that are not text (a NUL byte in their first 8 KiB: weights, optimizer
+// state, token caches) and folders that hold a kiln run or a checkpoint (an earlier `--data .`
+// run trained on its own weights) are skipped, and `notes` says so. Errors name the file and
+// errno's text.
 // A cache file is used only when it is the user's own, whole and unchanged (a count that fits
 // its size, a checksum of its ids and its key); else it is rebuilt. `use_cache` false: neither
-// read nor written.
+// read nor written. `max_cache_bytes` > 0 bounds the cache folder: a cache larger than that is
+// not written, and the oldest tokens-*.bin there are removed beyond that total.
 TokenStream load_corpus(const std::string& path, const Tokenizer& tok, const std::string& cache_dir,
-                        bool* cache_hit = nullptr, bool use_cache = true);
+                        bool* cache_hit = nullptr, bool use_cache = true, uint64_t max_cache_bytes = 0);
 // A per-user cache folder in the temporary directory, NAME-<uid>, created with mode 0700; none
 // (nullopt) when that name is taken by anything but a folder of the user's own that only they
-// can reach (another user could plant one, or a symlink, at a name anyone can predict).
+// can reach (another user could plant one, or a symlink, at a name anyone can predict), or when
+// there is no temporary directory (TMPDIR naming no folder): the cache is an optimisation.
 std::optional<std::string> user_cache_dir(const std::string& name);
+// Whether a folder holds a kiln run (a `latest` or metrics.jsonl with step-N checkpoints or a
+// loss.svg) or a checkpoint (config.json with model weights).
+bool is_run_or_checkpoint_dir(const std::string& dir);
+
+// `batches` clamped to the distinct batches of `batch` x `seq` tokens that `tokens` held-out
+// tokens hold (at least 1); the note says so when it clamped ("" otherwise). `flag` names it.
+std::string clamp_batches(size_t tokens, int64_t batch, int64_t seq, const char* flag, int64_t& batches);
 
 struct Batch {
   Tensor input;    // [B, T] i64

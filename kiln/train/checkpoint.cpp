@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -20,12 +22,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+std::string errno_text() { return std::strerror(errno); }
+
 void fsync_path(const fs::path& p) {
   int fd = ::open(p.c_str(), O_RDONLY);
-  KILN_CHECK(fd >= 0, "checkpoint: cannot open '", p.string(), "' to sync it");
+  KILN_CHECK(fd >= 0, "checkpoint: cannot open '", p.string(), "' to sync it: ", errno_text());
   int rc = ::fsync(fd);
+  const std::string why = rc == 0 ? "" : errno_text();
   ::close(fd);
-  KILN_CHECK(rc == 0, "checkpoint: fsync of '", p.string(), "' failed");
+  KILN_CHECK(rc == 0, "checkpoint: fsync of '", p.string(), "' failed: ", why);
 }
 
 }  // namespace
@@ -66,13 +71,24 @@ json::Value read_trainer_state(const std::string& ckpt_dir) {
 }
 
 void write_text_file_synced(const std::string& path, const std::string& text) {
-  {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    KILN_CHECK(f.good(), "cannot write '", path, "'");
+  // POSIX calls, so that every failure names errno's text (a full disk said only "cannot write").
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  KILN_CHECK(fd >= 0, "cannot write '", path, "': ", errno_text());
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const std::string why = w < 0 ? errno_text() : "nothing written";
+      ::close(fd);
+      fail("cannot write '", path, "' (", done, " of ", text.size(), " bytes written): ", why);
+    }
+    done += static_cast<size_t>(w);
   }
-  fsync_path(path);
+  const int rc = ::fsync(fd);
+  const std::string why = rc == 0 ? "" : errno_text();
+  ::close(fd);
+  KILN_CHECK(rc == 0, "cannot write '", path, "': fsync failed: ", why);
 }
 
 void write_dir_atomic(const std::string& dir_s, const std::function<void(const std::string&)>& write,
@@ -119,6 +135,15 @@ std::vector<std::pair<std::string, Tensor>> model_state(const nn::LlamaForCausal
   return out;
 }
 
+namespace {
+// Whether two tensors hold the same shape and values (compared as f32 on the host).
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || !is_floating(a.dtype()) || !is_floating(b.dtype())) return false;
+  auto host_f32 = [](const Tensor& t) { return (t.is_cpu() ? t : t.to(kCPU)).to(DType::f32).contiguous().to_vector<float>(); };
+  return host_f32(a) == host_f32(b);
+}
+}  // namespace
+
 void load_model_state(nn::LlamaForCausalLM& model, const std::vector<std::pair<std::string, Tensor>>& tensors) {
   NoGradGuard ng;
   std::map<std::string, const Tensor*> by_name;
@@ -141,7 +166,16 @@ void load_model_state(nn::LlamaForCausalLM& model, const std::vector<std::pair<s
   for (const auto& [n, t] : tensors) {
     bool known = n.find("rotary_emb") != std::string::npos;
     for (auto& [name, p] : params) known = known || name == n;
-    if (n == "lm_head.weight" && model.config.tie_word_embeddings) known = true;
+    if (n == "lm_head.weight" && model.config.tie_word_embeddings) {
+      // A tied model has no lm_head of its own: a file's lm_head.weight is the embedding again
+      // (as transformers saves it), or the model is not tied and dropping it is a wrong model
+      // (perplexity 264 instead of 19.7).
+      auto emb = by_name.find("model.embed_tokens.weight");
+      KILN_CHECK(emb != by_name.end() && same_values(t, *emb->second), "checkpoint: tensor 'lm_head.weight' differs ",
+                 "from 'model.embed_tokens.weight', but config.json says tie_word_embeddings: true, so it would be ",
+                 "dropped; set \"tie_word_embeddings\": false in config.json to use it");
+      known = true;
+    }
     KILN_CHECK(known, "checkpoint: unexpected tensor '", n, "' (not a parameter of this Llama config)");
   }
   for (size_t i = 0; i < params.size(); ++i) {
@@ -166,7 +200,12 @@ void save_checkpoint(const std::string& dir, const CheckpointData& d, const Writ
           cfg.eos_token_id = d.tokenizer->eos_id();
         }
         cfg.torch_dtype = "float32";
-        write_text_file_synced((t / "config.json").string(), cfg.to_json().dump(2) + "\n");
+        json::Value cj = cfg.to_json();
+        // The sequence length the model was trained at: kiln eval evaluates at it by default
+        // (max_position_embeddings, at least 256, evaluated a 64-token model at 256).
+        if (const json::Value* c = d.trainer_state.is_null() ? nullptr : d.trainer_state.find("config"))
+          if (const json::Value* seq = c->find("seq"); seq && seq->is_integer()) cj[kTrainedSeqKey] = seq->as_int();
+        write_text_file_synced((t / "config.json").string(), cj.dump(2) + "\n");
         io::save_safetensors((t / "model.safetensors").string(), model_state(*d.model), {{"format", "pt"}});
         if (d.tokenizer) d.tokenizer->save(tmp);
         if (!d.optimizer_tensors.empty()) {
@@ -193,10 +232,30 @@ std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& dir)
   return io::load(dir);
 }
 
+int64_t trained_seq_len(const std::string& dir) {
+  std::error_code ec;
+  const fs::path config = fs::path(dir) / "config.json";
+  if (!fs::exists(config, ec)) return 0;
+  try {
+    const json::Value v = read_json_file(config.string());
+    const json::Value* seq = v.is_object() ? v.find(kTrainedSeqKey) : nullptr;
+    return seq && seq->is_integer() && seq->as_int() > 0 ? seq->as_int() : 0;
+  } catch (const Error&) {
+    return 0;  // load_model names a damaged config.json
+  }
+}
+
 std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device device) {
   fs::path p(dir);
   KILN_CHECK(fs::is_directory(p), "checkpoint: '", dir, "' is not a directory");
-  nn::LlamaConfig cfg = nn::LlamaConfig::from_json(read_json_file((p / "config.json").string()));
+  const json::Value config = read_json_file((p / "config.json").string());
+  // The sizes every other check divides by, named with their values before those checks run
+  // ("head_dim=16 is not hidden_size/num_attention_heads" for num_attention_heads 0).
+  for (const char* key : {"hidden_size", "num_attention_heads", "num_key_value_heads"})
+    if (const json::Value* x = config.is_object() ? config.find(key) : nullptr; x && x->is_integer())
+      KILN_CHECK(x->as_int() > 0, "checkpoint: ", (p / "config.json").string(), ": ", key, "=", x->as_int(),
+                 " must be positive");
+  nn::LlamaConfig cfg = nn::LlamaConfig::from_json(config);
   auto model = std::make_unique<nn::LlamaForCausalLM>(cfg, 0, device);
   load_model_state(*model, load_weights(dir));
   return model;
@@ -207,6 +266,17 @@ std::unique_ptr<data::Tokenizer> load_tokenizer_for(const nn::LlamaForCausalLM& 
   auto tok = data::load_tokenizer(!spec.empty() ? spec : dir);
   KILN_CHECK(tok->vocab_size() <= model.config.vocab_size, op, ": the tokenizer has ", tok->vocab_size(),
              " ids, the model only ", model.config.vocab_size);
+  // Another tokenizer than the one the checkpoint was trained with maps ids to other text (a
+  // byte tokenizer on a SentencePiece model printed the prompt and nothing else).
+  std::error_code ec;
+  const bool saved = fs::exists(fs::path(dir) / "tokenizer.model", ec) ||
+                     fs::exists(fs::path(dir) / "tokenizer_config.json", ec);
+  if (!spec.empty() && saved) {
+    const auto own = data::load_tokenizer(dir);
+    KILN_CHECK(own->fingerprint() == tok->fingerprint(), op, ": --tokenizer ", spec, " (", tok->kind(), ", ",
+               tok->vocab_size(), " ids) is not the tokenizer the checkpoint was trained with (", own->kind(), ", ",
+               own->vocab_size(), " ids, saved in ", dir, "): its ids would decode to other text; leave --tokenizer out");
+  }
   return tok;
 }
 
@@ -218,8 +288,18 @@ std::string read_latest(const fs::path& run) {
   std::getline(f, name);
   return name;
 }
+// A folder kiln wrote as a checkpoint: named step-N (N digits only) and holding a checkpoint's
+// files. A user's step-notes/ (or step-5-old/) is none: --overwrite removed it.
 bool is_checkpoint_dir(const fs::directory_entry& e) {
-  return e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0;
+  std::error_code ec;
+  const std::string name = e.path().filename().string();
+  if (!e.is_directory(ec) || name.size() <= 5 || name.rfind("step-", 0) != 0 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos)
+    return false;
+  for (const char* f : {"config.json", "model.safetensors", "model.safetensors.index.json", "optimizer.safetensors",
+                        "trainer_state.json"})
+    if (fs::exists(e.path() / f, ec)) return true;
+  return false;
 }
 // The run directory's step-N folders by N, oldest first (a step-* name whose N is no number is
 // skipped).
@@ -237,11 +317,24 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& run) {
 }
 }  // namespace
 
-std::string find_checkpoint(const std::string& dir) {
+std::string find_checkpoint(const std::string& dir, std::string* note) {
   fs::path p(dir);
-  if (fs::exists(p / "config.json")) return p.string();
+  std::error_code ec;
+  if (fs::exists(p / "config.json", ec)) return p.string();
   const std::string name = read_latest(p);
-  if (!name.empty() && fs::exists(p / name / "config.json")) return (p / name).string();
+  if (!name.empty() && fs::exists(p / name / "config.json", ec)) return (p / name).string();
+  // A damaged `latest` (cut short, emptied, naming a checkpoint that is gone): the newest whole
+  // checkpoint there is the run's, as `latest` names only checkpoints already in place.
+  if (!fs::exists(p / "latest", ec) || !fs::is_directory(p, ec)) return "";
+  const auto steps = step_dirs(p);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+    if (fs::exists(it->second / "config.json", ec) && (fs::exists(it->second / "model.safetensors", ec) ||
+                                                        fs::exists(it->second / "model.safetensors.index.json", ec))) {
+      if (note)
+        *note = "note: " + (p / "latest").string() + (name.empty() ? " is empty" : " names '" + name + "', which is not a checkpoint") +
+                ": using the newest whole checkpoint there, " + it->second.string();
+      return it->second.string();
+    }
   return "";
 }
 

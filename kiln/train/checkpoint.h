@@ -41,6 +41,10 @@ void load_model_state(nn::LlamaForCausalLM& model, const std::vector<std::pair<s
 
 // Reads config.json and the weights (model.safetensors, or model.safetensors.index.json shards).
 std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device device = kCPU);
+// The key of config.json that records the sequence length a kiln checkpoint was trained at.
+constexpr const char* kTrainedSeqKey = "kiln_trained_seq_len";
+// That length (kiln eval's default --seq, generate's note); 0 when the checkpoint does not say.
+int64_t trained_seq_len(const std::string& dir);
 // The tokenizer to use with a checkpoint's model: `spec` when given, else the one saved in
 // `dir` (kiln::Error, naming `op`, when it has more ids than the model's vocabulary).
 std::unique_ptr<data::Tokenizer> load_tokenizer_for(const nn::LlamaForCausalLM& model, const std::string& dir,
@@ -49,8 +53,9 @@ std::unique_ptr<data::Tokenizer> load_tokenizer_for(const nn::LlamaForCausalLM& 
 std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& dir);
 
 // The newest checkpoint under a run directory (its `latest` file), or `dir` itself when it
-// is a checkpoint; "" when there is none.
-std::string find_checkpoint(const std::string& dir);
+// is a checkpoint; "" when there is none. When `latest` is damaged (empty, cut short, naming no
+// checkpoint) the newest whole step-N checkpoint, with `note` (when given) saying so.
+std::string find_checkpoint(const std::string& dir, std::string* note = nullptr);
 // Why find_checkpoint(dir) found none, for an error message: " (no such folder)", " (its 'latest'
 // file is empty; checkpoints there: step-2, step-4)", ...; "" when there is nothing to add.
 std::string why_no_checkpoint(const std::string& dir);
@@ -67,7 +72,8 @@ struct EarlierRun {
 };
 EarlierRun earlier_run(const std::string& run_dir);
 // Removes an earlier run's files from `run_dir` (checkpoints, latest, metrics.jsonl, loss.svg,
-// profile.json); anything else there (a token cache, the user's files) stays.
+// profile.json); anything else there (a token cache, the user's files, a step-notes/ folder that
+// holds no checkpoint) stays. A checkpoint is a step-N folder holding a checkpoint's files.
 void remove_earlier_run(const std::string& run_dir);
 
 json::Value read_json_file(const std::string& path);

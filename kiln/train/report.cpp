@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -138,8 +139,35 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::write(const json::Value& obj) {
-  std::fprintf(f_, "%s\n", obj.dump().c_str());
-  std::fflush(f_);
+  if (!ok()) return;
+  errno = 0;
+  if (std::fprintf(f_, "%s\n", obj.dump().c_str()) < 0 || std::fflush(f_) != 0) {
+    const json::Value* step = obj.find("step");
+    error_ = path_ + " could not be written" +
+             (step && step->is_integer() ? " at step " + std::to_string(step->as_int()) : std::string()) + " (" +
+             (errno ? std::strerror(errno) : "write error") + ")";
+  }
+}
+
+std::string MetricsLog::take_warning() {
+  if (ok() || warned_) return "";
+  warned_ = true;
+  return "warning: " + error_ + ": no more metrics lines are written; the run stops at its next checkpoint";
+}
+
+void DivergenceWatch::observe(double loss) {
+  if (!std::isfinite(loss)) return;  // counted by the trainer's non-finite check
+  if (first_ < 0) first_ = loss;
+  last_ = loss;
+  in_a_row_ = loss > kGrowth * std::max(first_, 1.0) ? in_a_row_ + 1 : 0;
+}
+
+std::string DivergenceWatch::message(const std::string& what, int64_t step, double lr) const {
+  std::ostringstream m;
+  m << "train: " << what << " (loss " << last_ << " at step " << step << ", " << in_a_row_
+    << " step(s) in a row above " << kGrowth << " x the first loss, " << first_
+    << "): training diverged; lower --lr (it is " << lr << ") or check the data";
+  return m.str();
 }
 
 std::vector<Curve> curves_from_metrics(const std::string& path) {

@@ -33,7 +33,9 @@ class Progress {
   std::chrono::steady_clock::time_point last_line_;
 };
 
-// Appends JSON objects, one per line, to a file (flushed per line).
+// Appends JSON objects, one per line, to a file (flushed per line). A write that fails (a full
+// disk) is not silent: ok() turns false, the warning says why (errno's text), and no line is
+// written after it (a cut line and then lines missing read as a complete log).
 class MetricsLog {
  public:
   // Opens `path`; when `keep_until_step` >= 0, lines with a step beyond it are dropped first
@@ -42,10 +44,41 @@ class MetricsLog {
   ~MetricsLog();
   void write(const json::Value& obj);
   const std::string& path() const { return path_; }
+  bool ok() const { return error_.empty(); }
+  // Why the log stopped ("" while ok), e.g. "metrics.jsonl could not be written at step 12 (No
+  // space left on device)".
+  const std::string& error() const { return error_; }
+  // The warning of the first failed write, once ("" otherwise).
+  std::string take_warning();
+  // Whether a run whose log failed stops at `step`: at its next checkpoint boundary (every
+  // `ckpt_every` steps; at once when there are no interval checkpoints).
+  bool stop_at(int64_t step, int64_t ckpt_every) const { return !ok() && (ckpt_every <= 0 || step % ckpt_every == 0); }
 
  private:
   std::string path_;
   FILE* f_ = nullptr;
+  std::string error_;
+  bool warned_ = false;
+};
+
+// Divergence by growth (non-finite losses are the trainer's own check): a finite loss more than
+// kGrowth times the run's first loss (taken as at least 1) is a diverged step. A run stops
+// (kiln::Error) after kMaxSteps of them in a row, and one whose last step diverged ends with an
+// error after its checkpoint: `--lr 100` (loss 5.5 -> 1.1 M) reported "done", exit status 0.
+class DivergenceWatch {
+ public:
+  static constexpr double kGrowth = 100;
+  static constexpr int kMaxSteps = 10;
+  void observe(double loss);
+  bool in_a_row_limit() const { return in_a_row_ >= kMaxSteps; }
+  bool last_diverged() const { return in_a_row_ > 0; }
+  // "train: <what> (loss L at step S, N step(s) in a row above 100 x the first loss F):
+  // training diverged; lower --lr (it is LR) or check the data"
+  std::string message(const std::string& what, int64_t step, double lr) const;
+
+ private:
+  double first_ = -1, last_ = 0;
+  int in_a_row_ = 0;
 };
 
 struct Curve {

@@ -21,7 +21,9 @@
 #include "kiln/optim/clip.h"
 #include "kiln/optim/schedule.h"
 #include "kiln/telemetry/telemetry.h"
+#include "kiln/train/memory_estimate.h"
 #include "kiln/train/report.h"
+#include "kiln/train/run_folder.h"
 
 namespace kiln::train {
 
@@ -49,14 +51,16 @@ class Bf16Params {
   std::vector<std::pair<Tensor*, Tensor>> saved_;
 };
 
+// -1 when `stop` was set between two batches (a signal is not held up by a long evaluation).
 double evaluate(const nn::LlamaForCausalLM& model, data::Sampler& val, int64_t batches, Device dev, bool bf16,
-                bool doc_mask) {
+                bool doc_mask, const std::atomic<bool>* stop) {
   NoGradGuard ng;
   val.set_position(0);  // the same held-out batches every time
   double sum = 0;
   int64_t count = 0;
   Bf16Params cast(const_cast<nn::LlamaForCausalLM&>(model), bf16);
   for (int64_t i = 0; i < batches; ++i) {
+    if (stop && stop->load()) return -1;
     data::Batch b = val.next(dev);
     sum += model.loss_sum(b.input, b.target, doc_mask ? b.doc_ids : Tensor()).item();
     count += b.num_targets;
@@ -86,6 +90,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     cfg.profile = cfg_in.profile;
   }
   cfg.validate();
+  RunLock lock(cfg.out);  // one writer per run folder, then what a killed one left (run_folder.h)
+  if (!resume_dir.empty()) check_resume_out(resume_dir, cfg.out);
+  const std::string stale_note = remove_stale_temporaries(cfg.out);
   // The default warmup (5 % of the steps) is fixed when a run starts and saved with it: a resume
   // with another --steps recomputed it (100000 steps resumed with --steps 130: the lr jumped 7x).
   if (resume_dir.empty() && cfg.warmup < 0) cfg.warmup = std::max<int64_t>(1, cfg.steps / 20);
@@ -121,6 +128,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
 
   // ---- model and optimizer ----
   nn::LlamaConfig mcfg = cfg.model_config(tok->vocab_size());
+  check_memory_fits(cfg, mcfg, bf16, dev, available_memory(dev));  // refused, not OOM-killed
   nn::LlamaForCausalLM model(mcfg, cfg.seed, dev);
   optim::NamedTensors named;
   for (auto& [n, p] : model.named_parameters()) named.emplace_back(n, *p);
@@ -199,6 +207,14 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   if (saved_steps >= 0 && saved_steps != cfg.steps)
     progress.message("note: --steps " + std::to_string(cfg.steps) + " (the run had " + std::to_string(saved_steps) +
                      "): the learning rate now decays to step " + std::to_string(cfg.steps) + " from here");
+                     "the end, none saved with the checkpoint");
+  if (!stale_note.empty()) progress.message(stale_note);
+  for (const std::string& note : stream.notes) progress.message(note);
+  int64_t eval_batches = cfg.eval_batches;  // at most what the validation split holds (dataset.h)
+  if (val_sampler && cfg.eval_every > 0)
+    if (const std::string n = data::clamp_batches(stream.size() - split.train_end, cfg.batch, cfg.seq, "--eval-batches",
+                                                  eval_batches); !n.empty())
+      progress.message(n);
   if (!val_sampler && cfg.eval_every > 0) {  // --eval-every asked for evals that cannot run
     std::ostringstream m;
     m << "note: no validation text (--val-fraction " << cfg.val_fraction << " of this text), so no eval runs: "
@@ -249,6 +265,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   // last step is not finite ends with an error after its checkpoint, instead of "done".
   constexpr int kMaxNonFiniteSteps = 10;
   int non_finite_steps = 0;
+  DivergenceWatch growth;  // a finite loss grown by orders of magnitude (report.h)
   auto diverged = [&](const char* what, double loss) {
     std::ostringstream m;
     m << "train: " << what << " (loss " << loss << ", " << non_finite_steps
@@ -309,7 +326,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     double eval_loss = -1;
     if (val_sampler && cfg.eval_every > 0 && (step % cfg.eval_every == 0 || step == cfg.steps)) {
       model.eval();
-      eval_loss = evaluate(model, *val_sampler, cfg.eval_batches, dev, bf16, cfg.document_mask());
+      eval_loss = evaluate(model, *val_sampler, eval_batches, dev, bf16, cfg.document_mask(), hooks.stop);
       model.train();
       sum.final_eval_loss = eval_loss;
     }
@@ -334,12 +351,17 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
         }
       }
       metrics.write(m);
-      if (hooks.on_log) hooks.on_log(m);
+      if (const std::string w = metrics.take_warning(); !w.empty()) progress.message(w);
     }
     const double eta = (cfg.steps - step) * run_s / std::max<int64_t>(step - sum.start_step, 1);
     progress.update(step, loss, tps, eta, mem, eval_loss);
     if (skipped) progress.message("warning: non-finite gradient norm at step " + std::to_string(step) + ", step skipped");
     non_finite_steps = skipped || !std::isfinite(loss) ? non_finite_steps + 1 : 0;
+    growth.observe(loss);
+    if (growth.in_a_row_limit()) {
+      progress.finish();
+      fail(growth.message("stopped: the loss has grown by orders of magnitude", step, cfg.lr));
+    }
     if (non_finite_steps >= kMaxNonFiniteSteps) {
       progress.finish();
       fail(diverged("stopped: no recent step had a finite gradient norm", loss));
@@ -351,10 +373,12 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     if (hooks.on_step) hooks.on_step(step);
     const bool stop = hooks.stop && hooks.stop->load();
     const bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
-    if (stop || out_of_time) {
+    const bool log_failed = metrics.stop_at(step, cfg.ckpt_every);  // a full disk: stop at a checkpoint
+    if (stop || out_of_time || log_failed) {
       sum.interrupted = stop;
-      sum.out_of_time = !stop;
-      progress.message(stop ? "interrupted: saving a checkpoint" : "time limit reached: saving a checkpoint");
+      sum.out_of_time = !stop && out_of_time;
+      progress.message(stop ? "interrupted: saving a checkpoint" : out_of_time ? "time limit reached: saving a checkpoint"
+                       : "metrics cannot be written: saving a checkpoint and stopping");
       break;
     }
     if (cfg.ckpt_every > 0 && step % cfg.ckpt_every == 0 && step < cfg.steps) save("interval");
@@ -381,6 +405,10 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   }
   KILN_CHECK(non_finite_steps == 0, diverged("the last step was not finite; its checkpoint was saved anyway",
                                              sum.final_loss));
+  KILN_CHECK(!growth.last_diverged(), growth.message("the loss has grown by orders of magnitude; the last "
+                                                     "checkpoint was saved anyway", step, cfg.lr));
+  KILN_CHECK(metrics.ok(), "train: ", metrics.error(), "; the run stopped at step ", step, " with checkpoint ",
+             sum.checkpoint, ": free space and continue it with --resume ", cfg.out);
   if (cfg.sample_tokens > 0 && !sum.interrupted) {
     model.eval();
     std::string prompt = cfg.prompt.empty() ? "kiln " : cfg.prompt;

@@ -174,11 +174,17 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
     fs::create_directories(copy);
     fs::copy(out / "step-6", copy / "step-6", fs::copy_options::recursive);
     std::ofstream(copy / "latest") << "";
-    CliRun empty = run_cli("train --resume " + copy.string() + " --steps 8");
-    EXPECT_EQ(empty.status, 1) << empty.output;
-    EXPECT_NE(empty.output.find("(its 'latest' file is empty; checkpoints there: step-6; pass one, e.g. "),
-              std::string::npos)
+    // (it was refused: the newest whole checkpoint is the run's, and the resume says so)
+    CliRun empty = run_cli("train --resume " + copy.string() + " --steps 7 --sample-tokens 0");
+    EXPECT_EQ(empty.status, 0) << empty.output;
+    EXPECT_NE(empty.output.find("is empty: using the newest whole checkpoint there"), std::string::npos)
         << empty.output;
+    // eval evaluates at the length the model was trained at (256-token windows on a 64-token
+    // model disagreed with the in-training eval); generate says when it goes past it
+    CliRun ev = run_cli("eval --ckpt " + copy.string() + " --data " + (out / "held_out.txt").string());
+    EXPECT_NE(ev.output.find("windows of 64)"), std::string::npos) << ev.output;
+    CliRun gen = run_cli("generate --ckpt " + copy.string() + " --max-tokens 80 --seed 1");
+    EXPECT_NE(gen.output.find("the model was trained on sequences of 64 tokens"), std::string::npos) << gen.output;
     fs::remove_all(copy);
   }
   // a flag that would change a saved setting is an error (it was dropped without a word);
@@ -231,9 +237,15 @@ TEST(TrainCli, BadValuesGiveClearMessages) {
   EXPECT_NE(r.output.find("lr=-1"), std::string::npos) << r.output;
   r = run_cli("train --steps many");
   EXPECT_NE(r.output.find("--steps: expected an integer, got 'many'"), std::string::npos) << r.output;
-  r = run_cli("train --lr 1e-320 --steps 1");  // a subnormal: was "expected a number"
+  r = run_cli("train --lr 1e-320 --steps -1");  // a subnormal is a double (it was "out of range")
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.output.find("--lr: '1e-320' is out of the range of a double"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("steps=-1 must be positive"), std::string::npos) << r.output;
+  r = run_cli("train --lr 1e-400 --steps 1");
+  EXPECT_NE(r.output.find("--lr: '1e-400' is smaller than a double can hold"), std::string::npos) << r.output;
+  r = run_cli("train --data '' --steps 1");  // trained on the built-in corpus without a word
+  EXPECT_NE(r.output.find("--data: the path is empty ('')"), std::string::npos) << r.output;
+  r = run_cli("help train");  // printed the top-level help
+  EXPECT_NE(r.output.find("usage: kiln train"), std::string::npos) << r.output;
   r = run_cli("train --preset galaxy");
   EXPECT_NE(r.output.find("preset 'galaxy'"), std::string::npos) << r.output;
   if (cuda_device_count() == 0) {  // a preset's own device, never named by the user, is named as the preset's
