@@ -207,7 +207,6 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   if (saved_steps >= 0 && saved_steps != cfg.steps)
     progress.message("note: --steps " + std::to_string(cfg.steps) + " (the run had " + std::to_string(saved_steps) +
                      "): the learning rate now decays to step " + std::to_string(cfg.steps) + " from here");
-                     "the end, none saved with the checkpoint");
   if (!stale_note.empty()) progress.message(stale_note);
   for (const std::string& note : stream.notes) progress.message(note);
   int64_t eval_batches = cfg.eval_batches;  // at most what the validation split holds (dataset.h)

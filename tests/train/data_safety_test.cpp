@@ -250,7 +250,7 @@ TEST(Data, TokenCacheSurvivesNoTmpdirAndIsBounded) {
   const char* old = std::getenv("TMPDIR");
   const std::string saved = old ? old : "";
   const fs::path d = temp_dir("cache_bound");
-  for (const std::string bad : {(d / "missing").string(), (d / "a-file").string()}) {
+  for (const std::string& bad : {(d / "missing").string(), (d / "a-file").string()}) {
     std::ofstream(d / "a-file") << "x";
     ::setenv("TMPDIR", bad.c_str(), 1);
     EXPECT_FALSE(data::user_cache_dir("kiln-test-cache").has_value()) << bad;
