@@ -532,3 +532,35 @@ TEST(TrainCli, CtrlCCheckpointsAndExits) {
     fs::remove_all(out);
   }
 }
+
+// Two real kiln train processes on one --out: while the first runs, a second one, an --overwrite
+// and a --resume are refused naming its pid (both exited 0 with their metrics interleaved);
+// once it is killed, the folder is usable again.
+TEST(TrainCli, ARunFolderHasOneWriter) {
+  fs::path out = temp_dir("one_writer");
+  const pid_t first = ::fork();
+  if (first == 0) {
+    ::alarm(60);
+    const std::string log = (out.string() + "-log.txt");
+    ::freopen(log.c_str(), "w", stderr);
+    ::execl(KILN_CLI_PATH, "kiln", "train", "--preset", "tiny", "--steps", "100000", "--sample-tokens", "0",
+            "--ckpt-every", "1", "--out", out.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 400 && !fs::exists(out / "latest"); ++i) ::usleep(50000);
+  ASSERT_TRUE(fs::exists(out / "latest"));
+  const std::string in_use = out.string() + " is in use by pid " + std::to_string(first);
+  for (const std::string args : {"--preset tiny --steps 2 --sample-tokens 0 --out " + out.string(),
+                                 "--preset tiny --steps 2 --sample-tokens 0 --overwrite --out " + out.string(),
+                                 "--resume " + out.string() + " --steps 200000"}) {
+    CliRun r = run_cli("train " + args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(in_use), std::string::npos) << args << "\n" << r.output;
+  }
+  ::kill(first, SIGKILL);
+  ::waitpid(first, nullptr, 0);
+  CliRun again = run_cli("train --preset tiny --steps 1 --sample-tokens 0 --overwrite --out " + out.string());
+  EXPECT_EQ(again.status, 0) << again.output;
+  fs::remove_all(out);
+  fs::remove(out.string() + "-log.txt");
+}
