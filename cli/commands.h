@@ -18,6 +18,7 @@ int run_generate(const Args& args);
 int run_tokenizer(const Args& args);
 int run_launch(const Args& args);
 int run_comms(const Args& args);
+int run_tokenize(const Args& args);
 int run_precompile(const Args& args);
 
 }  // namespace kiln::cli

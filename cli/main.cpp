@@ -31,6 +31,7 @@ constexpr Command kCommands[] = {
     {"tokenizer", "train a SentencePiece tokenizer (BPE or unigram)", kiln::cli::run_tokenizer},
     {"launch", "run a program as N ranks (torchrun's variables, restarts, failure report)", kiln::cli::run_launch},
     {"comms", "communication tools: analyze flight-recorder dumps", kiln::cli::run_comms},
+    {"tokenize", "tokenize text files into a token file for train --data FILE.bin", kiln::cli::run_tokenize},
     {"precompile", "compile the kernels of run-time attention mods into the JIT cache", kiln::cli::run_precompile},
 };
 

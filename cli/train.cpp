@@ -98,7 +98,9 @@ int run_train(const Args& args) {
               "Settings come from --preset, then --config FILE (TOML or JSON, keys = flag names), then flags.");
   p.option("--preset", &c.preset, "NAME", "model and run preset: tiny, small, 125m, 1b");
   p.option("--config", &config_file, "FILE", "TOML or JSON file of settings (keys as the flags, e.g. lr = 1e-3)");
-  p.option("--data", &c.data, "PATH", "text file or folder of text files (default: the built-in corpus)");
+  p.option("--data", &c.data, "PATH", "text file or folder of text files (default: the built-in corpus); FILE.bin: "
+           "token ids (llm.c or nanoGPT files, see kiln tokenize); random:V: uniform ids below V (benchmarks only)");
+  p.option("--vocab", &c.vocab, "N", "the model's vocabulary (0: the tokenizer's, or the token file's sidecar)");
   p.option("--tokenizer", &c.tokenizer, "SPEC", "'byte' (built in) or a SentencePiece tokenizer.model");
   p.option("--sample-mode", &c.sample, "MODE", "windows (random windows) or packed (documents, masked)");
   p.option("--val-fraction", &c.val_fraction, "F", "fraction of the tokens held out for evaluation");
@@ -126,6 +128,8 @@ int run_train(const Args& args) {
            "causal, window:W (sliding window of W tokens) or document (causal within packed documents; needs "
            "--sample-mode packed)");
   p.flag("--fused-loss", &c.fused_loss, "use the fused linear + cross-entropy loss");
+  p.option("--checkpoint-activations", &c.checkpoint_activations, "WHAT", "none, block (recompute each decoder "
+           "block's activations in the backward) or mlp (only each MLP's): less memory, more compute");
   p.option("--eval-every", &c.eval_every, "N", "evaluate on the held-out split every N steps (0: never)");
   p.option("--eval-batches", &c.eval_batches, "N", "batches per evaluation");
   p.option("--ckpt-every", &c.ckpt_every, "N", "checkpoint every N steps (0: only at the end / on Ctrl-C)");

@@ -301,6 +301,8 @@ Sampler::Sampler(const TokenStream& stream, size_t begin, size_t end, int64_t ba
   KILN_CHECK(end <= stream.size() && begin + static_cast<size_t>(seq) + 1 <= end, "Sampler: range [", begin, ", ",
              end, ") is too short for sequence length ", seq);
   // Packed batches read a document id per token: a shorter doc list was read past its end.
+  KILN_CHECK(mode != SampleMode::packed || !stream.source, "Sampler: packed sampling needs documents, which token ",
+             "data (", stream.source ? stream.source->format() : "", ") does not mark; use windows sampling");
   KILN_CHECK(mode != SampleMode::packed || stream.doc.size() == stream.tokens.size(), "Sampler: packed sampling needs ",
              "a document id per token, the stream has ", stream.doc.size(), " ids for ", stream.tokens.size(), " tokens");
 }
@@ -335,8 +337,8 @@ Batch Sampler::next(Device device) {
     const int64_t s0 = window_start(position_++);
     for (int64_t t = 0; t < seq_; ++t) {
       const size_t i = static_cast<size_t>(b * seq_ + t), src = static_cast<size_t>(s0 + t);
-      in[i] = stream_.tokens[src];
-      tg[i] = stream_.tokens[src + 1];
+      in[i] = stream_.token(src);
+      tg[i] = stream_.token(src + 1);
       if (mode_ == SampleMode::packed) {
         dc[i] = stream_.doc[src];
         // the first token of the next document is not predicted from the previous one

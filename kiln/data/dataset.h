@@ -6,12 +6,14 @@
 // the number of batches drawn, so a checkpoint can restore it exactly.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kiln/core/tensor.h"
+#include "kiln/data/token_file.h"
 #include "kiln/data/tokenizer.h"
 
 namespace kiln::data {
@@ -26,7 +28,11 @@ struct TokenStream {
   uint64_t source_hash = 0;
   // load_corpus: what it left out of a folder and why ("data: skipped ..."), for the user.
   std::vector<std::string> notes;
-  size_t size() const { return tokens.size(); }
+  // Token data (a token file or random ids, data/token_file.h): the ids come from here, and
+  // `tokens` and `doc` stay empty (no documents: windows sampling only).
+  std::shared_ptr<const TokenSource> source;
+  size_t size() const { return source ? source->size() : tokens.size(); }
+  int32_t token(size_t i) const { return source ? (*source)[i] : tokens[i]; }
 };
 
 // Tokenizes documents (no cache).

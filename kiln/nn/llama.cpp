@@ -6,6 +6,7 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
+#include "kiln/nn/checkpoint.h"
 #include "kiln/ops/ops.h"
 
 // The fused loss and flex attention are switched on by config values; they are compiled in
@@ -47,6 +48,8 @@ void LlamaConfig::validate() const {
              attention_backend, "' is not one of: reference, flex");
   KILN_CHECK(sliding_window >= 0 && sliding_window < (int64_t{1} << 31), "config: sliding_window=", sliding_window,
              " must be >= 0 (0: off)");
+  KILN_CHECK(checkpoint_activations == "none" || checkpoint_activations == "block" || checkpoint_activations == "mlp",
+             "config: checkpoint_activations='", checkpoint_activations, "' is not one of: none, block, mlp");
 }
 
 json::Value LlamaConfig::to_json() const {
@@ -234,6 +237,7 @@ Tensor LlamaMLP::forward(const Tensor& x) const {
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator& gen, Device device) {
   self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, gen, device));
   mlp = register_module("mlp", std::make_shared<LlamaMLP>(c, gen, device));
+  checkpoint_mlp = c.checkpoint_activations == "mlp";
   input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, device));
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, device));
@@ -242,6 +246,10 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, Generator& gen, Devic
 Tensor LlamaDecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const AttentionMasks& masks,
                                   KVCache* cache, int layer) const {
   Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), cos, sin, masks, cache, layer));
+  if (checkpoint_mlp && !cache)  // --checkpoint-activations mlp: the MLP's activations recomputed
+    return add(h, checkpoint([mlp = mlp, norm = post_attention_layernorm](const Tensor& y) {
+                 return mlp->forward(norm->forward(y));
+               }, h));
   return add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
@@ -364,7 +372,14 @@ Tensor LlamaModel::forward(const Tensor& ids, const Tensor& doc_ids, KVCache* ca
   Tensor cos = cos_all.narrow(0, past, T), sin = sin_all.narrow(0, past, T);
   const AttentionMasks am = masks(B, T, past, doc_ids, ids.device(), config.attention_backend == "flex" && !cache);
   Tensor h = embed_tokens->forward(ids);
-  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, cos, sin, am, cache, static_cast<int>(i));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (config.checkpoint_activations == "block" && !cache)  // the block's activations recomputed in the backward
+      h = checkpoint([layer = layers[i], cos, sin, am, i](const Tensor& x) {
+            return layer->forward(x, cos, sin, am, nullptr, static_cast<int>(i));
+          }, h);
+    else
+      h = layers[i]->forward(h, cos, sin, am, cache, static_cast<int>(i));
+  }
   return norm->forward(h);
 }
 

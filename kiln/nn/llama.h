@@ -39,6 +39,9 @@ struct LlamaConfig {
   bool fused_loss = false;
   // kiln-only: > 0 limits attention to the last `sliding_window` positions (the query included).
   int64_t sliding_window = 0;
+  // kiln-only, training (not in config.json): "block" or "mlp" recompute a decoder block's (or
+  // only its MLP's) activations in the backward instead of keeping them (nn/checkpoint.h).
+  std::string checkpoint_activations = "none";
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Throws kiln::Error naming the field and value that is wrong.
@@ -87,6 +90,7 @@ class LlamaDecoderLayer : public Module {
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
+  bool checkpoint_mlp = false;  // checkpoint_activations == "mlp"
 };
 
 // The decoder body ("model." in Hugging Face names).

@@ -60,6 +60,7 @@ nn::LlamaConfig TrainConfig::model_config(int64_t vocab) const {
   m.attention_backend = attention_backend(device.rfind("cuda", 0) == 0);
   if (attention_mask.rfind("window:", 0) == 0) m.sliding_window = std::stoll(attention_mask.substr(7));
   m.fused_loss = fused_loss;
+  m.checkpoint_activations = checkpoint_activations;
   return m;
 }
 
@@ -104,6 +105,8 @@ void TrainConfig::validate() const {
   KILN_CHECK(device == "cpu" || device.rfind("cuda", 0) == 0, "config: device='", device,
              "' is not one of: cpu, cuda, cuda:N");
   KILN_CHECK(!out.empty(), "config: out must not be empty");
+  KILN_CHECK(vocab >= 0 && vocab <= (int64_t{1} << 31), "config: vocab=", vocab,
+             " must be in [0, 2^31] (0: the tokenizer's or the token file's)");
   // The run's settings are stored as JSON (config.json, trainer_state.json), which is UTF-8: a
   // prompt or path with other bytes made a run that could never be resumed.
   for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"data", &data}, {"tokenizer", &tokenizer},
@@ -149,6 +152,8 @@ json::Value TrainConfig::to_json() const {
   v["attention"] = attention;
   v["attention_mask"] = attention_mask;
   v["fused_loss"] = fused_loss;
+  v["vocab"] = vocab;
+  v["checkpoint_activations"] = checkpoint_activations;
   v["steps"] = steps;
   v["batch"] = batch;
   v["seq"] = seq;
@@ -212,6 +217,7 @@ void set_config_value(TrainConfig& c, const std::string& key_in, const json::Val
       {"init_std", D(&TrainConfig::init_std)}, {"tie_embeddings", B(&TrainConfig::tie_embeddings)},
       {"attention", S(&TrainConfig::attention)}, {"attention_mask", S(&TrainConfig::attention_mask)},
       {"profile", B(&TrainConfig::profile)}, {"fused_loss", B(&TrainConfig::fused_loss)},
+      {"vocab", I(&TrainConfig::vocab)}, {"checkpoint_activations", S(&TrainConfig::checkpoint_activations)},
       {"steps", I(&TrainConfig::steps)}, {"batch", I(&TrainConfig::batch)}, {"seq", I(&TrainConfig::seq)},
       {"accum", I(&TrainConfig::accum)}, {"warmup", I(&TrainConfig::warmup)}, {"lr", D(&TrainConfig::lr)},
       {"min_lr_ratio", D(&TrainConfig::min_lr_ratio)}, {"weight_decay", D(&TrainConfig::weight_decay)},

@@ -15,7 +15,8 @@ namespace kiln::train {
 struct TrainConfig {
   std::string preset = "small";
   // data
-  std::string data;          // file or folder; empty: the embedded default corpus
+  std::string data;          // file or folder; empty: the embedded default corpus; FILE.bin or random:V: token ids
+  int64_t vocab = 0;         // the model's vocabulary; 0: the tokenizer's (text) or the token file's
   std::string tokenizer = "byte";
   std::string sample = "windows";  // windows | packed
   double val_fraction = 0.05;
@@ -29,6 +30,7 @@ struct TrainConfig {
   // per-token document ids; needs sample=packed)
   std::string attention_mask = "auto";
   bool fused_loss = false;
+  std::string checkpoint_activations = "none";  // none | block | mlp (recomputed in the backward)
   // optimisation
   int64_t steps = 0, batch = 0, seq = 0, accum = 1, warmup = -1;
   double lr = 0, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;

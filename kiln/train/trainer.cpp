@@ -14,6 +14,7 @@
 #include "kiln/core/profile.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/default_corpus.h"
+#include "kiln/data/token_file.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/generate.h"
 #include "kiln/ops/ops.h"
@@ -113,11 +114,19 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   Progress progress(hooks.progress, cfg.steps, cfg.log_every);
 
   // ---- data ----
-  std::unique_ptr<data::Tokenizer> tok =
-      data::load_tokenizer(!resume_dir.empty() && cfg.tokenizer != "byte" ? resume_dir : cfg.tokenizer);
-  data::TokenStream stream = cfg.data.empty()
-                                 ? data::tokenize_documents({data::default_corpus()}, *tok)
-                                 : data::load_corpus(cfg.data, *tok, cfg.out);
+  const std::string tok_spec = !resume_dir.empty() && cfg.tokenizer != "byte" ? resume_dir : cfg.tokenizer;
+  data::TokenStream stream;
+  std::unique_ptr<data::Tokenizer> tok;
+  if (data::is_token_data(cfg.data)) {  // token ids (FILE.bin, random:V): data/token_file.h
+    stream.source = data::open_token_data(cfg.data, cfg.vocab, cfg.seed);
+    stream.source_hash = stream.source->checksum();
+    tok = data::token_data_tokenizer(*stream.source, tok_spec);
+  } else {
+    tok = data::load_tokenizer(tok_spec);
+    stream = cfg.data.empty() ? data::tokenize_documents({data::default_corpus()}, *tok)
+                              : data::load_corpus(cfg.data, *tok, cfg.out);
+  }
+  const int64_t vocab = data::model_vocabulary(stream.source.get(), tok.get(), cfg.vocab);
   data::Split split = data::split_stream(stream, cfg.val_fraction, cfg.seq);
   const data::SampleMode mode = data::parse_sample_mode(cfg.sample);
   data::Sampler train_sampler(stream, 0, split.train_end, cfg.batch, cfg.seq, cfg.seed, mode);
@@ -127,7 +136,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
                                                   cfg.seed + 1, mode);
 
   // ---- model and optimizer ----
-  nn::LlamaConfig mcfg = cfg.model_config(tok->vocab_size());
+  nn::LlamaConfig mcfg = cfg.model_config(vocab);
   check_memory_fits(cfg, mcfg, bf16, dev, available_memory(dev));  // refused, not OOM-killed
   nn::LlamaForCausalLM model(mcfg, cfg.seed, dev);
   optim::NamedTensors named;
@@ -207,6 +216,9 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   if (saved_steps >= 0 && saved_steps != cfg.steps)
     progress.message("note: --steps " + std::to_string(cfg.steps) + " (the run had " + std::to_string(saved_steps) +
                      "): the learning rate now decays to step " + std::to_string(cfg.steps) + " from here");
+  if (!tok && cfg.sample_tokens > 0)
+    progress.message("note: no tokenizer for these token ids (no sidecar names one; pass --tokenizer): no sample at "
+                     "the end, none saved with the checkpoint");
   if (!stale_note.empty()) progress.message(stale_note);
   for (const std::string& note : stream.notes) progress.message(note);
   int64_t eval_batches = cfg.eval_batches;  // at most what the validation split holds (dataset.h)
@@ -289,10 +301,12 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     // The loss stays on the device until the gradient norm has synchronised the host anyway
     // (reading it before the backward would stall the GPU while the backward is enqueued).
     Tensor loss_dev;
-    {
-      Bf16Params cast(model, bf16);
-      for (auto& b : micro) {
-        if (b.num_targets == 0) continue;
+    for (auto& b : micro) {
+      if (b.num_targets == 0) continue;
+      {
+        // The bf16 copies are made per forward: each micro-batch's graph holds its own casts,
+        // so its backward never reaches a cast an earlier micro-batch's backward has freed.
+        Bf16Params cast(model, bf16);
         // this micro-batch's share of the mean over the whole accumulated batch
         Tensor ls = model.loss_sum(b.input, b.target, cfg.document_mask() ? b.doc_ids : Tensor(),
                                    static_cast<double>(targets));
@@ -351,6 +365,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
       }
       metrics.write(m);
       if (const std::string w = metrics.take_warning(); !w.empty()) progress.message(w);
+      if (hooks.on_log) hooks.on_log(m);
     }
     const double eta = (cfg.steps - step) * run_s / std::max<int64_t>(step - sum.start_step, 1);
     progress.update(step, loss, tps, eta, mem, eval_loss);
@@ -408,7 +423,7 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
                                                      "checkpoint was saved anyway", step, cfg.lr));
   KILN_CHECK(metrics.ok(), "train: ", metrics.error(), "; the run stopped at step ", step, " with checkpoint ",
              sum.checkpoint, ": free space and continue it with --resume ", cfg.out);
-  if (cfg.sample_tokens > 0 && !sum.interrupted) {
+  if (cfg.sample_tokens > 0 && !sum.interrupted && tok) {  // token data without a tokenizer: no sample
     model.eval();
     std::string prompt = cfg.prompt.empty() ? "kiln " : cfg.prompt;
     std::vector<int32_t> ids;
