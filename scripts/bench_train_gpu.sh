@@ -6,7 +6,9 @@
 # override); all train on README.md and docs/*.md, tokenized by kiln's byte tokenizer.
 # Prints one JSON line per implementation (impl kiln, kiln_fused, torch, torch_compile): tokens/s
 # over the steps after WARMUP, peak bytes, first and final loss.
-#   usage: scripts/bench_train_gpu.sh PRESET [STEPS=20] [WARMUP=3]     (PRESET: 125m or 1b)
+#   usage: scripts/bench_train_gpu.sh PRESET [STEPS=20] [WARMUP=3]     (PRESET: 125m, 1b or llama1.5b)
+# llama1.5b is issue 35's target: the 1b shape untied at vocabulary 128256, on uniform random ids
+# (kiln --data random:128256, torch's random ids) instead of the byte-tokenized docs.
 # Expects build/cuda/kiln (KILN=path overrides) and python3 with torch on a CUDA machine
 # (PEERS=0: kiln only).
 set -euo pipefail
@@ -20,17 +22,27 @@ KILN=${KILN:-build/cuda/kiln}
 case "$PRESET" in  # kiln/train/config.cpp's shapes (both tie the embedding)
   125m) shape=(--hidden 768 --layers 12 --heads 12 --kv-heads 4 --intermediate 2048 --tie) ;;
   1b) shape=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --rope-theta 500000 --tie) ;;
-  *) echo "bench_train_gpu: PRESET must be 125m or 1b, got '$PRESET'" >&2; exit 2 ;;
+  llama1.5b) shape=(--hidden 2048 --layers 16 --heads 32 --kv-heads 8 --intermediate 8192 --rope-theta 500000
+                    --vocab 128256) ;;
+  *) echo "bench_train_gpu: PRESET must be 125m, 1b or llama1.5b, got '$PRESET'" >&2; exit 2 ;;
 esac
 RUN=$(mktemp -d /tmp/kiln_bench_train_gpu.XXXXXX)
 trap 'rm -rf "$RUN"' EXIT
 DATA="$RUN/corpus.txt"
 cat README.md docs/*.md > "$DATA"
+KILN_DATA=(--data "$DATA")
+TORCH_DATA=(--data "$DATA")
+if [ "$PRESET" = llama1.5b ]; then  # the 1b preset's shape, untied, vocabulary 128256 (a config file unties it)
+  printf 'preset = "1b"\ntie_embeddings = false\n' > "$RUN/llama1.5b.toml"
+  KILN_DATA=(--config "$RUN/llama1.5b.toml" --data random:128256)
+  TORCH_DATA=()
+  PRESET=1b
+fi
 
 kiln_run() {  # name, extra flags
   local name=$1; shift
   "$KILN" train --device cuda --preset "$PRESET" --steps $((STEPS + WARMUP)) --warmup -1 --seq "$SEQ" \
-    --batch "$BATCH" --eval-every 0 --sample-tokens 0 --log-every 1 --ckpt-every 0 --data "$DATA" \
+    --batch "$BATCH" --eval-every 0 --sample-tokens 0 --log-every 1 --ckpt-every 0 "${KILN_DATA[@]}" \
     --out "$RUN/$name" "$@" > "$RUN/$name.out" 2>&1 || { tail -5 "$RUN/$name.out" >&2; return 1; }
   python3 scripts/train_throughput.py "$RUN/$name/metrics.jsonl" "$WARMUP" impl="$name" device=cuda \
     preset="$PRESET" batch="$BATCH" seq="$SEQ"
@@ -40,6 +52,6 @@ if [ "${FUSED:-0}" = 1 ]; then kiln_run kiln_fused --fused-loss || true; fi
 if [ "${PEERS:-1}" = 1 ]; then
   for c in "" --compile; do
     python3 scripts/bench_train_torch.py --device cuda $c --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
-      --seq "$SEQ" "${shape[@]}" --data "$DATA" --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
+      --seq "$SEQ" "${shape[@]}" ${TORCH_DATA[@]+"${TORCH_DATA[@]}"} --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
   done
 fi
