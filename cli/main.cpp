@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "kiln/core/error.h"
+#include "kiln/kernels/blas_threads.h"
 
 namespace {
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   // OpenMP threads sleep rather than spin between parallel regions unless the user says
   // otherwise: spinning makes kiln many times slower on a shared or oversubscribed machine.
   setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
+  kiln::kernels::cpu::own_blas_threads();  // a pthreads OpenBLAS's threads would fight OpenMP's
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     print_usage();

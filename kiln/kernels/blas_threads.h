@@ -1,0 +1,17 @@
+// Who owns the CPU threads: kiln's OpenMP regions or OpenBLAS's own pool. An OpenBLAS built
+// with pthreads (Ubuntu's default libopenblas.so.0) keeps its own threads, which fight
+// OpenMP's for the cores: on the GPU machine's Xeon, 2 cores, the small preset ran 3.0-6.4 k
+// tokens/s so and 9.4-9.5 k with OPENBLAS_NUM_THREADS=1 (ARCHITECTURE.md, "Build notes").
+#pragma once
+#include <string>
+
+namespace kiln::kernels::cpu {
+
+// Found through the symbols at run time (dlsym), so kiln does the right thing with whichever
+// OpenBLAS the distribution installs: a pthreads OpenBLAS (openblas_get_parallel() == 1) is set
+// to one thread (openblas_set_num_threads) unless OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS is
+// set; an OpenMP or sequential OpenBLAS, or another BLAS, is left as it is. Returns what it
+// found and did, for `kiln info`. Call once, before the first BLAS call (main does).
+std::string own_blas_threads();
+
+}  // namespace kiln::kernels::cpu
