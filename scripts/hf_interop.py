@@ -78,6 +78,22 @@ def main():
         ckpt = os.path.join(run, f.read().strip())
     model = LlamaForCausalLM.from_pretrained(ckpt, attn_implementation="eager", torch_dtype=torch.float32).eval()
     ok &= report("kiln->hf", kiln_logits(a.kiln, ckpt, ids, out, "kiln"), hf_logits(model, ids), a.tol)
+
+    # trained on a token file (kiln tokenize, vocabulary 512 recorded in its sidecar): config.json says 512
+    tf = os.path.join(out, "tokens.bin")
+    subprocess.run([a.kiln, "tokenize", "--tokenizer", "byte", "README.md", "--vocab", "512", "--out", tf], check=True,
+                   stderr=subprocess.DEVNULL)
+    run = os.path.join(out, "kiln_run_tokens")
+    subprocess.run([a.kiln, "train", "--preset", "tiny", "--steps", "20", "--out", run, "--overwrite", "--data", tf,
+                    "--sample-tokens", "0", "--eval-every", "0"], check=True, stderr=subprocess.DEVNULL)
+    with open(os.path.join(run, "latest")) as f:
+        ckpt = os.path.join(run, f.read().strip())
+    model = LlamaForCausalLM.from_pretrained(ckpt, attn_implementation="eager", torch_dtype=torch.float32).eval()
+    if model.config.vocab_size != 512:
+        print(json.dumps({"case": "kiln->hf token file", "vocab_size": model.config.vocab_size, "ok": False}))
+        ok = False
+    ok &= report("kiln->hf token file", kiln_logits(a.kiln, ckpt, ids, out, "kiln_tokens"), hf_logits(model, ids),
+                 a.tol)
     sys.exit(0 if ok else 1)
 
 
