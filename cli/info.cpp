@@ -8,13 +8,15 @@
 #include "cli/commands.h"
 #include "kiln/core/device_info.h"
 #include "kiln/io/json.h"
+#include "kiln/kernels/cpu/isa/isa.h"
 
 namespace kiln::cli {
 
 int run_info(const Args& args) {
   bool as_json = false;
   ArgParser p("info", "Print kiln's version, build options, the devices it sees (with memory), its\n"
-                      "thread count and the BLAS library in use.");
+                      "thread count, the BLAS library in use, the CPU's vector features and the kernel set and\n"
+                      "vector length kiln uses on it (aarch64: SVE or NEON, KILN_CPU_ISA=neon forces NEON).");
   p.flag("--json", &as_json, "print one JSON object instead of text");
   if (!p.parse(args)) return 0;
 
@@ -25,6 +27,15 @@ int run_info(const Args& args) {
   doc["cuda_built"] = cuda_built();
   doc["blas"] = KILN_BLAS_NAME;
   doc["threads"] = static_cast<int64_t>(omp_get_max_threads());
+  const kernels::cpu::isa::CpuFeatures& cpu = kernels::cpu::isa::cpu_features();
+  json::Value cj = json::Value::object();
+  cj["arch"] = cpu.arch;
+  cj["features"] = kernels::cpu::isa::feature_list(cpu);
+  cj["kernels"] = cpu.kernels;
+  cj["vector_bits"] = static_cast<int64_t>(cpu.vector_bits);
+  cj["sve_bits"] = static_cast<int64_t>(cpu.sve_bits);
+  if (!cpu.forced.empty()) cj["forced"] = cpu.forced;
+  doc["cpu"] = std::move(cj);
   json::Value devs = json::Value::array();
   for (const auto& d : devices) {
     json::Value o = json::Value::object();
@@ -41,6 +52,11 @@ int run_info(const Args& args) {
   }
   std::printf("kiln %s (%s build, CUDA %s)\n", KILN_VERSION, KILN_BUILD_TYPE, cuda_built() ? "on" : "off");
   std::printf("threads: %d   BLAS: %s\n", omp_get_max_threads(), KILN_BLAS_NAME);
+  std::printf("cpu: %s (%s); kernels %s, %d-bit vectors", cpu.arch.c_str(),
+              kernels::cpu::isa::feature_list(cpu).c_str(), cpu.kernels.c_str(), cpu.vector_bits);
+  if (cpu.sve_bits) std::printf("; SVE length %d bits", cpu.sve_bits);
+  if (!cpu.forced.empty()) std::printf("; KILN_CPU_ISA=%s", cpu.forced.c_str());
+  std::printf("\n");
   std::printf("devices:\n");
   for (const auto& d : devices)
     std::printf("  %-8s %-32s %8.1f GiB%s\n", d.device.str().c_str(), d.name.c_str(),

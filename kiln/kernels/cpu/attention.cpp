@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kiln/kernels/cpu/attention_impl.h"
+#include "kiln/kernels/cpu/isa/isa.h"  // KILN_SVE_SEAM: the SVE set on aarch64, nothing on x86
 
 namespace kiln::kernels::cpu::flex_detail {
 
@@ -28,6 +29,7 @@ constexpr int64_t kC = 16;  // output columns per register block
 
 // s[i * ld + j] = sum_e a[i * n + e] * bt[e * ld + j] for i < m, j < nk.
 KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, int64_t n, const float* bt, int64_t nk) {
+  KILN_SVE_SEAM(tile_abt, s, ld, a, m, n, bt, nk);
   int64_t i0 = 0;
   for (; i0 + kR <= m; i0 += kR) {
     int64_t j0 = 0;
@@ -102,11 +104,13 @@ KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, 
 
 // acc[r * n + :] += sum_c w[r * ld + c] * x[c * n + :] (w indexed by (row, col)).
 KILN_FLEX_CLONES void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
+  KILN_SVE_SEAM(tile_ax, acc, n, w, ld, rows, x, cols);
   tile_wx(acc, n, w, ld, 1, rows, x, cols);
 }
 
 // acc[c * n + :] += sum_r w[r * ld + c] * x[r * n + :] (the transposed product).
 KILN_FLEX_CLONES void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
+  KILN_SVE_SEAM(tile_atx, acc, n, w, ld, rows, x, cols);
   tile_wx(acc, n, w, 1, ld, cols, x, rows);
 }
 
@@ -115,12 +119,14 @@ KILN_FLEX_CLONES void tile_atx(float* acc, int64_t n, const float* w, int64_t ld
 namespace kiln::kernels::cpu::flex_detail {
 
 KILN_FLEX_CLONES float row_dot(const float* a, const float* b, int64_t n) {
+  KILN_SVE_SEAM(row_dot, a, b, n);
   float d = 0.0f;
   for (int64_t e = 0; e < n; ++e) d += a[e] * b[e];
   return d;
 }
 
 KILN_FLEX_CLONES float row_max(const float* s, int64_t n) {
+  KILN_SVE_SEAM(row_max, s, n);
   float mx = kNegInf;
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
@@ -128,6 +134,7 @@ KILN_FLEX_CLONES float row_max(const float* s, int64_t n) {
 }
 
 KILN_FLEX_CLONES float row_exp_sum(float* s, int64_t n, float m) {
+  KILN_SVE_SEAM(row_exp_sum, s, n, m);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
@@ -138,6 +145,7 @@ KILN_FLEX_CLONES float row_exp_sum(float* s, int64_t n, float m) {
 }
 
 KILN_FLEX_CLONES void row_softmax_grad(float* s, float* d, int64_t n, float lse, float delta) {
+  KILN_SVE_SEAM(row_softmax_grad, s, d, n, lse, delta);
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     const float p = fast_expf(s[j] - lse);

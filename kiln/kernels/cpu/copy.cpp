@@ -6,6 +6,7 @@
 
 #include "kiln/core/rng.h"
 #include "kiln/kernels/cast.h"
+#include "kiln/kernels/cpu/isa/isa.h"  // the SVE casts on aarch64, nothing on x86
 #include "kiln/kernels/cpu/loops.h"
 
 namespace kiln::kernels::cpu {
@@ -26,6 +27,22 @@ void copy(const Tensor& dst, const Tensor& src) {
                         [&](const std::array<int64_t, 2>& o) { d[o[0]] = s[o[1]]; });
     return;
   }
+#if KILN_ISA_SEAMS
+  // Contiguous f32 <-> bf16 (mixed precision's casts) through the SVE set when it is in use.
+  if (const auto* k = isa::sve(); k && dst.is_contiguous() && src.is_contiguous()) {
+    const bool down = dst.dtype() == DType::bf16 && src.dtype() == DType::f32;
+    if (down || (dst.dtype() == DType::f32 && src.dtype() == DType::bf16)) {
+      isa::count_sve_call();
+      parallel_for(dst.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+        if (down)
+          k->f32_to_bf16(static_cast<uint16_t*>(dst.data_ptr()) + b, static_cast<const float*>(src.data_ptr()) + b, e - b);
+        else
+          k->bf16_to_f32(static_cast<float*>(dst.data_ptr()) + b, static_cast<const uint16_t*>(src.data_ptr()) + b, e - b);
+      });
+      return;
+    }
+  }
+#endif
   dispatch_all(dst.dtype(), "copy", [&]<class D>() {
     dispatch_all(src.dtype(), "copy", [&]<class S>() {
       D* d = static_cast<D*>(dst.data_ptr());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/core/rng.h"
+#include "kiln/kernels/cpu/isa/isa.h"  // KILN_SVE_SEAM: the SVE set on aarch64, nothing on x86
 #include "kiln/kernels/cpu/loops.h"
 #include "kiln/kernels/cpu/vec_math.h"
 #include "kiln/kernels/elementwise.h"
@@ -94,6 +95,7 @@ void rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, co
     T* py = static_cast<T*>(out.data_ptr());
     S* pr = static_cast<S*>(rstd.data_ptr());
     parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<T, float>) KILN_SVE_SEAM(rms_norm_rows_f32, py + b * d, pr + b, px + b * d, pw, e - b, d, eps);
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * d;
         double ss = 0;
@@ -123,6 +125,16 @@ void rms_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy
     parallel_for(blocks, 1, [&](int64_t bb, int64_t be) {
       for (int64_t blk = bb; blk < be; ++blk) {
         double* part = want_dw ? partial.data() + blk * d : nullptr;
+#if KILN_ISA_SEAMS
+        if constexpr (std::is_same_v<T, float>) {
+          if (const auto* k = isa::sve()) {
+            isa::count_sve_call();
+            k->rms_norm_backward_rows_f32(pdx, part, pg, px, pw, pr, blk * kRowsPerBlock,
+                                          std::min(rows, (blk + 1) * kRowsPerBlock), d);
+            continue;
+          }
+        }
+#endif
         for (int64_t r = blk * kRowsPerBlock; r < std::min(rows, (blk + 1) * kRowsPerBlock); ++r) {
           const T* xr = px + r * d;
           const T* gr = pg + r * d;

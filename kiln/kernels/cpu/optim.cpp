@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kiln/core/dtype.h"
+#include "kiln/kernels/cpu/isa/isa.h"  // KILN_SVE_SEAM: the SVE set on aarch64, nothing on x86
 #include "kiln/kernels/cpu/loops.h"
 
 namespace kiln::kernels::cpu {
@@ -16,6 +17,9 @@ void adamw(const AdamWStep& s, const Tensor& param, const Tensor& grad, const Te
   dispatch_grad(grad.dtype(), "adamw", [&]<class G>() {
     const G* g = static_cast<const G*>(grad.data_ptr());
     parallel_for(param.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<G, float>) KILN_SVE_SEAM(adamw_f32, p + b, m + b, v + b, g + b, e - b, s);
+      if constexpr (std::is_same_v<G, BFloat16>)
+        KILN_SVE_SEAM(adamw_bf16, p + b, m + b, v + b, reinterpret_cast<const uint16_t*>(g + b), e - b, s);
       for (int64_t i = b; i < e; ++i) adamw_update(p[i], m[i], v[i], static_cast<float>(g[i]), s);
     });
   });

@@ -6,12 +6,15 @@
 #endif
 #include "kiln/kernels/cpu/vec_math.h"
 
+#include "kiln/kernels/cpu/isa/isa.h"  // KILN_SVE_SEAM: the SVE set on aarch64, nothing on x86
+
 #include <cmath>
 
 namespace kiln::kernels::cpu {
 
 // σ(x) and 1 − σ(x) from e = exp(−|x|) ≤ 1 (no overflow, no cancellation in 1 − σ).
 KILN_CPU_CLONES void silu_f32(float* y, const float* x, int64_t n, bool deriv) {
+  KILN_SVE_SEAM(silu_f32, y, x, n, deriv);
   if (deriv) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
@@ -30,6 +33,7 @@ KILN_CPU_CLONES void silu_f32(float* y, const float* x, int64_t n, bool deriv) {
 
 // SwiGLU with the same σ: one exp an element, each way.
 KILN_CPU_CLONES void swiglu_f32(float* y, const float* g, const float* u, int64_t n) {
+  KILN_SVE_SEAM(swiglu_f32, y, g, u, n);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i], e = fast_expf(-std::fabs(gi)), d = 1.0f / (1.0f + e);
@@ -39,6 +43,7 @@ KILN_CPU_CLONES void swiglu_f32(float* y, const float* g, const float* u, int64_
 
 KILN_CPU_CLONES void swiglu_grad_f32(float* dg, float* du, const float* dy, const float* g, const float* u,
                                      int64_t n) {
+  KILN_SVE_SEAM(swiglu_grad_f32, dg, du, dy, g, u, n);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i], e = fast_expf(-std::fabs(gi)), d = 1.0f / (1.0f + e);
