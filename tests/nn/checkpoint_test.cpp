@@ -8,7 +8,7 @@
 
 #include "kiln/autograd/node.h"
 #include "kiln/core/allocator.h"
-#include "kiln/core/switches.h"
+#include "kiln/autograd/grad_mode.h"  // set_deterministic
 #include "kiln/nn/checkpoint.h"
 #include "kiln/nn/llama.h"
 #include "kiln/ops/ops.h"
