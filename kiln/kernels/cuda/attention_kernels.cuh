@@ -132,7 +132,7 @@ void flex_backward(const FlexParams& p, DType dt, const SM& sm, const MM& mm) {
         const int64_t owners = p.B * p.Hq * p.nQ, cells = p.Hq * p.bias_row;
         flex_dbias_partial_kernel<T><<<static_cast<unsigned>((owners + 127) / 128), 128, 0, st>>>(p, sm, mm);
         KILN_CUDA_CHECK_LAUNCH("flex_dbias_partial_kernel");
-        flex_dbias_reduce_kernel<<<static_cast<unsigned>((cells + 255) / 256), 256, 0, st>>>(p);
+        flex_dbias_reduce_kernel<><<<static_cast<unsigned>((cells + 255) / 256), 256, 0, st>>>(p);
         KILN_CUDA_CHECK_LAUNCH("flex_dbias_reduce_kernel");
       }
     }

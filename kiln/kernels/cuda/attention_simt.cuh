@@ -236,7 +236,9 @@ __global__ void flex_dbias_partial_kernel(FlexParams p, SM sm, MM mm) {
   }
 }
 
-// Part 2: dbias[h, r] = Σ_b Σ_qb partial[b, h, qb, r], in that order.
+// Part 2: dbias[h, r] = Σ_b Σ_qb partial[b, h, qb, r], in that order. A template (of nothing) so
+// that every instantiation file including this header shares one definition, as the others do.
+template <int = 0>
 __global__ void flex_dbias_reduce_kernel(FlexParams p) {
   const int64_t x = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (x >= p.Hq * p.bias_row) return;
