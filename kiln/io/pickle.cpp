@@ -148,31 +148,31 @@ class Machine {
         case 'a': {
           Ref v = pop();
           Object* l = growing(list_of(top(), "APPEND"), "APPEND");
+          adopt(l, v, "APPEND");  // before the insertion: a refused self-reference must not become a cycle
           l->items.push_back(v);
-          adopt(l, v, "APPEND");
           break;
         }
         case 'e': {
           auto items = pop_mark();
           Object* l = growing(list_of(top(), "APPENDS"), "APPENDS");
-          l->items.insert(l->items.end(), items.begin(), items.end());
           for (const Ref& v : items) adopt(l, v, "APPENDS");
+          l->items.insert(l->items.end(), items.begin(), items.end());
           break;
         }
         case 's': {
           Ref v = pop(), k = pop();
           Object* d = growing(dict_of(top(), "SETITEM"), "SETITEM");
-          d->entries.emplace_back(k, v);
           adopt(d, k, "SETITEM");
           adopt(d, v, "SETITEM");
+          d->entries.emplace_back(k, v);
           break;
         }
         case 'u': {
           auto items = pop_mark();
           KILN_CHECK(items.size() % 2 == 0, what_, ": pickle SETITEMS with an odd number of items");
           Object* d = growing(dict_of(top(), "SETITEMS"), "SETITEMS");
-          for (size_t k = 0; k < items.size(); k += 2) d->entries.emplace_back(items[k], items[k + 1]);
           for (const Ref& v : items) adopt(d, v, "SETITEMS");
+          for (size_t k = 0; k < items.size(); k += 2) d->entries.emplace_back(items[k], items[k + 1]);
           break;
         }
         case 'q': memo_[n(1)] = top(); break;
