@@ -20,8 +20,10 @@
 // traffic. d_weight accumulation: by default in the weight's dtype (16-bit: one rounding per
 // chunk of an f32-computed GEMM; see docs/loss.md for the error); LceTensors.grad_weight in f32
 // gives exact-order f32 accumulation at V·d·4 bytes.
-// Deterministic: no atomics; fixed reduction orders (block trees); cuBLASLt's split-K reduction
-// schemes are restricted in make_gemm.
+// Deterministic: no atomics; fixed reduction orders (block trees); the GEMMs' plans follow
+// NOTE [cuBLASLt determinism rule] (cublaslt.h: no split-K reduction under determinism).
+// Everything runs on the device's current stream (cuda::stream), the overlapped d_weight
+// product on the registry's side stream.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/core/stream.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/cuda/cublaslt.h"
 #include "kiln/kernels/lce.h"
@@ -242,131 +245,33 @@ __global__ void lce_dh_reduce(const float* __restrict__ part, int64_t splits, in
 }
 
 cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    default: fail("linear_cross_entropy: dtype ", dtype_name(t), " is not supported on CUDA (f32, bf16, f16)");
-  }
+  KILN_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16, "linear_cross_entropy: dtype ", dtype_name(t),
+             " is not supported on CUDA (f32, bf16, f16)");
+  return lt::cuda_type(t, "linear_cross_entropy");
 }
 
-void lt_check(cublasStatus_t s, const char* what) { lt::check(s, "linear_cross_entropy", what); }
 using lt::alignment_of;
-using lt::Layout;
-using lt::MatmulDesc;
-using lt::Preference;
-Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
-  return lt::make_layout("linear_cross_entropy", type, rows, cols, ld, batch, stride);
-}
+// One product in cuBLASLt's column-major terms (f32 compute), planned once per shape by the
+// planner (cublaslt.h) and run per chunk with the chunk's pointers.
+using GemmShape = lt::PlanKey;
+using LtGemm = lt::Plan;
 
-// "id=.. tile=.. stages=.. splitk=.. red=.. swizzle=.. cluster=.. waves=.." of a chosen algorithm.
-std::string describe(const cublasLtMatmulHeuristicResult_t& h) {
-  int32_t id = 0, splitk = 0;
-  uint32_t tile = 0, red = 0, swz = 0, stages = 0;
-  uint16_t cluster = 0;
-  size_t w = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof(red), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof(swz), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
-  return "id=" + std::to_string(id) + " tile=" + std::to_string(tile) + " stages=" + std::to_string(stages) +
-         " splitk=" + std::to_string(splitk) + " red=" + std::to_string(red) + " swizzle=" + std::to_string(swz) +
-         " cluster=" + std::to_string(cluster) + " waves=" + std::to_string(h.wavesCount);
-}
-
-// One cuBLASLt product planned once per call and shape, run per chunk with the chunk's pointers:
-// column-major D[M×N] (`batch` of them, strides in elements) = op(A)·op(B) + beta·D, f32
-// compute. The alignments are those every pointer later passed for the operand has.
-struct LtGemm {
-  MatmulDesc op;
-  Layout a, b, c;
-  cublasLtMatmulHeuristicResult_t heur{};
-  bool ws = true;  // uses the context's workspace
-};
-
-struct GemmShape {
-  bool ta = false, tb = false;
-  int64_t m = 0, n = 0, k = 0;
-  cudaDataType_t at = CUDA_R_32F, bt = CUDA_R_32F, ct = CUDA_R_32F;
-  int64_t lda = 0, ldb = 0, ldc = 0;
-  uint32_t align_a = 256, align_b = 256, align_c = 256;
-  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
-  int32_t sm_target = 0;      // > 0: CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET (a concurrent GEMM has the rest)
-  bool no_workspace = false;  // the product runs on the side stream: no share of the context's workspace
-};
-
-std::unique_ptr<LtGemm> make_gemm(DeviceContext& ctx, const GemmShape& s) {
-  auto g = std::make_unique<LtGemm>();
-  cublasLtMatmulDesc_t op = nullptr;
-  lt_check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  g->op.reset(op);
-  const cublasOperation_t opa = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), "transa");
-  lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), "transb");
-  if (s.sm_target > 0)
-    lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &s.sm_target,
-                                            sizeof(s.sm_target)),
-             "sm count target");
-  g->ws = !s.no_workspace;
-  g->a = make_layout(s.at, s.ta ? s.k : s.m, s.ta ? s.m : s.k, s.lda, s.batch, s.stride_a);
-  g->b = make_layout(s.bt, s.tb ? s.n : s.k, s.tb ? s.k : s.n, s.ldb, s.batch, s.stride_b);
-  g->c = make_layout(s.ct, s.m, s.n, s.ldc, s.batch, s.stride_c);
-  cublasLtMatmulPreference_t pr = nullptr;
-  lt_check(cublasLtMatmulPreferenceCreate(&pr), "preference");
-  Preference pref(pr);
-  size_t ws = s.no_workspace ? 0 : ctx.workspace_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &s.align_a, sizeof(s.align_a));
-  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &s.align_b, sizeof(s.align_b));
-  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &s.align_c, sizeof(s.align_c));
-  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &s.align_c, sizeof(s.align_c));
-  // Split-K reduction schemes cuBLASLt may pick (cublasLt.h, cublasLtReductionScheme_t):
-  //   INPLACE      — reduced "in place", in the output buffer and output type, with counters in
-  //                  the workspace "to guarantee the sequentiality";
-  //   COMPUTE_TYPE — partials "stored in compute type in the workspace and reduced in a separate
-  //                  step"; OUTPUT_TYPE — the same with partials in the output type.
-  // What we rely on: the cuBLAS guide, "Results reproducibility" (docs.nvidia.com/cuda/cublas,
-  // §2.1.4): every routine of a given toolkit gives bitwise identical results run to run on GPUs
-  // of the same architecture and SM count, with a single stream active or, for cublasLtMatmul, a
-  // workspace owned by the caller (ours: the context's, one stream); atomics only where the user
-  // opts in (cublasSetAtomicsMode). The separate-step schemes sum the partials in a fixed order.
-  // INPLACE's ordering rests on counters in the workspace, whose order of arrival the docs do not
-  // pin down, so deterministic mode leaves only NONE and the separate-step schemes. OUTPUT_TYPE
-  // rounds every partial to a 16-bit output type, which breaks f32 accumulation (the loss's
-  // contract): it is kept off whenever the output type is narrower than f32.
-  uint32_t mask = CUBLASLT_REDUCTION_SCHEME_MASK;
-  if (deterministic()) mask &= ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_INPLACE);
-  if (s.ct != CUDA_R_32F) mask &= ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE);
-  cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask));
-  int found = 0;
-  lt_check(cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt, op, g->a.get(), g->b.get(), g->c.get(), g->c.get(), pr, 1,
-                                          &g->heur, &found),
-           "cublasLtMatmulAlgoGetHeuristic");
-  KILN_CHECK(found > 0, "linear_cross_entropy: cuBLASLt found no algorithm for a ", s.m, "x", s.n, "x", s.k,
-             " product (batch ", s.batch, ")");
-  return g;
-}
+const LtGemm* make_gemm(DeviceContext& ctx, const GemmShape& s) { return &lt::plan(ctx, s, "linear_cross_entropy"); }
 
 void run_gemm(DeviceContext& ctx, const LtGemm& g, const void* A, const void* B, void* C, float beta,
               cudaStream_t stream = nullptr) {
-  const float alpha = 1.f;
-  lt_check(cublasLtMatmul(ctx.cublaslt, g.op.get(), &alpha, A, g.a.get(), B, g.b.get(), &beta, C, g.c.get(), C,
-                          g.c.get(), &g.heur.algo, g.ws ? ctx.workspace : nullptr, g.ws ? ctx.workspace_bytes : 0,
-                          stream ? stream : ctx.stream),
-           "cublasLtMatmul");
+  lt::run_f32(ctx, g, 1.f, A, B, beta, C, "linear_cross_entropy", stream);
 }
 
-// The side stream of the d_weight product (LceParams::dw_sms): created per call, joined into the
-// context stream `main` when it goes out of scope (declared after the chunk buffer, so before the
-// buffer returns to the caching allocator, which tracks the context stream only).
+// The d_weight product's side stream (LceParams::dw_sms): the device's registry side stream
+// (kiln/core/stream.h), forked from and joined into the current stream `main` by events made
+// per call; joined when it goes out of scope (declared after the chunk buffer, so before the
+// buffer returns to the caching allocator, which tracks the current stream only).
 class SideStream {
  public:
-  SideStream(bool on, cudaStream_t main) : main_(main) {
+  SideStream(bool on, int device, cudaStream_t main) : main_(main) {
     if (!on) return;
-    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    stream_ = static_cast<cudaStream_t>(get_stream(kiln::cuda(device), StreamKind::side).native());
     KILN_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     KILN_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
@@ -376,7 +281,6 @@ class SideStream {
     if (stream_ && cudaEventRecord(done_, stream_) == cudaSuccess) cudaStreamWaitEvent(main_, done_, 0);
     if (done_) cudaEventDestroy(done_);
     if (ready_) cudaEventDestroy(ready_);
-    if (stream_) cudaStreamDestroy(stream_);  // released once its work is done
   }
   cudaStream_t get() const { return stream_; }
   // The side stream waits for everything queued on `main` so far.
@@ -497,19 +401,23 @@ class PhaseTimer {
 template <class O>
 void launch_dh_reduce(const DeviceContext& ctx, const float* part, int64_t splits, int64_t count, void* out) {
   const int64_t blocks = std::min<int64_t>(ceil_div(count, 256), int64_t{8} * std::max(ctx.sm_count, 1));
-  lce_dh_reduce<O><<<static_cast<unsigned>(blocks), 256, 0, ctx.stream>>>(part, splits, count, static_cast<O*>(out));
+  lce_dh_reduce<O><<<static_cast<unsigned>(blocks), 256, 0, stream(ctx.device)>>>(part, splits, count, static_cast<O*>(out));
   KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy d_hidden reduction");
 }
 
 // The products of one chunk size (the full chunks and, when N is not a multiple, the last).
 struct ChunkPlans {
-  std::unique_ptr<LtGemm> logits, dh, dh_tail, dw;
+  const LtGemm* logits = nullptr;
+  const LtGemm* dh = nullptr;
+  const LtGemm* dh_tail = nullptr;
+  const LtGemm* dw = nullptr;
 };
 
 template <class T, class I>
 void run(const LceParams& p, const LceTensors& t) {
   const int dev = t.hidden.device().index;
   DeviceContext& ctx = context(dev);
+  const cudaStream_t cs = stream(dev);
   const DType dt = t.hidden.dtype();
   const cudaDataType_t ct = cuda_type(dt);
   const int64_t n = p.n, d = p.d, v = p.v, es = static_cast<int64_t>(itemsize(dt));
@@ -595,25 +503,25 @@ void run(const LceParams& p, const LceTensors& t) {
 
   LceProfile* prof = p.profile;
   auto acc = [&](double LceProfile::*f) { return prof ? &(prof->*f) : nullptr; };
-  PhaseTimer timer(ctx.stream, prof != nullptr);
+  PhaseTimer timer(cs, prof != nullptr);
   const int row_blocks = std::max(ctx.sm_count, 1);
   const double* gscale = t.grad_scale.defined() ? t.grad_scale.data<double>() : nullptr;
-  SideStream side(overlap, ctx.stream);
+  SideStream side(overlap, dev, cs);
   for (int64_t r0 = 0; r0 < n; r0 += m) {
     const int64_t mm = std::min(m, n - r0);
     const ChunkPlans& pl = mm == m ? full : last;
     const T* hc = H + r0 * d;
-    if (overlap && r0 > 0) side.join(ctx.stream);  // the previous d_weight product has read the buffer
+    if (overlap && r0 > 0) side.join(cs);  // the previous d_weight product has read the buffer
     run_gemm(ctx, *pl.logits, W, hc, buf, 0.f);
     timer.mark(acc(&LceProfile::logits_ms));
-    lce_rows<T, I><<<static_cast<unsigned>(std::min<int64_t>(mm, row_blocks)), kRowThreads, 0, ctx.stream>>>(
+    lce_rows<T, I><<<static_cast<unsigned>(std::min<int64_t>(mm, row_blocks)), kRowThreads, 0, cs>>>(
         p, buf, ld, mm, r0, bias, cw, t.target.data<I>(), rs, gscale, t.loss.data<float>(), t.zloss.data<float>(),
         t.lse.data<float>(), grads);
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy rows");
     timer.mark(acc(&LceProfile::rows_ms));
     if (!grads) continue;
     if (overlap) {  // d_weight (the chunk order is kept: one side stream) while d_hidden runs here
-      side.fork(ctx.stream);
+      side.fork(cs);
       run_gemm(ctx, *pl.dw, hc, buf, gw, 1.f, side.get());
     }
     if (gh) {
@@ -639,7 +547,7 @@ void run(const LceParams& p, const LceTensors& t) {
       timer.mark(acc(&LceProfile::dw_ms));
     }
     if (t.grad_bias.defined()) {
-      lce_bias_grad<T><<<static_cast<unsigned>((v + 255) / 256), 256, 0, ctx.stream>>>(buf, mm, v, ld,
+      lce_bias_grad<T><<<static_cast<unsigned>((v + 255) / 256), 256, 0, cs>>>(buf, mm, v, ld,
                                                                                         t.grad_bias.data<float>());
       KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy bias grad");
       timer.mark(acc(&LceProfile::bias_ms));
@@ -651,9 +559,9 @@ void run(const LceParams& p, const LceTensors& t) {
     prof->chunk_tokens = m;
     prof->dh_split = S;
     prof->extra_bytes = m * ld * es + (S > 1 ? S * m * d * 4 : 0);
-    prof->logits_algo = describe(full.logits->heur);
-    if (full.dh) prof->dh_algo = describe(full.dh->heur);
-    if (full.dw) prof->dw_algo = describe(full.dw->heur);
+    prof->logits_algo = lt::describe(*full.logits);
+    if (full.dh) prof->dh_algo = lt::describe(*full.dh);
+    if (full.dw) prof->dw_algo = lt::describe(*full.dw);
   }
 }
 
@@ -675,15 +583,16 @@ void lce_scale(const Tensor& x, const Tensor& s) {
   const int64_t n = x.numel();
   if (n == 0) return;
   DeviceContext& ctx = context(x.device().index);
+  const cudaStream_t cs = stream(x.device().index);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), int64_t{8} * std::max(ctx.sm_count, 1)));
   const float* sp = s.data<float>();
   switch (x.dtype()) {
-    case DType::f32: lce_scale_kernel<float><<<blocks, 256, 0, ctx.stream>>>(x.data<float>(), n, sp); break;
+    case DType::f32: lce_scale_kernel<float><<<blocks, 256, 0, cs>>>(x.data<float>(), n, sp); break;
     case DType::bf16:
-      lce_scale_kernel<__nv_bfloat16><<<blocks, 256, 0, ctx.stream>>>(static_cast<__nv_bfloat16*>(x.data_ptr()), n, sp);
+      lce_scale_kernel<__nv_bfloat16><<<blocks, 256, 0, cs>>>(static_cast<__nv_bfloat16*>(x.data_ptr()), n, sp);
       break;
     case DType::f16:
-      lce_scale_kernel<__half><<<blocks, 256, 0, ctx.stream>>>(static_cast<__half*>(x.data_ptr()), n, sp);
+      lce_scale_kernel<__half><<<blocks, 256, 0, cs>>>(static_cast<__half*>(x.data_ptr()), n, sp);
       break;
     default: fail("linear_cross_entropy: gradient dtype ", dtype_name(x.dtype()), " is not supported on CUDA");
   }

@@ -1,0 +1,131 @@
+// The GEMM epilogues as a functor (the interface in sm90_gemm.cuh), device-only: RtEpilogue<T>
+// applies the epilogue kind of its parameters (gemm.h: none, bias, residual, swiglu,
+// accumulate, row_lse, row_sumsq) to pairs of f32 accumulators and stores them in the output
+// dtype (T or f32). The same functor finishes the cuBLASLt path (unfused.cu: the product in f32
+// first, then this epilogue over it), so both backends share one definition of each epilogue.
+// A specialised epilogue (the fused loss's) is another functor with the same members.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kiln/kernels/device_std.h"
+
+namespace kiln::kernels::cuda::gemm_sm90 {
+
+// gemm.h's Epilogue values.
+enum EpiKind : int { kEpiNone = 0, kEpiBias, kEpiResidual, kEpiSwiglu, kEpiAccumulate, kEpiRowLse, kEpiRowSumsq };
+
+struct EpiParams {
+  int kind;
+  int out_f32;             // 1: out (and bias, residual) f32; 0: the input dtype
+  void* out;
+  int64_t ldo, out_bstride;  // elements
+  const void* bias;          // [N]
+  const void* res;
+  int64_t ldr, res_bstride;
+  float alpha;
+  float* stats;              // [batch, M, tiles_n]
+  int64_t stats_ld, stats_bstride;
+};
+
+template <class T> __device__ __forceinline__ float to_f32(T x);
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+template <class T>
+struct RtEpilogue {
+  static constexpr bool kRowStats = true;  // run-time kind: the reduction is skipped when unused
+  struct Row {
+    float a, b;  // row_lse: (max, Σ exp(v − max)); row_sumsq: (Σ v², unused)
+  };
+  EpiParams p;
+
+  __device__ __forceinline__ Row row_init() const {
+    return p.kind == kEpiRowLse ? Row{-INFINITY, 0.f} : Row{0.f, 0.f};
+  }
+  static __device__ __forceinline__ Row sum_merge(Row x, Row y) { return Row{x.a + y.a, 0.f}; }
+  static __device__ __forceinline__ Row lse_merge(Row x, Row y) {
+    if (y.a == -INFINITY) return x;
+    if (x.a == -INFINITY) return y;
+    const float m = fmaxf(x.a, y.a);
+    return Row{m, x.b * expf(x.a - m) + y.b * expf(y.a - m)};
+  }
+
+  __device__ __forceinline__ float load_out_dtype(const void* base, int64_t off) const {
+    return p.out_f32 ? static_cast<const float*>(base)[off] : to_f32(static_cast<const T*>(base)[off]);
+  }
+  // Stores v at element offset off of out; returns the value as stored (f32).
+  __device__ __forceinline__ float store(int64_t off, float v) const {
+    if (p.out_f32) {
+      static_cast<float*>(p.out)[off] = v;
+      return v;
+    }
+    const T h = from_f32<T>(v);
+    static_cast<T*>(p.out)[off] = h;
+    return to_f32(h);
+  }
+
+  __device__ __forceinline__ void element(int b, int r, int c, float v0, float v1, bool ok1, Row& row) const {
+    v0 *= p.alpha, v1 *= p.alpha;
+    const int64_t o = b * p.out_bstride + static_cast<int64_t>(r) * p.ldo;
+    switch (p.kind) {
+      case kEpiSwiglu: {
+        // gate at column c (even), up at c + 1: out[r, c / 2] (N is even: ok1 always holds).
+        const float s = v0 / (1.f + expf(-v0));
+        store(o + c / 2, s * v1);
+        return;
+      }
+      case kEpiBias:
+        v0 += load_out_dtype(p.bias, c);
+        if (ok1) v1 += load_out_dtype(p.bias, c + 1);
+        break;
+      case kEpiResidual: {
+        const int64_t ro = b * p.res_bstride + static_cast<int64_t>(r) * p.ldr + c;
+        v0 += load_out_dtype(p.res, ro);
+        if (ok1) v1 += load_out_dtype(p.res, ro + 1);
+        break;
+      }
+      case kEpiAccumulate: {  // out is f32 (host-checked)
+        float* out = static_cast<float*>(p.out) + o + c;
+        out[0] += v0;
+        if (ok1) out[1] += v1;
+        return;
+      }
+      case kEpiRowLse: {
+        store(o + c, v0);
+        if (ok1) store(o + c + 1, v1);
+        row = lse_merge(row, Row{v0, 1.f});
+        if (ok1) row = lse_merge(row, Row{v1, 1.f});
+        return;
+      }
+      case kEpiRowSumsq: {
+        const float s0 = store(o + c, v0);
+        row.a += s0 * s0;
+        if (ok1) {
+          const float s1 = store(o + c + 1, v1);
+          row.a += s1 * s1;
+        }
+        return;
+      }
+      default: break;
+    }
+    store(o + c, v0);
+    if (ok1) store(o + c + 1, v1);
+  }
+
+  // The quad merge of the kernel: by kind.
+  __device__ __forceinline__ Row merge(Row x, Row y) const {
+    return p.kind == kEpiRowLse ? lse_merge(x, y) : sum_merge(x, y);
+  }
+  __device__ __forceinline__ bool reduces_rows() const { return p.kind == kEpiRowLse || p.kind == kEpiRowSumsq; }
+  __device__ __forceinline__ void row_done(int b, int r, int tn, Row row) const {
+    float v = row.a;
+    if (p.kind == kEpiRowLse) v = row.a == -INFINITY ? -INFINITY : row.a + logf(row.b);
+    p.stats[b * p.stats_bstride + static_cast<int64_t>(r) * p.stats_ld + tn] = v;
+  }
+};
+
+}  // namespace kiln::kernels::cuda::gemm_sm90

@@ -1,0 +1,238 @@
+// kiln's Hopper GEMM kernel (sm_90a), device-only: C[b] = epilogue(op(A[b]) · op(B[b])) for
+// 16-bit A, B and f32 accumulation, any M, N, K, with the epilogue a functor (epilogue.cuh).
+//
+// NOTE [kiln sm90 gemm]
+// - Tiles of kBM × kBN = 128 × 128 output elements, K in blocks of kBK = 64. A CTA is three
+//   warpgroups: two consumers (rows 0–63 and 64–127 of the tile, a 64 × 128 f32 accumulator
+//   each: 64 registers a thread) and a producer whose first lane issues every TMA copy.
+//   setmaxnreg gives the producer's registers to the consumers.
+// - The grid is persistent: CTA i takes tiles i, i + gridDim.x, ... (a static schedule: the
+//   same for the producer and the consumers, so they need no tile slots), in a grouped order
+//   (kGroupM tile rows walk the tile columns together, for L2 reuse of B).
+// - kStages shared-memory stages of (A block 128 × 64, B block 128 × 64), 16 KB each, 128-byte
+//   swizzled (NOTE [swizzled tiles for wgmma and TMA] in wgmma.cuh). full[s] completes when the
+//   copies land (transaction bytes), empty[s] when the 8 consumer warps are done with the stage.
+//   The producer runs up to kStages blocks ahead, across tiles too: it loads the next tile's
+//   blocks while the consumers run the epilogue.
+// - Operands in either orientation: a K-major operand (K contiguous: A = a [M, K]; B = b [N, K],
+//   i.e. trans_b) is one TMA box of 64 K-columns × 128 rows; an MN-major one (M or N contiguous:
+//   A = a [K, M], trans_a; B = b [K, N]) is two boxes of 64 M/N-columns × 64 K-rows, and the
+//   wgmma reads it transposed (imm-trans = 1, LBO = one group = 64 · 128 bytes, SBO = 1024).
+//   A box wholly outside the tensor (M or N tails) is not loaded: its rows of the product are
+//   never stored, so stale shared memory there is harmless; partial boxes read zeros beyond the
+//   tensor (the K tail: zeros add nothing).
+// - Per K block a consumer issues 4 wgmma m64n128k16 (both operands from shared memory),
+//   commits, and waits for the previous block's group (one group in flight), then releases
+//   the previous block's stage. After the last block it waits for all and runs the epilogue
+//   straight from the accumulator registers (epilogue.cuh: bounds, bias, residual, row stats).
+// Deterministic: fixed partition and order of every sum; no atomics.
+#pragma once
+#include "kiln/kernels/cuda/wgmma.cuh"
+
+namespace kiln::kernels::cuda::gemm_sm90 {
+
+namespace wg = ::kiln::kernels::cuda::wgmma;
+
+inline constexpr int kBM = 128, kBN = 128, kBK = 64;
+inline constexpr int kStages = 5;
+inline constexpr int kGroupM = 8;
+inline constexpr int kThreads = 384;  // 2 consumer warpgroups + the producer warpgroup
+inline constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * ((65536 / kThreads) & ~7),
+              "the register split must fit the CTA's registers at entry");
+inline constexpr int kOperandBytes = kBM * kBK * 2;  // 16 KB: A block (B block the same, kBN == kBM)
+inline constexpr int kStageBytes = 2 * kOperandBytes;
+inline constexpr int kBarOffset = kStages * kStageBytes;
+inline constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + slack to align the base
+static_assert(kBN == kBM, "one box shape for A and B");
+
+// The problem as the kernel sees it (sizes < 2^31: the host checks).
+struct Sm90Problem {
+  int m, n, k;
+  int batch;
+  int tiles_m, tiles_n, k_blocks;
+  int a_batched, b_batched;  // 0: the operand is broadcast over the batch (TMA batch coordinate 0)
+};
+
+// One k16 step of a 64 × 128 tile, both operands from shared memory; kTA / kTB = 1 read A / B
+// MN-major (transposed). scale_d = 0 overwrites d.
+template <class T, int kTA, int kTB>
+__device__ __forceinline__ void mma_64x128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int scale_d);
+
+#define KILN_GEMM_D16_REGS                                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, " \
+  "%25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define KILN_GEMM_D16_OUTS(d)                                                                                          \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),             \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),         \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),         \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),         \
+      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),         \
+      "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),       \
+      "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]),  \
+      "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),  \
+      "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),  \
+      "+f"(d[15][3])
+#define KILN_GEMM_MMA(CT, PT)                                                                                          \
+  template <int kTA, int kTB> struct Mma64x128_##PT {                                                                  \
+    static __device__ __forceinline__ void run(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {    \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." #PT      \
+                   "." #PT " " KILN_GEMM_D16_REGS ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                  \
+                   : KILN_GEMM_D16_OUTS(d)                                                                             \
+                   : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTA), "n"(kTB));                                      \
+    }                                                                                                                  \
+  };
+KILN_GEMM_MMA(__nv_bfloat16, bf16)
+KILN_GEMM_MMA(__half, f16)
+#undef KILN_GEMM_MMA
+#undef KILN_GEMM_D16_REGS
+#undef KILN_GEMM_D16_OUTS
+
+template <class T, int kTA, int kTB>
+__device__ __forceinline__ void mma_64x128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (::kiln::dev::is_same_v<T, __nv_bfloat16>) Mma64x128_bf16<kTA, kTB>::run(d, desc_a, desc_b, scale_d);
+  else Mma64x128_f16<kTA, kTB>::run(d, desc_a, desc_b, scale_d);
+}
+
+// Tile t of the (batch, tile row, tile column) space in the grouped order.
+struct TileCoord {
+  int b, m0, n0, tn;  // tn: the tile column (row stats are per tile column)
+};
+__device__ __forceinline__ TileCoord tile_coord(const Sm90Problem& p, int t) {
+  const int per_batch = p.tiles_m * p.tiles_n;
+  const int b = t / per_batch, r = t - b * per_batch;
+  const int in_group = kGroupM * p.tiles_n;
+  const int group = r / in_group, first_m = group * kGroupM;
+  const int gsz = min(p.tiles_m - first_m, kGroupM);
+  const int q = r - group * in_group;
+  const int tm = first_m + q % gsz, tn = q / gsz;
+  return {b, tm * kBM, tn * kBN, tn};
+}
+
+// The epilogue functor interface (epilogue.cuh's RtEpilogue implements it):
+//   struct Row;                                        per-row running state
+//   Row row_init() const;
+//   void element(int b, int r, int c, float v0, float v1, bool ok1, Row& row) const;
+//       v0, v1 = the accumulator at (r, c), (r, c + 1), c even; r < M and c < N are checked
+//       by the kernel, ok1 says whether c + 1 < N
+//   Row merge(Row lo, Row hi) const;                   two lanes' states (shuffled as floats a, b)
+//   bool reduces_rows() const;                         whether this launch reduces rows
+//   void row_done(int b, int r, int tn, Row row) const;  once per valid row and tile column
+//   bool kRowStats (constexpr): whether the functor can reduce rows at all
+template <class T, bool kAK, bool kBK, class Epi>
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     Sm90Problem p, Epi epi) {
+  extern __shared__ unsigned char gemm_smem_raw[];
+  unsigned char* smem = wg::align_1024(gemm_smem_raw);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
+  uint64_t* empty = full + kStages;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) wg::mbar_init(full + s, 1), wg::mbar_init(empty + s, 8);
+    wg::mbar_init_fence();
+  }
+  __syncthreads();
+  const int n_tiles = p.batch * p.tiles_m * p.tiles_n;
+
+  if (warp >= 8) {
+    // ---- producer: lane 0 of warp 8 issues every copy ----
+    wg::setmaxnreg_dec<kProducerRegs>();
+    if (warp != 8 || lane != 0) return;
+    uint32_t it = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+      const TileCoord tc = tile_coord(p, t);
+      const int ba = tc.b * p.a_batched, bb = tc.b * p.b_batched;
+      // Boxes wholly past M or N are skipped (NOTE): how many of the two 64-wide groups count.
+      const int a_groups = kAK ? 2 : (tc.m0 + 64 < p.m ? 2 : 1);
+      const int b_groups = kBK ? 2 : (tc.n0 + 64 < p.n ? 2 : 1);
+      const uint32_t bytes = static_cast<uint32_t>((a_groups + b_groups) * (kOperandBytes / 2));
+      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+        const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+        wg::mbar_wait(empty + stage, phase ^ 1);
+        wg::mbar_arrive_expect_tx(full + stage, bytes);
+        unsigned char* sa = smem + stage * kStageBytes;
+        unsigned char* sb = sa + kOperandBytes;
+        const int k0 = kb * kBK;
+        if (kAK) {
+          wg::tma_load_4d(sa, &map_a, full + stage, k0, tc.m0, 0, ba);
+        } else {
+          for (int g = 0; g < a_groups; ++g) wg::tma_load_4d(sa + g * 64 * 128, &map_a, full + stage, tc.m0 + 64 * g, k0, 0, ba);
+        }
+        if (kBK) {
+          wg::tma_load_4d(sb, &map_b, full + stage, k0, tc.n0, 0, bb);
+        } else {
+          for (int g = 0; g < b_groups; ++g) wg::tma_load_4d(sb + g * 64 * 128, &map_b, full + stage, tc.n0 + 64 * g, k0, 0, bb);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup wgi owns rows 64·wgi .. 64·wgi + 63 of each tile ----
+  wg::setmaxnreg_inc<kConsumerRegs>();
+  const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const uint32_t smem_base = wg::smem_u32(smem);
+  // Both orientations put warpgroup wgi's A rows at byte 64·128·wgi of the A block: K-major
+  // rows 64·wgi.. (128 bytes each), MN-major the second 64-column group.
+  constexpr uint32_t kLboA = kAK ? 16 : 64 * 128, kLboB = kBK ? 16 : 64 * 128;
+  constexpr uint32_t kStepA = kAK ? 32 : 16 * 128, kStepB = kBK ? 32 : 16 * 128;  // bytes per k16 step
+  float acc[16][4];
+  uint32_t it = 0;
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    const TileCoord tc = tile_coord(p, t);
+    uint32_t prev_stage = 0;
+    for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+      const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+      wg::mbar_wait(full + stage, phase);
+      const uint32_t sa = smem_base + stage * kStageBytes, sb = sa + kOperandBytes;
+      const uint64_t da = wg::desc_sw128(sa + wgi * 64 * 128, kLboA, 1024);
+      const uint64_t db = wg::desc_sw128(sb, kLboB, 1024);
+      wg::fence_operands(acc);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        mma_64x128<T, kAK ? 0 : 1, kBK ? 0 : 1>(acc, wg::desc_advance(da, kk * kStepA), wg::desc_advance(db, kk * kStepB),
+                                               (kb > 0 || kk > 0) ? 1 : 0);
+      wg::commit();
+      wg::wait<1>();
+      wg::fence_operands(acc);
+      if (kb > 0 && lane == 0) wg::mbar_arrive(empty + prev_stage);
+      prev_stage = stage;
+    }
+    wg::wait<0>();
+    wg::fence_operands(acc);
+    if (lane == 0) wg::mbar_arrive(empty + prev_stage);
+
+    // ---- epilogue from registers (NOTE [wgmma fragments]: d[j][i] is row 16·wq + g + 8·(i/2),
+    // column 8j + 2·t4 + i%2 of the warpgroup's 64 × 128) ----
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = tc.m0 + 64 * wgi + 16 * wq + g + 8 * hr;
+      const bool row_ok = r < p.m;
+      typename Epi::Row row = epi.row_init();
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int c = tc.n0 + 8 * j + 2 * t4;
+        if (row_ok && c < p.n) epi.element(tc.b, r, c, acc[j][2 * hr], acc[j][2 * hr + 1], c + 1 < p.n, row);
+      }
+      if constexpr (Epi::kRowStats) {
+        if (epi.reduces_rows()) {  // uniform over the CTA
+          // The quad (t4 = 0..3) holds the row's 128 columns: merged in a fixed order, the lower
+          // lane's state first, so both lanes of a pair compute the same bits.
+#pragma unroll
+          for (int off = 1; off < 4; off <<= 1) {
+            typename Epi::Row other;
+            other.a = __shfl_xor_sync(0xffffffffu, row.a, off);
+            other.b = __shfl_xor_sync(0xffffffffu, row.b, off);
+            row = (t4 & off) ? epi.merge(other, row) : epi.merge(row, other);
+          }
+          if (row_ok && t4 == 0) epi.row_done(tc.b, r, tc.tn, row);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kiln::kernels::cuda::gemm_sm90

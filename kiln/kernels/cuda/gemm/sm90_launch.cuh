@@ -1,0 +1,51 @@
+// The launcher template of kiln's Hopper GEMM (launch.h): tensor maps of A and B in the
+// orientation the kernel reads (NOTE [kiln sm90 gemm]), the persistent grid, the shared-memory
+// opt-in, and the four layout instantiations of sm90_gemm_kernel with the run-time epilogue.
+// Included by one .cu file per input dtype (sm90_bf16.cu, sm90_f16.cu: they compile in parallel).
+#pragma once
+#include <algorithm>
+
+#include "kiln/kernels/cuda/context.h"
+#include "kiln/kernels/cuda/gemm/launch.h"
+#include "kiln/kernels/cuda/gemm/sm90_gemm.cuh"
+#include "kiln/kernels/cuda/tensor_map.h"
+
+namespace kiln::kernels::cuda::gemm_sm90 {
+
+// The map of one operand: [batch (1 when broadcast), 1, rows, cols], boxes of 64 columns ×
+// 128 rows (K-major: 64 K × 128 M/N) or 64 rows (MN-major: 64 M/N × 64 K).
+inline bool encode_operand(CUtensorMap* map, bool is_bf16, const Operand& o, int64_t batch) {
+  const bool batched = o.bstride != 0 && batch > 1;
+  return wgmma::encode_tensor_map_16bit(map, is_bf16, o.ptr, batched ? batch : 1, 1, o.rows, o.cols,
+                                        batched ? o.bstride : 0, 0, o.ld, o.k_major ? 128 : 64);
+}
+
+template <class T, bool kAK, bool kBK>
+void launch_layout(const Launch& l, const CUtensorMap& ma, const CUtensorMap& mb, const Sm90Problem& p) {
+  auto kernel = sm90_gemm_kernel<T, kAK, kBK, RtEpilogue<T>>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  const int64_t tiles = static_cast<int64_t>(p.batch) * p.tiles_m * p.tiles_n;
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, l.sm_count)));
+  RtEpilogue<T> epi{l.epi};
+  kernel<<<grid, kThreads, kSmemBytes, l.stream>>>(ma, mb, p, epi);
+  KILN_CUDA_CHECK_LAUNCH("kiln gemm (sm90)");
+}
+
+template <class T>
+bool launch_impl(const Launch& l, bool is_bf16) {
+  CUtensorMap ma, mb;
+  if (!encode_operand(&ma, is_bf16, l.a, l.batch) || !encode_operand(&mb, is_bf16, l.b, l.batch)) return false;
+  Sm90Problem p{};
+  p.m = static_cast<int>(l.m), p.n = static_cast<int>(l.n), p.k = static_cast<int>(l.k);
+  p.batch = static_cast<int>(l.batch);
+  p.tiles_m = static_cast<int>((l.m + kBM - 1) / kBM), p.tiles_n = static_cast<int>((l.n + kBN - 1) / kBN);
+  p.k_blocks = static_cast<int>((l.k + kBK - 1) / kBK);
+  p.a_batched = l.a.bstride != 0 && l.batch > 1, p.b_batched = l.b.bstride != 0 && l.batch > 1;
+  if (l.a.k_major && l.b.k_major) launch_layout<T, true, true>(l, ma, mb, p);
+  else if (l.a.k_major) launch_layout<T, true, false>(l, ma, mb, p);
+  else if (l.b.k_major) launch_layout<T, false, true>(l, ma, mb, p);
+  else launch_layout<T, false, false>(l, ma, mb, p);
+  return true;
+}
+
+}  // namespace kiln::kernels::cuda::gemm_sm90
