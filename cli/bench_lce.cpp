@@ -8,6 +8,9 @@
 // impl `fused_filter` runs with the gradient filter on and reports its max abs gradient error
 // against the unfiltered run; `--profile` (or KILN_LCE_PROFILE=1) adds a `fused_profile` line
 // with the milliseconds of each phase of the fused kernel summed over its chunks (CUDA).
+// Before any input is allocated, a lower-bound estimate of each chosen impl's memory is checked
+// against what the device has available (kiln/train/memory_estimate.h's figure), so a shape that
+// cannot fit is refused with the numbers instead of being killed by the out-of-memory killer.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +25,8 @@
 #include "kiln/kernels/matmul.h"
 #include "kiln/loss/linear_cross_entropy.h"
 #include "kiln/ops/ops.h"
+#include "kiln/train/memory_estimate.h"
+#include "kiln/train/report.h"
 
 namespace kiln::cli {
 namespace {
@@ -49,6 +54,75 @@ double max_abs_of(const Tensor& a) { return amax(abs(a.to(DType::f32))).item(); 
 bool env_profile() {
   const char* e = std::getenv("KILN_LCE_PROFILE");
   return e != nullptr && *e != '\0' && std::string(e) != "0";
+}
+
+// a * b and a + b, saturating (an absurd --tokens must not wrap around to a small estimate)
+int64_t sat_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX / 4 : r;
+}
+int64_t sat_add(int64_t a, int64_t b) { return std::min(a + b, INT64_MAX / 4); }
+
+// What one impl's step holds at once, at the least (allocator slack and small temporaries
+// left out, so a shape it refuses cannot fit): the inputs, the gradients (d_hidden, d_weight) and
+// the impl's own buffers. `filter`: fused_filter also holds a second set of gradients for its
+// error figure.
+struct LceBenchEstimate {
+  int64_t inputs = 0, gradients = 0, buffers = 0;
+  const char* buffers_what = "";
+  int64_t total() const { return sat_add(sat_add(inputs, gradients), buffers); }
+};
+LceBenchEstimate estimate_lce_bench(const std::string& impl, const Device& dev, int64_t n, int64_t d, int64_t v,
+                                    DType dtype) {
+  const int64_t es = static_cast<int64_t>(itemsize(dtype));
+  const int64_t nd = sat_mul(n, d), vd = sat_mul(v, d), nv = sat_mul(n, v);
+  LceBenchEstimate e;
+  e.inputs = sat_add(sat_mul(sat_add(nd, vd), es), sat_mul(n, 8));  // hidden, weight, i64 targets
+  if (impl == "reference") {
+    e.gradients = sat_mul(sat_add(nd, vd), es);
+    e.buffers = sat_mul(sat_mul(nv, es), 2);  // the N x V logits and their gradient
+    e.buffers_what = "the N x V logits and their gradient";
+  } else if (impl == "gemm_bound") {
+    e.gradients = sat_mul(sat_add(nd, vd), es);
+    e.buffers = sat_mul(nv, es);  // the full-size logits product
+    e.buffers_what = "the N x V logits";
+  } else {
+    // fused: gradients in the input dtype on CUDA, the accumulation dtype on the CPU (where
+    // 16-bit inputs are also copied to f32); per-token loss / lse arrays
+    const int64_t acc = static_cast<int64_t>(itemsize(compute_dtype(dtype)));
+    e.gradients = sat_mul(sat_add(nd, vd), dev.is_cuda() ? es : acc);
+    if (impl == "fused_filter") e.gradients = sat_mul(e.gradients, 2);
+    e.buffers = sat_mul(n, 16);
+    if (!dev.is_cuda() && es < 4) e.buffers = sat_add(e.buffers, sat_mul(sat_add(nd, vd), 4));
+    e.buffers_what = "per-token arrays and f32 copies of 16-bit inputs";
+  }
+  return e;
+}
+
+// kiln::Error when the largest impl's estimate exceeds the memory `dev` has available (nothing
+// when the platform cannot say): both figures, the parts, and the flags to lower.
+void check_lce_bench_fits(const std::vector<std::string>& impls, const Device& dev, int64_t n, int64_t d, int64_t v,
+                          DType dtype, const train::AvailableMemory& available) {
+  if (available.bytes < 0) return;
+  std::string worst;
+  LceBenchEstimate we;
+  for (const std::string& impl : impls) {
+    const LceBenchEstimate e = estimate_lce_bench(impl, dev, n, d, v, dtype);
+    if (worst.empty() || e.total() > we.total()) worst = impl, we = e;
+  }
+  if (we.total() <= available.bytes) return;
+  std::string advice = "Lower --tokens, --vocab or --dim";
+  if (worst == "reference" || worst == "gemm_bound") {
+    const LceBenchEstimate f = estimate_lce_bench("fused", dev, n, d, v, dtype);
+    advice += ", or leave " + worst + " out of --impl (fused alone needs at least " + train::format_bytes(f.total()) +
+              (f.total() <= available.bytes ? ", which fits)" : ")");
+  }
+  if (!dev.is_cuda()) advice += ", or run on a GPU (--device cuda)";
+  fail("bench lce: impl ", worst, " at --tokens ", n, " --dim ", d, " --vocab ", v, " (", dtype_name(dtype),
+       ") needs at least ", train::format_bytes(we.total()), " of memory on ", dev.str(), ", more than the ",
+       train::format_bytes(available.bytes), " available (", available.source, "): inputs ",
+       train::format_bytes(we.inputs), ", gradients ", train::format_bytes(we.gradients), ", ", we.buffers_what, " ",
+       train::format_bytes(we.buffers), ". ", advice);
 }
 
 }  // namespace
@@ -95,6 +169,7 @@ int run_bench_lce(const Args& args) {
   const std::vector<std::string> impl_list =
       parse_impls(impls, {"fused", "fused_filter", "gemm_bound", "reference"}, "bench lce");
   profile = profile || env_profile();
+  check_lce_bench_fits(impl_list, dev, n, d, v, dtype, train::available_memory(dev));
 
   Generator gen(static_cast<uint64_t>(seed));
   Tensor h = mul(randn({n, d}, gen, DType::f32, dev), 1.0).to(dtype).requires_grad_();
