@@ -1,5 +1,5 @@
 // AdamW: hyper-parameter checks and the per-parameter step scalars (computed in double, as
-// torch does in Python floats), then the fused kernel.
+// torch does in Python floats), then the fused kernel: per parameter, or multi-tensor.
 #include "kiln/optim/adamw.h"
 
 #include <cmath>
@@ -24,8 +24,7 @@ AdamW::AdamW(NamedTensors params, const AdamWOptions& o)
   check_adamw(beta1_, beta2_, eps_, "adamw");
 }
 
-void AdamW::update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& buffers, double weight_decay,
-                   int64_t step) {
+kernels::AdamWStep AdamW::step_scalars(double weight_decay, int64_t step) const {
   const double lr = this->lr();
   const double t = static_cast<double>(step);
   kernels::AdamWStep s;
@@ -37,7 +36,30 @@ void AdamW::update(const Tensor& param, const Tensor& grad, const std::vector<Te
   s.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1_, t)));
   s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2_, t)));
   s.eps = static_cast<float>(eps_);
-  KILN_DEVICE_CALL(param.device(), adamw, s, param, grad, buffers[0], buffers[1]);
+  return s;
+}
+
+void AdamW::update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& buffers, double weight_decay,
+                   int64_t step) {
+  KILN_DEVICE_CALL(param.device(), adamw, step_scalars(weight_decay, step), param, grad, buffers[0], buffers[1]);
+}
+
+void AdamW::update_multi(Device device, const std::vector<MultiItem>& items, const Tensor& clip) {
+  std::vector<kernels::AdamWSlot> slots;
+  slots.reserve(items.size());
+  for (const MultiItem& it : items) {
+    if (it.param.numel() == 0) continue;
+    kernels::AdamWSlot sl;
+    sl.p = it.param.data<float>();
+    sl.m = (*it.buffers)[0].data<float>();
+    sl.v = (*it.buffers)[1].data<float>();
+    sl.g = it.grad.data_ptr();
+    sl.n = it.param.numel();
+    sl.s = step_scalars(it.weight_decay, it.step);
+    sl.grad_bf16 = it.grad.dtype() == DType::bf16;
+    slots.push_back(sl);
+  }
+  if (!slots.empty()) KILN_DEVICE_CALL(device, adamw_multi, device, slots, clip);
 }
 
 void AdamW::save_hyperparameters(json::Value& out) const {

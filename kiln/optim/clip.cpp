@@ -68,10 +68,7 @@ double total_norm(const std::vector<Tensor>& grads, double norm_type, const char
       else acc += v;
     }
   }
-  if (inf_norm) return acc;
-  if (norm_type == 2.0) return std::sqrt(acc);
-  if (norm_type == 1.0) return acc;
-  return std::pow(acc, 1.0 / norm_type);
+  return kernels::norm_from_sum(acc, kernels::norm_mode(norm_type), norm_type);
 }
 
 }  // namespace

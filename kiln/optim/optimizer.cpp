@@ -1,5 +1,5 @@
-// The Optimizer base: parameter checks, step() over the parameters that have gradients,
-// zero_grad, and the state as named tensors plus JSON scalars (save and checked load).
+// The Optimizer base: parameter checks, zero_grad, and the state as named tensors plus JSON
+// scalars (save and checked load). step() and clip_and_step() are in optimizer_step.cpp.
 #include "kiln/optim/optimizer.h"
 
 #include <cmath>
@@ -71,41 +71,6 @@ bool Optimizer::decays(size_t i) const {
 void Optimizer::set_lr(double lr) {
   check_lr(lr, kind_.c_str());
   lr_ = lr;
-}
-
-void Optimizer::step() {
-  const char* op = kind_.c_str();
-  NoGradGuard no_grad;
-  // Check every gradient before touching anything, so a bad one leaves all parameters as they were.
-  std::vector<Tensor> grads(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& [name, p] = params_[i];
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    KILN_CHECK(g.shape() == p.shape(), op, ": gradient of '", name, "' has shape ", g.shape(), ", parameter has ",
-               p.shape());
-    KILN_CHECK(g.device() == p.device(), op, ": gradient of '", name, "' is on ", g.device().str(),
-               ", parameter on ", p.device().str());
-    KILN_CHECK(g.dtype() == DType::f32 || g.dtype() == DType::bf16, op, ": gradient of '", name, "' has dtype ",
-               dtype_name(g.dtype()), " (expected f32 or bf16)");
-    grads[i] = g.is_contiguous() ? g.detach() : g.detach().contiguous();
-  }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    const Tensor& p = params_[i].second;
-    ParamState& st = state_[i];
-    Tensor work = p.is_contiguous() ? p.detach() : p.detach().contiguous();
-    if (st.step == 0) {
-      st.buffers.clear();
-      for (size_t k = 0; k < buffer_names_.size(); ++k) st.buffers.push_back(zeros(p.shape(), DType::f32, p.device()));
-    }
-    const int64_t t = st.step + 1;
-    update(work, grads[i], st.buffers, decay_[i] ? weight_decay_ : 0.0, t);
-    st.step = t;
-    if (p.is_contiguous()) p.bump_version();
-    else p.detach().copy_(work);
-  }
-  ++step_count_;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

@@ -1,7 +1,8 @@
 // Optimizer: the base of kiln's optimizers (AdamW in adamw.h, SGD in sgd.h). It holds a list
 // of named f32 leaf parameters, per-parameter state (a step count and named f32 buffers such
 // as "exp_avg"), the learning rate, and which parameters get weight decay. step() skips
-// parameters without a gradient (as torch), zero_grad() clears gradients, and
+// parameters without a gradient (as torch), clip_and_step() fuses clip_grad_norm_ into it,
+// zero_grad() clears gradients, and
 // state_dict()/load_state_dict() turn the state into named tensors plus a JSON object of
 // scalars that a checkpoint stores (safetensors + JSON); a run resumed from them continues
 // bitwise identically. Format and formulas: docs/optim.md.
@@ -44,6 +45,20 @@ class Optimizer {
   // Updates every parameter that has a gradient (others are skipped and keep their state),
   // then counts one step. Runs without recording autograd history.
   void step();
+  // clip_grad_norm_(params(), max_norm, {norm_type}) and step() fused (NOTE [multi-tensor step],
+  // kernels/optim.h): the total norm of the gradients from one multi-tensor reduction per device,
+  // the clip's scale applied inside the update (the gradients themselves are not changed). Returns
+  // the norm before clipping (0 when no parameter has a gradient). A non-finite norm skips the
+  // step: parameters, state and step counts stay as they were (as a caller of clip_grad_norm_
+  // that skips step() on a non-finite norm). max_norm = inf only measures the norm (as grad_norm).
+  // With f32 gradients on the CPU the result has the bits of clip_grad_norm_ + step(); with bf16
+  // gradients it is closer to exact (clip_grad_norm_ rounds the scaled gradient to bf16). One host
+  // synchronisation, after the update was issued, to return the norm.
+  double clip_and_step(double max_norm, double norm_type = 2.0);
+  // The multi-tensor path (the default) or one kernel per parameter (the reference the tests
+  // compare with; clip_and_step then runs clip_grad_norm_ and the per-parameter updates).
+  void set_multi_tensor(bool on) { multi_tensor_ = on; }
+  bool multi_tensor() const { return multi_tensor_; }
   // Clears the gradients: undefined (set_to_none, the default, as torch) or filled with zeros.
   void zero_grad(bool set_to_none = true);
 
@@ -76,6 +91,16 @@ class Optimizer {
   // including this one (1 on the first update).
   virtual void update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& buffers, double weight_decay,
                       int64_t step) = 0;
+  // One parameter of a multi-tensor update: as update()'s arguments.
+  struct MultiItem {
+    Tensor param, grad;
+    const std::vector<Tensor>* buffers = nullptr;
+    double weight_decay = 0;
+    int64_t step = 0;
+  };
+  // Updates every item (all on `device`) in one multi-tensor call; clip as kernels/optim.h's
+  // (undefined: no clip).
+  virtual void update_multi(Device device, const std::vector<MultiItem>& items, const Tensor& clip) = 0;
   // The hyper-parameters (besides lr and weight decay) as JSON members, and their restore
   // (validated) from a state's scalars.
   virtual void save_hyperparameters(json::Value& out) const = 0;
@@ -94,6 +119,13 @@ class Optimizer {
   double lr_ = 0;
   double weight_decay_ = 0;
   int64_t step_count_ = 0;
+  bool multi_tensor_ = true;
+
+  // step() and clip_and_step(): clip false ignores max_norm and norm_type and returns 0.
+  double run_step(bool clip, double max_norm, double norm_type);
+  double run_step_per_parameter(const std::vector<Tensor>& grads, bool clip, double max_norm, double norm_type);
+  double run_step_multi_tensor(const std::vector<Tensor>& grads, bool clip, double max_norm, double norm_type);
+  void ensure_buffers(size_t i);
 };
 
 // Checks a hyper-parameter and throws kiln::Error "<op>: <what>=<value> <expectation>".

@@ -1,4 +1,5 @@
-// SGD: hyper-parameter checks and the per-parameter step scalars, then the fused kernel.
+// SGD: hyper-parameter checks and the per-parameter step scalars, then the fused kernel: per
+// parameter, or multi-tensor.
 #include "kiln/optim/sgd.h"
 
 #include <cmath>
@@ -30,8 +31,7 @@ SGD::SGD(NamedTensors params, const SgdOptions& o)
   check_sgd(momentum_, dampening_, nesterov_, "sgd");
 }
 
-void SGD::update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& buffers, double weight_decay,
-                 int64_t step) {
+kernels::SgdStep SGD::step_scalars(double weight_decay, int64_t step) const {
   kernels::SgdStep s;
   s.lr = static_cast<float>(lr());
   s.weight_decay = static_cast<float>(weight_decay);
@@ -39,8 +39,30 @@ void SGD::update(const Tensor& param, const Tensor& grad, const std::vector<Tens
   s.one_minus_dampening = static_cast<float>(1.0 - dampening_);
   s.nesterov = nesterov_;
   s.first = step == 1;
+  return s;
+}
+
+void SGD::update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& buffers, double weight_decay,
+                 int64_t step) {
   Tensor buf = buffers.empty() ? Tensor() : buffers[0];
-  KILN_DEVICE_CALL(param.device(), sgd, s, param, grad, buf);
+  KILN_DEVICE_CALL(param.device(), sgd, step_scalars(weight_decay, step), param, grad, buf);
+}
+
+void SGD::update_multi(Device device, const std::vector<MultiItem>& items, const Tensor& clip) {
+  std::vector<kernels::SgdSlot> slots;
+  slots.reserve(items.size());
+  for (const MultiItem& it : items) {
+    if (it.param.numel() == 0) continue;
+    kernels::SgdSlot sl;
+    sl.p = it.param.data<float>();
+    sl.buf = it.buffers->empty() ? nullptr : (*it.buffers)[0].data<float>();
+    sl.g = it.grad.data_ptr();
+    sl.n = it.param.numel();
+    sl.s = step_scalars(it.weight_decay, it.step);
+    sl.grad_bf16 = it.grad.dtype() == DType::bf16;
+    slots.push_back(sl);
+  }
+  if (!slots.empty()) KILN_DEVICE_CALL(device, sgd_multi, device, slots, clip);
 }
 
 void SGD::save_hyperparameters(json::Value& out) const {

@@ -1,8 +1,10 @@
 // SGD with momentum, dampening, Nesterov and (coupled, L2) weight decay, exactly as
-// torch.optim.SGD. One fused kernel per parameter (kernels/optim.h). State buffer:
+// torch.optim.SGD. One fused multi-tensor update over all parameters of a device, or one kernel
+// per parameter (kernels/optim.h). State buffer:
 // "momentum_buffer" (only when momentum != 0).
 #pragma once
 #include <cstdint>
+#include "kiln/kernels/optim.h"
 #include "kiln/optim/optimizer.h"
 
 namespace kiln::optim {
@@ -26,10 +28,12 @@ class SGD final : public Optimizer {
  protected:
   void update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& buffers, double weight_decay,
               int64_t step) override;
+  void update_multi(Device device, const std::vector<MultiItem>& items, const Tensor& clip) override;
   void save_hyperparameters(json::Value& out) const override;
   void load_hyperparameters(const json::Value& in) override;
 
  private:
+  kernels::SgdStep step_scalars(double weight_decay, int64_t step) const;
   double momentum_, dampening_;
   bool nesterov_;
 };
