@@ -27,14 +27,8 @@ int run_generate(const Args& args) {
   p.option("--device", &device, "DEV", "cpu, cuda or cuda:N");
   if (!p.parse(args)) return 0;
   KILN_CHECK(!ckpt.empty(), "--ckpt is required");
-  KILN_CHECK(seed >= 0, "--seed must be >= 0");
-  nn::GenerateOptions o;
-  o.max_new_tokens = max_tokens;
-  o.temperature = temperature;
-  o.top_k = top_k;
-  o.top_p = top_p;
-  o.seed = static_cast<uint64_t>(seed);
-  o.validate();  // before the model loads and the prompt is printed
+  // checked before the model loads and the prompt is printed
+  nn::GenerateOptions o = nn::generate_options(max_tokens, temperature, top_k, top_p, seed, "generate: --seed");
   const Device dev = Device::parse(device);
   check_device_available(dev, "generate");
   std::string note;
@@ -44,10 +38,7 @@ int run_generate(const Args& args) {
   auto model = train::load_model(dir, dev);
   model->eval();
   auto tok = train::load_tokenizer_for(*model, dir, tokenizer, "generate");
-  std::vector<int32_t> ids;
-  if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
-  for (int32_t t : tok->encode(prompt)) ids.push_back(t);
-  o.eos_id = tok->eos_id();
+  const std::vector<int32_t> ids = nn::encode_prompt(*tok, prompt, o);
   const int64_t context = model->config.max_position_embeddings;
   const int64_t kept = nn::prompt_tokens_kept(static_cast<int64_t>(ids.size()), max_tokens, context);
   if (kept < static_cast<int64_t>(ids.size()) && context >= 2)

@@ -1,4 +1,4 @@
-// KV-cache decoding and the token sampler.
+// KV-cache decoding, the token sampler, and the front ends' options and prompt encoding.
 #include "kiln/nn/generate.h"
 
 #include <algorithm>
@@ -17,6 +17,27 @@ void GenerateOptions::validate() const {
              " must be a number >= 0");
   KILN_CHECK(top_p > 0 && top_p <= 1, "generate: top_p=", top_p, " (--top-p) must be in (0, 1]");
   KILN_CHECK(top_k >= 0, "generate: top_k=", top_k, " (--top-k) must be >= 0");
+}
+
+GenerateOptions generate_options(int64_t max_new_tokens, double temperature, int64_t top_k, double top_p,
+                                 int64_t seed, const char* who) {
+  KILN_CHECK(seed >= 0, who, ": seed must be >= 0, got ", seed);
+  GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.temperature = temperature;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  o.seed = static_cast<uint64_t>(seed);
+  o.validate();
+  return o;
+}
+
+std::vector<int32_t> encode_prompt(const data::Tokenizer& tok, std::string_view text, GenerateOptions& options) {
+  std::vector<int32_t> ids;
+  if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  for (int32_t t : tok.encode(text)) ids.push_back(t);
+  options.eos_id = tok.eos_id();
+  return ids;
 }
 
 int32_t sample_token(const std::vector<float>& logits, const GenerateOptions& o, uint64_t draw) {

@@ -1,12 +1,15 @@
 // Autoregressive sampling from a LlamaForCausalLM with a KV cache: the prompt is run once,
 // then one token per step. Temperature (0: greedy), top-k, top-p (nucleus), a seed (the
 // counter-based generator, so a seed gives the same text on any machine), and a callback per
-// token for streaming.
+// token for streaming. Also what every front end (kiln generate, kiln.generate) does around it:
+// the options from their flags, and the prompt's ids from a tokenizer.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string_view>
 #include <vector>
 
+#include "kiln/data/tokenizer.h"
 #include "kiln/nn/llama.h"
 
 namespace kiln::nn {
@@ -21,6 +24,14 @@ struct GenerateOptions {
   // kiln::Error naming the first option out of range (generate and sample_token call it).
   void validate() const;
 };
+
+// The options of a front end's flags, validated (seed too: `who` names the caller in errors).
+GenerateOptions generate_options(int64_t max_new_tokens, double temperature, int64_t top_k, double top_p,
+                                 int64_t seed, const char* who);
+
+// A prompt as generate takes it: `tok`'s BOS token when it has one, then `text` encoded; and
+// `options.eos_id` set to `tok`'s end of sequence.
+std::vector<int32_t> encode_prompt(const data::Tokenizer& tok, std::string_view text, GenerateOptions& options);
 
 // How many of a prompt's last tokens generate keeps in a context of `context` positions: all
 // that leave room for max_new_tokens, but at least half the context (and at most all of it). An

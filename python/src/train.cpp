@@ -105,14 +105,7 @@ std::tuple<nb::bytes, std::vector<int32_t>> run_generate(const std::string& ckpt
                                                            int64_t max_tokens, double temperature, int64_t top_k,
                                                            double top_p, int64_t seed, const std::string& device,
                                                            const std::string& tokenizer) {
-  KILN_CHECK(seed >= 0, "kiln.generate: seed must be >= 0, got ", seed);
-  nn::GenerateOptions o;
-  o.max_new_tokens = max_tokens;
-  o.temperature = temperature;
-  o.top_k = top_k;
-  o.top_p = top_p;
-  o.seed = static_cast<uint64_t>(seed);
-  o.validate();
+  nn::GenerateOptions o = nn::generate_options(max_tokens, temperature, top_k, top_p, seed, "kiln.generate");
   const Device dev = Device::parse(device);
   check_device_available(dev, "kiln.generate");
   nb::gil_scoped_release nogil;
@@ -121,10 +114,7 @@ std::tuple<nb::bytes, std::vector<int32_t>> run_generate(const std::string& ckpt
   auto model = train::load_model(dir, dev);
   model->eval();
   auto tok = train::load_tokenizer_for(*model, dir, tokenizer, "kiln.generate");
-  std::vector<int32_t> ids;
-  if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
-  for (int32_t t : tok->encode(prompt)) ids.push_back(t);
-  o.eos_id = tok->eos_id();
+  const std::vector<int32_t> ids = nn::encode_prompt(*tok, prompt, o);
   std::vector<int32_t> out = nn::generate(*model, ids, o);
   if (!out.empty() && out.back() == tok->eos_id()) out.pop_back();
   const std::vector<int32_t> tail(ids.end() - std::min<std::ptrdiff_t>(8, std::ssize(ids)), ids.end());
