@@ -7,7 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
+#include <type_traits>
+#include <variant>
 
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include "cli/commands.h"
 #include "kiln/data/tokenizer.h"
 #include "kiln/train/checkpoint.h"
+#include "kiln/train/config.h"
 #include "kiln/train/report.h"
 #include "kiln/train/run_folder.h"
 #include "kiln/train/trainer.h"
@@ -91,72 +95,41 @@ int run_train(const Args& args) {
       c = p;
     }
   }
-  int64_t seed = static_cast<int64_t>(c.seed);
   ArgParser p("train",
               "Train a Llama-style language model. With no arguments: the 'small' preset on the corpus built\n"
               "into kiln (its own docs and headers) for about a minute on 2 CPU cores, then a sample.\n"
               "Settings come from --preset, then --config FILE (TOML or JSON, keys = flag names), then flags.");
-  p.option("--preset", &c.preset, "NAME", "model and run preset: tiny, small, 125m, 1b");
-  p.option("--config", &config_file, "FILE", "TOML or JSON file of settings (keys as the flags, e.g. lr = 1e-3)");
-  p.option("--data", &c.data, "PATH", "text file or folder of text files (default: the built-in corpus); FILE.bin: "
-           "token ids (llm.c or nanoGPT files, see kiln tokenize); random:V: uniform ids below V (benchmarks only)");
-  p.option("--vocab", &c.vocab, "N", "the model's vocabulary (0: the tokenizer's, or the token file's sidecar)");
-  p.option("--tokenizer", &c.tokenizer, "SPEC", "'byte' (built in) or a SentencePiece tokenizer.model");
-  p.option("--sample-mode", &c.sample, "MODE", "windows (random windows) or packed (documents, masked)");
-  p.option("--val-fraction", &c.val_fraction, "F", "fraction of the tokens held out for evaluation");
-  p.option("--steps", &c.steps, "N", "optimizer steps");
-  p.option("--batch", &c.batch, "N", "sequences per micro-batch");
-  p.option("--seq", &c.seq, "N", "tokens per sequence");
-  p.option("--accum", &c.accum, "N", "micro-batches accumulated per step");
-  p.option("--lr", &c.lr, "LR", "peak learning rate");
-  p.option("--min-lr-ratio", &c.min_lr_ratio, "R", "final lr of the cosine decay, as a fraction of --lr");
-  p.option("--warmup", &c.warmup, "N", "linear warmup steps (-1: 5% of --steps)");
-  p.option("--weight-decay", &c.weight_decay, "W", "AdamW decoupled weight decay (matrices only)");
-  p.option("--beta1", &c.beta1, "B", "AdamW beta1");
-  p.option("--beta2", &c.beta2, "B", "AdamW beta2");
-  p.option("--clip", &c.clip, "NORM", "clip the gradient norm to NORM (0: off)");
-  p.option("--hidden", &c.hidden, "N", "model width (hidden_size)");
-  p.option("--layers", &c.layers, "N", "decoder layers");
-  p.option("--heads", &c.heads, "N", "attention heads");
-  p.option("--kv-heads", &c.kv_heads, "N", "key/value heads (grouped-query attention)");
-  p.option("--intermediate", &c.intermediate, "N", "SwiGLU MLP width");
-  p.option("--rope-theta", &c.rope_theta, "T", "rotary embedding base");
-  p.flag("--tie-embeddings", &c.tie_embeddings, "share the input embedding with the output projection");
-  p.option("--attention", &c.attention, "BACKEND", "attention backend: auto (= flex), "
-           "reference (ops) or flex");
-  p.option("--attention-mask", &c.attention_mask, "MASK", "auto (document with --sample-mode packed, else causal), "
-           "causal, window:W (sliding window of W tokens) or document (causal within packed documents; needs "
-           "--sample-mode packed)");
-  p.flag("--fused-loss", &c.fused_loss, "use the fused linear + cross-entropy loss");
-  p.option("--checkpoint-activations", &c.checkpoint_activations, "WHAT", "none, block (recompute each decoder "
-           "block's activations in the backward) or mlp (only each MLP's): less memory, more compute");
-  p.option("--eval-every", &c.eval_every, "N", "evaluate on the held-out split every N steps (0: never)");
-  p.option("--eval-batches", &c.eval_batches, "N", "batches per evaluation");
-  p.option("--ckpt-every", &c.ckpt_every, "N", "checkpoint every N steps (0: only at the end / on Ctrl-C)");
-  p.option("--keep-ckpts", &c.keep_ckpts, "N", "checkpoints kept in --out");
-  p.option("--log-every", &c.log_every, "N", "metrics line every N steps");
-  p.option("--max-time", &c.max_time, "SECONDS", "stop (with a checkpoint) after this long (0: no limit)");
-  p.option("--sample-tokens", &c.sample_tokens, "N", "tokens generated at the end (0: none)");
-  p.option("--prompt", &c.prompt, "TEXT", "prompt of the final sample");
-  p.option("--out", &c.out, "DIR",
-           "run directory: checkpoints, metrics.jsonl, loss.svg (the default moves on to runs/kiln-2, -3, ... "
-           "when it holds an earlier run)");
-  p.flag("--overwrite", &c.overwrite, "a fresh run into an --out holding an earlier run replaces that run");
-  p.option("--resume", &c.resume, "DIR", "continue from a checkpoint (or a run directory's latest)");
-  p.option("--device", &c.device, "DEV", "cpu, cuda or cuda:N");
-  p.option("--dtype", &c.dtype, "DT", "auto (bf16 on CUDA, f32 on CPU), f32, or bf16 (f32 master weights)");
-  p.option("--seed", &seed, "S", "seed of initialisation and data order");
-  p.flag("--deterministic", &c.deterministic, "bitwise reproducible kernels (and resumes)");
-  p.flag("--profile", &c.profile, "op-level profile (also KILN_PROFILE=1): time per kernel call and host syncs, "
-         "a table at the end and DIR/profile.json (first step excluded as warm-up)");
+  // The flags are the config's field table (kiln/train/config.h), bound to `c`, so their defaults
+  // in --help are the preset's (and the file's). Unsigned settings (the seed) parse as integers
+  // and are checked after the parse.
+  std::deque<std::pair<const train::ConfigField*, int64_t>> unsigned_values;
+  for (const train::ConfigField& f : train::config_fields()) {
+    std::visit(
+        [&](auto m) {
+          using T = std::remove_reference_t<decltype(c.*m)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            p.flag(f.flag, &(c.*m), f.help);
+          } else if constexpr (std::is_same_v<T, uint64_t>) {
+            unsigned_values.emplace_back(&f, static_cast<int64_t>(c.*m));
+            p.option(f.flag, &unsigned_values.back().second, f.metavar, f.help);
+          } else {
+            p.option(f.flag, &(c.*m), f.metavar, f.help);
+          }
+        },
+        f.member);
+    if (f.key == "preset")
+      p.option("--config", &config_file, "FILE", "TOML or JSON file of settings (keys as the flags, e.g. lr = 1e-3)");
+  }
   p.epilog("examples:\n  kiln train\n  kiln train --preset tiny --data input.txt --steps 500 --out runs/tiny\n"
            "  kiln train --resume runs/tiny --steps 1000\n");
   if (!p.parse(args)) return 0;
-  KILN_CHECK(seed >= 0, "--seed: must be >= 0, got ", seed);
+  for (const auto& [f, value] : unsigned_values) {
+    KILN_CHECK(value >= 0, f->flag, ": must be >= 0, got ", value);
+    f->set(c, json::Value(value));
+  }
   // An empty --data (a shell variable that was not set) trained on the built-in corpus silently.
   KILN_CHECK(!p.given("--data") || !c.data.empty(), "--data: the path is empty (''); give a text file or folder, or "
              "leave --data out to train on the built-in corpus");
-  c.seed = static_cast<uint64_t>(seed);
   if (c.resume.empty() && !p.given("--device") && c.device == train::preset(c.preset).device) {
     // A preset's device the user never named ("device cuda:0 requested but kiln was built
     // without CUDA" for --preset 125m on a CPU build): say where it comes from.
@@ -175,34 +148,26 @@ int run_train(const Args& args) {
     KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'", train::why_no_checkpoint(c.resume));
     if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
     const json::Value saved = *train::read_trainer_state(ck).find("config");
-    auto flag_of = [](const std::string& key) {
-      std::string flag = "--" + (key == "sample" ? std::string("sample-mode") : key);
-      for (char& ch : flag)
-        if (ch == '_') ch = '-';
-      return flag;
-    };
-    const std::vector<std::string>& may_change = train::changeable_on_resume();
-    for (const auto& key : may_change)
-      if (!p.given(flag_of(key)) && saved.find(key)) train::set_config_value(c, key, *saved.find(key));
+    using train::OnResume;
+    std::string changeable;
+    for (const train::ConfigField& f : train::config_fields()) {
+      if (f.on_resume != OnResume::changeable) continue;
+      if (!p.given(f.flag) && saved.find(f.key)) train::set_config_value(c, f.key, *saved.find(f.key));
+      changeable += (changeable.empty() ? "" : ", ") + f.flag;
+    }
     // The other settings are the run's: a flag that would change one was dropped without a word
     // (--lr 0.5 trained on at the saved lr). Flags that repeat the saved value are fine.
     KILN_CHECK(!p.given("--config"), "--resume continues a run with its saved settings, so --config does not apply; "
                "give the settings a resumed run may change as flags");
     std::string differ;
-    // Named: a range-for over c.to_json().as_object() read the temporary after it was destroyed
-    // (a 140 TB allocation from a garbage size, "out of host memory", once memory was reused).
-    const json::Value settings = c.to_json();
-    for (const auto& [key, value] : settings.as_object()) {
-      const std::string flag = flag_of(key);
-      if (key == "out" || !p.given(flag) || std::find(may_change.begin(), may_change.end(), key) != may_change.end())
-        continue;
-      const json::Value* was = saved.find(key);
+    for (const train::ConfigField& f : train::config_fields()) {
+      if (f.on_resume != OnResume::kept || !f.saved || !p.given(f.flag)) continue;
+      const json::Value value = f.get(c);
+      const json::Value* was = saved.find(f.key);
       if (was && was->dump() == value.dump()) continue;
-      differ += (differ.empty() ? "" : ", ") + flag + " " + value.dump() + " (the run has " +
+      differ += (differ.empty() ? "" : ", ") + f.flag + " " + value.dump() + " (the run has " +
                 (was ? was->dump() : std::string("none")) + ")";
     }
-    std::string changeable;
-    for (const auto& key : may_change) changeable += (changeable.empty() ? "" : ", ") + flag_of(key);
     KILN_CHECK(differ.empty(), "--resume continues a run with its saved settings, which these flags would change: ",
                differ, ". Drop them, or start a new run with another --out; a resumed run may change ", changeable,
                " and --out");

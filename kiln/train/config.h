@@ -2,12 +2,20 @@
 // 125m, 1b), then a config file (TOML subset or JSON), then command-line flags. Keys are the
 // flag names without dashes ("lr", "eval_every"); a TOML [table] or JSON object only groups
 // keys ([model] hidden = 256 is the key "hidden"). validate() names every bad value.
+//
+// NOTE [one field table]: config_fields() is the only list of the settings. Each row names the
+// key, the member, the flag, its help and what a resumed run does with it; the setters
+// (set_config_value), to_json, changeable_on_resume, the CLI flags of `kiln train` and their
+// --help are all made from it, so a new setting is one member and one row.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "kiln/io/json.h"
+#include "kiln/io/toml.h"
 #include "kiln/nn/llama.h"
 
 namespace kiln::train {
@@ -63,18 +71,49 @@ struct TrainConfig {
 const std::vector<std::string>& preset_names();
 TrainConfig preset(const std::string& name);
 
-// The settings (config keys) a resumed run takes from the new command instead of its checkpoint:
-// its length, its eval / checkpoint / log intervals and the final sample (and, outside this
-// list, where it goes: `out`). Every other setting is the run's own.
+// What a resumed run does with a setting.
+enum class OnResume {
+  kept,        // the run's own: taken from its checkpoint (a flag that would change it is an error)
+  changeable,  // taken from the new command: the run's length, its intervals, the final sample
+  command,     // each invocation's own, not the run's: out, resume, overwrite, profile
+};
+
+// One row of the table (NOTE [one field table]).
+struct ConfigField {
+  using Member = std::variant<std::string TrainConfig::*, int64_t TrainConfig::*, double TrainConfig::*,
+                              bool TrainConfig::*, uint64_t TrainConfig::*>;
+  std::string key;      // "eval_every"
+  std::string flag;     // "--eval-every"; its name without dashes is accepted as a key too ("sample_mode")
+  Member member;
+  std::string metavar;  // shown in --help ("N"); empty for a boolean switch
+  std::string help;
+  OnResume on_resume = OnResume::kept;
+  bool saved = true;    // recorded with the run (to_json: trainer_state.json's config)
+  bool in_file = true;  // settable from a config file or JSON object (resume is not)
+
+  bool is_switch() const { return std::holds_alternative<bool TrainConfig::*>(member); }
+  json::Value get(const TrainConfig& c) const;
+  // Sets from a JSON value of the member's type (kiln::Error from the JSON accessor otherwise).
+  void set(TrainConfig& c, const json::Value& v) const;
+  void copy(TrainConfig& to, const TrainConfig& from) const;
+};
+
+// Every setting, in the order `kiln train --help` lists them.
+const std::vector<ConfigField>& config_fields();
+// The row of a key ('-' and '_' alike) or of a flag's name without its dashes; null if none.
+const ConfigField* find_config_field(std::string_view key);
+
+// The settings (config keys) a resumed run takes from the new command instead of its checkpoint
+// (OnResume::changeable): its length, its eval / checkpoint / log intervals and the final sample.
+// Every other saved setting is the run's own (and `out`, OnResume::command, is the command's).
 const std::vector<std::string>& changeable_on_resume();
 
 // Sets one key from a JSON value (kiln::Error naming the key for unknown keys or bad types).
 void set_config_value(TrainConfig& c, const std::string& key, const json::Value& v);
 // Applies every key of a JSON object (nested objects flattened).
 void apply_config_json(TrainConfig& c, const json::Value& obj);
-// Parses the TOML subset: comments (#), [table] headers, key = value with strings ("..." or
-// '...'), integers, floats, booleans. Returns a JSON object (tables as nested objects).
-json::Value parse_toml(const std::string& text, const std::string& source = "config");
+// The TOML reader lives in kiln/io/toml.h; named here too for the callers that read train configs.
+using io::parse_toml;
 // Reads a .toml or .json file and applies it.
 void apply_config_file(TrainConfig& c, const std::string& path);
 

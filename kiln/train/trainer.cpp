@@ -84,11 +84,8 @@ TrainSummary run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
     cfg = TrainConfig{};
     apply_config_json(cfg, *resume_state.find("config"));
     saved_steps = cfg.steps;
-    const json::Value given = cfg_in.to_json();
-    for (const auto& key : changeable_on_resume()) set_config_value(cfg, key, *given.find(key));
-    cfg.out = cfg_in.out;
-    cfg.resume = cfg_in.resume;
-    cfg.profile = cfg_in.profile;
+    for (const ConfigField& f : config_fields())  // the settings that are not the run's own
+      if (f.on_resume != OnResume::kept) f.copy(cfg, cfg_in);
   }
   cfg.validate();
   RunLock lock(cfg.out);  // one writer per run folder, then what a killed one left (run_folder.h)

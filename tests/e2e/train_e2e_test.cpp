@@ -191,8 +191,9 @@ TEST(TrainCli, ShortRunWritesMetricsCheckpointCurveAndSample) {
   // one that repeats it is fine
   CliRun lr = run_cli("train --resume " + out.string() + " --steps 8 --lr 0.5 --hidden 128 --sample-tokens 0");
   EXPECT_EQ(lr.status, 1) << lr.output;
-  EXPECT_NE(lr.output.find("which these flags would change: --hidden 128 (the run has 64), --lr 0.5 (the run has "
-                           "0.003)"),
+  // (named in the order of `kiln train --help`, the config's field table)
+  EXPECT_NE(lr.output.find("which these flags would change: --lr 0.5 (the run has 0.003), --hidden 128 (the run has "
+                           "64)"),
             std::string::npos)
       << lr.output;
   std::ofstream(out / "more.toml") << "lr = 0.1\n";
@@ -275,8 +276,10 @@ TEST(TrainCli, BadValuesGiveClearMessages) {
   r = run_cli("train --help");
   EXPECT_EQ(r.status, 0);
   for (const char* f : {"--preset", "--data", "--steps", "--out", "--seed", "--deterministic", "--resume", "--device",
-                        "--accum", "--attention", "--fused-loss"})
+                        "--accum", "--attention", "--fused-loss", "--config"})
     EXPECT_NE(r.output.find(f), std::string::npos) << f;
+  for (const train::ConfigField& f : train::config_fields())  // the flags are the config's field table
+    EXPECT_NE(r.output.find("  " + f.flag + (f.is_switch() ? "" : " " + f.metavar)), std::string::npos) << f.flag;
 }
 
 TEST(TrainCli, ResumeFromAForeignTrainerStateIsAnError) {

@@ -1,9 +1,12 @@
 // Data and configuration tests: byte tokenizer, token cache, split, sampler reproducibility
-// and resumption, the TOML subset, presets and clear errors for bad values.
+// and resumption, the TOML subset, the config field table, presets and clear errors for bad values.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
+#include <set>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +14,7 @@
 #include "kiln/data/dataset.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/tokenizer.h"
+#include "kiln/io/toml.h"
 #include "kiln/train/config.h"
 
 using namespace kiln;
@@ -238,7 +242,7 @@ TEST(Data, SamplerIsReproducibleAndResumable) {
 }
 
 TEST(Config, TomlSubset) {
-  json::Value v = train::parse_toml(
+  json::Value v = io::parse_toml(
       "# comment\npreset = \"tiny\"  # trailing\nsteps = 1_000\nlr = 3e-4\n[model]\nhidden = 96\n"
       "tie_embeddings = true\nname = 'lit#eral'\n");
   EXPECT_EQ(v.find("preset")->as_string(), "tiny");
@@ -247,12 +251,12 @@ TEST(Config, TomlSubset) {
   EXPECT_EQ(v.find("model")->find("hidden")->as_int(), 96);
   EXPECT_TRUE(v.find("model")->find("tie_embeddings")->as_bool());
   EXPECT_EQ(v.find("model")->find("name")->as_string(), "lit#eral");
-  expect_error([] { train::parse_toml("a = [1, 2]"); }, "config:1");
-  expect_error([] { train::parse_toml("x = 1\nx = 2"); }, "defined twice");
-  expect_error([] { train::parse_toml("just text"); }, "expected 'key = value'");
+  expect_error([] { io::parse_toml("a = [1, 2]"); }, "config:1");
+  expect_error([] { io::parse_toml("x = 1\nx = 2"); }, "defined twice");
+  expect_error([] { io::parse_toml("just text"); }, "expected 'key = value'");
   // Integers as TOML has them: decimal without leading zeros ("010" was read as octal 8), the
   // 0x / 0o / 0b bases, signs; out-of-range numbers are errors, not 0 or a wrapped value.
-  json::Value n = train::parse_toml("a = 0x1F\nb = 0o17\nc = 0b101\nd = -42\ne = +7\nf = 0\ng = -0\nh = inf\n");
+  json::Value n = io::parse_toml("a = 0x1F\nb = 0o17\nc = 0b101\nd = -42\ne = +7\nf = 0\ng = -0\nh = inf\n");
   EXPECT_EQ(n.find("a")->as_int(), 31);
   EXPECT_EQ(n.find("b")->as_int(), 15);
   EXPECT_EQ(n.find("c")->as_int(), 5);
@@ -261,27 +265,89 @@ TEST(Config, TomlSubset) {
   EXPECT_EQ(n.find("f")->as_int(), 0);
   EXPECT_EQ(n.find("g")->as_int(), 0);
   EXPECT_TRUE(std::isinf(n.find("h")->as_double()));
-  expect_error([] { train::parse_toml("steps = 010"); }, "config:1: integer '010' has a leading zero");
-  expect_error([] { train::parse_toml("steps = -007"); }, "leading zero");
-  expect_error([] { train::parse_toml("steps = 9223372036854775808"); }, "does not fit in 64 bits");
-  expect_error([] { train::parse_toml("x = 0xFFFFFFFFFFFFFFFFF"); }, "does not fit in 64 bits");
-  expect_error([] { train::parse_toml("clip = 1e999"); }, "number '1e999' is out of the range of a double");
-  expect_error([] { train::parse_toml("x = 0x"); }, "is not a string, number or boolean");
-  expect_error([] { train::parse_toml("x = 12abc"); }, "is not a string, number or boolean");
-  expect_error([] { train::parse_toml("x = +"); }, "is not a string, number or boolean");
-  expect_error([] { train::parse_toml("a = 1\nprompt = \"\\ud800\""); }, "config:2: string value of 'prompt': JSON:");
+  expect_error([] { io::parse_toml("steps = 010"); }, "config:1: integer '010' has a leading zero");
+  expect_error([] { io::parse_toml("steps = -007"); }, "leading zero");
+  expect_error([] { io::parse_toml("steps = 9223372036854775808"); }, "does not fit in 64 bits");
+  expect_error([] { io::parse_toml("x = 0xFFFFFFFFFFFFFFFFF"); }, "does not fit in 64 bits");
+  expect_error([] { io::parse_toml("clip = 1e999"); }, "number '1e999' is out of the range of a double");
+  expect_error([] { io::parse_toml("x = 0x"); }, "is not a string, number or boolean");
+  expect_error([] { io::parse_toml("x = 12abc"); }, "is not a string, number or boolean");
+  expect_error([] { io::parse_toml("x = +"); }, "is not a string, number or boolean");
+  expect_error([] { io::parse_toml("a = 1\nprompt = \"\\ud800\""); }, "config:2: string value of 'prompt': JSON:");
   // (From a probe) '_' only between digits, as TOML says (1__0 and 4_ were read as 10 and 4); a
   // byte order mark is skipped (it became part of the first key: "unknown key '\xEF\xBB\xBFsteps'").
-  EXPECT_EQ(train::parse_toml("steps = 1_000").find("steps")->as_int(), 1000);
-  EXPECT_EQ(train::parse_toml("x = 0xff_ff").find("x")->as_int(), 0xffff);
+  EXPECT_EQ(io::parse_toml("steps = 1_000").find("steps")->as_int(), 1000);
+  EXPECT_EQ(io::parse_toml("x = 0xff_ff").find("x")->as_int(), 0xffff);
   for (const char* bad : {"steps = 1__0", "steps = 4_", "steps = _4", "lr = 1_.5", "lr = 1_e5", "lr = 1e_5"})
-    expect_error([&] { train::parse_toml(bad); }, "'_' only between two digits");
-  EXPECT_EQ(train::parse_toml("\xEF\xBB\xBFsteps = 3").find("steps")->as_int(), 3);
+    expect_error([&] { io::parse_toml(bad); }, "'_' only between two digits");
+  EXPECT_EQ(io::parse_toml("\xEF\xBB\xBFsteps = 3").find("steps")->as_int(), 3);
   // resume cannot come from a config file (a resumed run refuses --config); overwrite can.
   train::TrainConfig c = train::preset("tiny");
   expect_error([&] { train::set_config_value(c, "resume", json::Value("run1")); }, "pass --resume DIR");
   train::set_config_value(c, "overwrite", json::Value(true));
   EXPECT_TRUE(c.overwrite);
+}
+
+// The field table (config.h) is the one place a setting is named: every row sets and reads its
+// member (a value of its type round-trips through set_config_value and to_json, changing that
+// member alone), is found by its key and by its flag's name, and the derived lists agree.
+TEST(Config, FieldTableDrivesSettersJsonAndResume) {
+  const train::TrainConfig base = train::preset("tiny");
+  std::mt19937_64 rng(std::random_device{}());
+  std::set<std::string> keys, flags;
+  for (const train::ConfigField& f : train::config_fields()) {
+    EXPECT_TRUE(keys.insert(f.key).second) << f.key;
+    EXPECT_TRUE(flags.insert(f.flag).second) << f.flag;
+    ASSERT_EQ(f.flag.rfind("--", 0), 0u) << f.flag;
+    EXPECT_FALSE(f.help.empty()) << f.key;
+    EXPECT_EQ(f.metavar.empty(), f.is_switch()) << f.key;
+    EXPECT_EQ(train::find_config_field(f.key), &f);
+    EXPECT_EQ(train::find_config_field(f.flag.substr(2)), &f);  // "sample-mode", "eval-every"
+    // a fresh value of the member's type, different from the preset's
+    json::Value v;
+    const json::Value was = f.get(base);
+    switch (was.kind()) {
+      case json::Value::Kind::string: v = "s" + std::to_string(rng() % 100000); break;
+      case json::Value::Kind::integer: v = static_cast<int64_t>(rng() % 1000000) + was.as_int() + 1; break;
+      case json::Value::Kind::number: v = was.as_double() + 0.25 + static_cast<double>(rng() % 1000) / 8; break;
+      case json::Value::Kind::boolean: v = !was.as_bool(); break;
+      default: FAIL() << f.key << " reads as " << was.dump();
+    }
+    train::TrainConfig c = base;
+    if (!f.in_file) {
+      expect_error([&] { train::set_config_value(c, f.key, v); }, "cannot be set in a config file: pass " + f.flag);
+      f.set(c, v);
+    } else {
+      train::set_config_value(c, f.key, v);
+    }
+    EXPECT_EQ(f.get(c).dump(), v.dump()) << f.key;
+    // to_json changes in this key alone (or not at all for a setting that is not the run's)
+    const json::Value a = base.to_json(), b = c.to_json();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.as_object().size(); ++i) {
+      const auto& [k, av] = a.as_object()[i];
+      EXPECT_EQ(b.as_object()[i].first, k);
+      EXPECT_EQ(av.dump() == b.as_object()[i].second.dump(), !(f.saved && k == f.key)) << f.key << " vs " << k;
+    }
+    EXPECT_EQ(b.contains(f.key), f.saved) << f.key;
+    train::TrainConfig d = base;
+    f.copy(d, c);
+    EXPECT_EQ(f.get(d).dump(), v.dump()) << f.key;
+    // a value of another type names the key and the value
+    expect_error([&] { f.set(c, json::Value::array()); }, "");
+  }
+  EXPECT_EQ(base.to_json().size(), static_cast<size_t>(std::count_if(
+      train::config_fields().begin(), train::config_fields().end(), [](const auto& f) { return f.saved; })));
+  EXPECT_EQ(train::find_config_field("sample_mode")->key, "sample");
+  EXPECT_EQ(train::find_config_field("nope"), nullptr);
+  const std::vector<std::string> changeable = {"steps", "eval_every", "ckpt_every", "keep_ckpts", "log_every",
+                                               "max_time", "sample_tokens", "prompt"};
+  EXPECT_EQ(train::changeable_on_resume(), changeable);
+  for (const char* k : {"out", "resume", "overwrite", "profile"})
+    EXPECT_EQ(train::find_config_field(k)->on_resume, train::OnResume::command) << k;
+  for (const char* k : {"resume", "overwrite", "profile"}) EXPECT_FALSE(train::find_config_field(k)->saved) << k;
+  train::TrainConfig c = base;
+  expect_error([&] { train::set_config_value(c, "seed", json::Value(int64_t{-1})); }, "key 'seed' = -1: seed must be >= 0");
 }
 
 TEST(Config, FileFlagsAndValidation) {
