@@ -1,14 +1,19 @@
-// The training loop of `kiln train`: data, model, AdamW with warmup + cosine, clipping,
-// gradient accumulation (the loss of each micro-batch is a sum divided by the count of
-// non-ignored targets over the whole accumulated batch, so accumulation equals one big
-// batch), bf16 mixed precision with f32 master weights on CUDA, evaluation, checkpoints
-// (every N steps, at the end, and when `stop` is set, e.g. by Ctrl-C), resume, metrics log,
-// progress, loss-curve SVG, and a generated sample at the end.
+// The Trainer of `kiln train`, in phases: setup (resume, data, model, optimizer, run folder),
+// step (the micro-batches' forward and backward, clipping, the optimizer), eval (the held-out
+// loss), checkpoint, and run() which drives them with the metrics log, the progress line,
+// divergence checks, interval checkpoints, the profile and the final sample.
+//
+// What a step computes: AdamW with warmup + cosine, clipping, gradient accumulation (the loss
+// of each micro-batch is a sum divided by the count of non-ignored targets over the whole
+// accumulated batch, so accumulation equals one big batch), and bf16 mixed precision with f32
+// master weights (the bf16 parameters are materialised per forward: trainer_precision.h).
+// A checkpoint is written every N steps, at the end, and when `stop` is set (e.g. by Ctrl-C).
 #pragma once
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,9 +43,52 @@ struct TrainSummary {
   std::vector<double> losses;  // per step of this run
 };
 
-// Runs training. With cfg.resume set, the run continues from that checkpoint (a run
-// directory's latest, or a checkpoint directory) with the configuration saved there; only
-// steps, out, max_time, the eval/ckpt/log intervals and the final sample come from `cfg`.
+// What one optimizer step did.
+struct StepResult {
+  int64_t step = 0;  // the step count after it
+  double loss = 0;   // the accumulated batch's mean loss
+  double lr = 0;
+  double grad_norm = 0;
+  bool skipped = false;  // a non-finite gradient norm: no update
+  int64_t tokens = 0;    // batch x seq x accum
+};
+
+class Trainer {
+ public:
+  // Setup: with cfg.resume set, the run continues from that checkpoint (a run directory's
+  // latest, or a checkpoint directory) with the configuration saved there; only the settings a
+  // resumed run may change (changeable_on_resume, and out) come from `cfg`. Refuses bad input
+  // before it writes anything (no run folder is left behind).
+  explicit Trainer(const TrainConfig& cfg, const TrainHooks& hooks = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // The whole run: steps until --steps, a stop, --max-time or a failed metrics log; then the
+  // last checkpoint, the loss curve and the sample. Call it once.
+  TrainSummary run();
+
+  // The phases run() is made of (each usable alone, e.g. by tests).
+  StepResult step();
+  // The mean held-out loss; -1 when `stop` was set between two batches, or there is no
+  // validation split.
+  double eval();
+  // Writes DIR/step-N (N: the current step), marks it latest, keeps --keep-ckpts of them.
+  void checkpoint(const std::string& why);
+
+  const TrainConfig& config() const;
+  nn::LlamaForCausalLM& model();
+  int64_t current_step() const;
+  // Resumed at its last step: run() trains, saves and samples nothing.
+  bool already_done() const;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+// Trainer(cfg, hooks).run().
 TrainSummary run_training(const TrainConfig& cfg, const TrainHooks& hooks = {});
 
 }  // namespace kiln::train

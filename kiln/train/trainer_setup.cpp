@@ -1,0 +1,186 @@
+// The Trainer's setup phase (trainer.h): the resumed run's configuration, the run folder's
+// rules, the data, the model and optimizer, a resume's state, and the run's opening notes.
+// Everything that can refuse bad input runs before the run folder is created.
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/data/default_corpus.h"
+#include "kiln/data/token_file.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/train/memory_estimate.h"
+#include "kiln/train/trainer_state.h"
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+
+// A resumed run: the saved configuration wins, except for what is not the run's own.
+void Trainer::State::resolve_config(const TrainConfig& cfg_in) {
+  cfg = cfg_in;
+  if (cfg_in.resume.empty()) return;
+  resume_dir = find_checkpoint(cfg_in.resume);
+  KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'", why_no_checkpoint(cfg_in.resume));
+  resume_state = read_trainer_state(resume_dir);
+  cfg = TrainConfig{};
+  apply_config_json(cfg, *resume_state.find("config"));
+  saved_steps = cfg.steps;
+  for (const ConfigField& f : config_fields())  // the settings that are not the run's own
+    if (f.on_resume != OnResume::kept) f.copy(cfg, cfg_in);
+}
+
+void Trainer::State::prepare_run_folder() {
+  lock = std::make_unique<RunLock>(cfg.out);  // one writer per run folder, then what a killed one left
+  if (!resume_dir.empty()) check_resume_out(resume_dir, cfg.out);
+  stale_note = remove_stale_temporaries(cfg.out);
+  // The default warmup (5 % of the steps) is fixed when a run starts and saved with it: a resume
+  // with another --steps recomputed it (100000 steps resumed with --steps 130: the lr jumped 7x).
+  if (resume_dir.empty() && cfg.warmup < 0) cfg.warmup = std::max<int64_t>(1, cfg.steps / 20);
+  if (resume_dir.empty()) {  // a fresh run: an earlier one in `out` would be mixed into it
+    const EarlierRun earlier = earlier_run(cfg.out);
+    // Without a checkpoint (a run stopped before its first save) there is nothing to resume.
+    KILN_CHECK(!earlier.exists() || cfg.overwrite, "train: --out ", cfg.out, " holds an earlier run (", earlier.what,
+               earlier.has_checkpoint ? "); continue it with --resume " + cfg.out + ", choose another --out, or pass "
+                                        "--overwrite to replace it"
+                                      : " and no checkpoint, so it cannot be resumed); choose another --out, or pass "
+                                        "--overwrite to replace it");
+    if (earlier.exists()) remove_earlier_run(cfg.out);
+  }
+}
+
+void Trainer::State::load_data() {
+  const std::string tok_spec = !resume_dir.empty() && cfg.tokenizer != "byte" ? resume_dir : cfg.tokenizer;
+  if (data::is_token_data(cfg.data)) {  // token ids (FILE.bin, random:V): data/token_file.h
+    stream.source = data::open_token_data(cfg.data, cfg.vocab, cfg.seed);
+    stream.source_hash = stream.source->checksum();
+    tok = data::token_data_tokenizer(*stream.source, tok_spec);
+  } else {
+    tok = data::load_tokenizer(tok_spec);
+    stream = cfg.data.empty() ? data::tokenize_documents({data::default_corpus()}, *tok)
+                              : data::load_corpus(cfg.data, *tok, cfg.out);
+  }
+  vocab = data::model_vocabulary(stream.source.get(), tok.get(), cfg.vocab);
+  split = data::split_stream(stream, cfg.val_fraction, cfg.seq);
+  const data::SampleMode mode = data::parse_sample_mode(cfg.sample);
+  train_sampler = std::make_unique<data::Sampler>(stream, 0, split.train_end, cfg.batch, cfg.seq, cfg.seed, mode);
+  if (split.train_end < stream.size())
+    val_sampler = std::make_unique<data::Sampler>(stream, split.train_end, stream.size(), cfg.batch, cfg.seq,
+                                                  cfg.seed + 1, mode);
+  // The run's data: a resume on other data continues at the sampler's position in it (the docs'
+  // bitwise resume no longer holds), which open_run says.
+  const uint64_t h = cfg.data.empty() ? data::fnv1a(data::default_corpus(), data::fnv1a(tok->fingerprint()))
+                                      : stream.source_hash;  // load_corpus hashed the texts already
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  data_checksum = hex;
+}
+
+void Trainer::State::build_model() {
+  nn::LlamaConfig mcfg = cfg.model_config(vocab);
+  check_memory_fits(cfg, mcfg, bf16, dev, available_memory(dev));  // refused, not OOM-killed
+  model = std::make_unique<nn::LlamaForCausalLM>(mcfg, cfg.seed, dev);
+  cast = std::make_unique<ParamCast>(*model, bf16 ? DType::bf16 : DType::f32);
+  optim::NamedTensors named;
+  for (auto& [n, p] : model->named_parameters()) named.emplace_back(n, *p);
+  optim::AdamWOptions ao;
+  ao.lr = cfg.lr;
+  ao.beta1 = cfg.beta1;
+  ao.beta2 = cfg.beta2;
+  ao.eps = cfg.eps;
+  ao.weight_decay = cfg.weight_decay;
+  ao.decay = optim::decay_matrices_only;
+  opt = std::make_unique<optim::AdamW>(named, ao);
+  for (auto& [n, p] : named) params.push_back(p);
+  sched.kind = optim::ScheduleKind::cosine;
+  sched.max_lr = cfg.lr;
+  sched.min_lr = cfg.lr * cfg.min_lr_ratio;
+  sched.warmup_steps = cfg.warmup >= 0 ? cfg.warmup : std::max<int64_t>(1, cfg.steps / 20);
+  sched.total_steps = std::max(cfg.steps, sched.warmup_steps + 1);
+  sum.num_parameters = model->num_parameters();
+}
+
+void Trainer::State::load_resume_state() {
+  if (resume_dir.empty()) return;
+  load_model_state(*model, load_weights(resume_dir));
+  optim::OptimizerState st;
+  fs::path of = fs::path(resume_dir) / "optimizer.safetensors";
+  if (fs::exists(of)) st.tensors = io::load_safetensors(of.string());
+  st.scalars = *resume_state.find("optimizer");
+  opt->load_state_dict(st);
+  step = resume_state.find("step")->as_int("step");
+  train_sampler->set_position(static_cast<uint64_t>(resume_state.find("sampler_position")->as_int()));
+  tokens_seen = resume_state.find("tokens_seen")->as_int();
+  elapsed_before = resume_state.find("elapsed_s")->as_double();
+  KILN_CHECK(step <= cfg.steps, "resume: the checkpoint is at step ", step, ", beyond --steps ", cfg.steps);
+}
+
+// Only once the data, model and resume state are in place: a run refused for bad input leaves
+// no run directory behind (the token cache creates it for itself when it writes).
+void Trainer::State::open_run() {
+  {
+    std::error_code ec;
+    KILN_CHECK(!fs::exists(cfg.out, ec) || fs::is_directory(cfg.out, ec), "out '", cfg.out,
+               "' exists and is not a folder (the run folder)");
+    fs::create_directories(cfg.out, ec);
+    KILN_CHECK(!ec, "out '", cfg.out, "': cannot create the run folder: ", ec.message());
+  }
+  metrics = std::make_unique<MetricsLog>((fs::path(cfg.out) / "metrics.jsonl").string(), resume_dir.empty() ? -1 : step);
+  {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "kiln train: %s model, %.2fM parameters, %zu tokens (%s), batch %lld x %lld x %lld, "
+                  "%s%s, %s", cfg.preset.c_str(), static_cast<double>(sum.num_parameters) / 1e6, stream.size(),
+                  cfg.data.empty() ? "default corpus" : cfg.data.c_str(), (long long)cfg.batch, (long long)cfg.seq,
+                  (long long)cfg.accum, dev.str().c_str(), bf16 ? " bf16" : "", resume_dir.empty() ? "from scratch"
+                  : ("resumed at step " + std::to_string(step)).c_str());
+    progress->message(buf);
+  }
+  if (const json::Value* saved = resume_dir.empty() ? nullptr : resume_state.find("data_checksum");
+      saved && saved->is_string() && saved->as_string() != data_checksum)
+    progress->message("note: the training data differs from the run's (its texts' checksum changed): resuming at the "
+                      "sampler's position in this data, so the run will not match an uninterrupted one");
+  if (saved_steps >= 0 && saved_steps != cfg.steps)
+    progress->message("note: --steps " + std::to_string(cfg.steps) + " (the run had " + std::to_string(saved_steps) +
+                      "): the learning rate now decays to step " + std::to_string(cfg.steps) + " from here");
+  if (!tok && cfg.sample_tokens > 0)
+    progress->message("note: no tokenizer for these token ids (no sidecar names one; pass --tokenizer): no sample at "
+                      "the end, none saved with the checkpoint");
+  if (!stale_note.empty()) progress->message(stale_note);
+  for (const std::string& note : stream.notes) progress->message(note);
+  eval_batches = cfg.eval_batches;
+  if (val_sampler && cfg.eval_every > 0)
+    if (const std::string n = data::clamp_batches(stream.size() - split.train_end, cfg.batch, cfg.seq, "--eval-batches",
+                                                  eval_batches); !n.empty())
+      progress->message(n);
+  if (!val_sampler && cfg.eval_every > 0) {  // --eval-every asked for evals that cannot run
+    std::ostringstream m;
+    m << "note: no validation text (--val-fraction " << cfg.val_fraction << " of this text), so no eval runs: "
+      << "--eval-every " << cfg.eval_every << " is ignored";
+    progress->message(m.str());
+  }
+}
+
+void Trainer::State::setup(const TrainConfig& cfg_in) {
+  resolve_config(cfg_in);
+  cfg.validate();
+  prepare_run_folder();
+  set_deterministic(cfg.deterministic);
+  dev = Device::parse(cfg.device);
+  check_device_available(dev, "train");
+  bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && dev.is_cuda());
+  progress = std::make_unique<Progress>(hooks.progress, cfg.steps, cfg.log_every);
+  load_data();
+  build_model();
+  load_resume_state();
+  sum.start_step = step;
+  if (!resume_dir.empty() && step == cfg.steps) {  // nothing to train: no save, no sample (they repeated)
+    already_done = true;
+    sum.already_done = true;
+    sum.steps_done = step;
+    return;
+  }
+  open_run();
+  t0 = Clock::now();
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,70 @@
+// Trainer::State: what the phases of a run share (trainer.h), set up by trainer_setup.cpp and
+// used by trainer.cpp. Internal to kiln/train.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/data/dataset.h"
+#include "kiln/data/tokenizer.h"
+#include "kiln/nn/llama.h"
+#include "kiln/optim/adamw.h"
+#include "kiln/optim/schedule.h"
+#include "kiln/train/precision.h"
+#include "kiln/train/report.h"
+#include "kiln/train/run_folder.h"
+#include "kiln/train/trainer.h"
+
+namespace kiln::train {
+
+struct Trainer::State {
+  using Clock = std::chrono::steady_clock;
+  TrainConfig cfg;
+  TrainHooks hooks;
+  // resume
+  std::string resume_dir;  // "" for a fresh run
+  json::Value resume_state;
+  int64_t saved_steps = -1;  // a resumed run's own --steps (another one stretches its decay)
+  // the run folder
+  std::unique_ptr<RunLock> lock;
+  std::unique_ptr<MetricsLog> metrics;
+  std::string stale_note;
+  // device and precision
+  Device dev;
+  bool bf16 = false;
+  std::unique_ptr<Progress> progress;
+  // data
+  data::TokenStream stream;
+  std::unique_ptr<data::Tokenizer> tok;
+  int64_t vocab = 0;
+  data::Split split;
+  std::unique_ptr<data::Sampler> train_sampler, val_sampler;
+  int64_t eval_batches = 0;  // at most what the validation split holds
+  std::string data_checksum;
+  // model and optimizer
+  std::unique_ptr<nn::LlamaForCausalLM> model;
+  std::unique_ptr<ParamCast> cast;
+  std::unique_ptr<optim::AdamW> opt;
+  std::vector<Tensor> params;
+  optim::LrSchedule sched;
+  // progress of the run
+  TrainSummary sum;
+  int64_t step = 0, tokens_seen = 0;
+  double elapsed_before = 0;  // seconds trained before a resume
+  Clock::time_point t0;
+  bool already_done = false;
+
+  void setup(const TrainConfig& cfg_in);
+  void resolve_config(const TrainConfig& cfg_in);
+  void prepare_run_folder();
+  void load_data();
+  void build_model();
+  void load_resume_state();
+  void open_run();
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+};
+
+}  // namespace kiln::train
