@@ -1,7 +1,8 @@
 // The backward engine: topological order over the graph reachable from the roots, gradients
 // summed per node input in a fixed order (so results are deterministic), leaves accumulated
 // through AccumulateGrad (under the leaf's lock), and graphs freed without recursion
-// (Node::~Node). Also grad mode, determinism flag, SavedTensor and the Tensor autograd methods.
+// (Node::~Node); post-accumulate-grad hooks and end-of-backward callbacks. Also grad mode,
+// determinism flag, SavedTensor and the Tensor autograd methods.
 #include <atomic>
 #include <map>
 #include <unordered_map>
@@ -16,6 +17,9 @@ namespace kiln {
 
 namespace {
 thread_local bool t_grad_enabled = true;
+// The backward running on this thread: nesting depth and the callbacks queued for its end.
+thread_local int t_backward_depth = 0;
+thread_local std::vector<std::function<void()>> t_backward_callbacks;
 std::atomic<bool> g_deterministic{false};  // NOTE: process-wide switch, like torch.use_deterministic_algorithms
 }  // namespace
 
@@ -73,10 +77,19 @@ void FunctionNode::release() {
 std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   auto impl = leaf_.lock();
   if (!impl) return {};
+  accumulate(impl, grads);
+  // Outside the leaf's lock: a hook may read or replace the .grad.
+  Tensor leaf(impl);
+  if (leaf.requires_grad())
+    for (const auto& h : post_hooks_) h(leaf);
+  return {};
+}
+
+void AccumulateGrad::accumulate(const std::shared_ptr<TensorImpl>& impl, const std::vector<Tensor>& grads) {
   std::lock_guard<std::mutex> lock(impl->autograd->mutex);
   Tensor leaf(impl);
   // A leaf that stopped requiring grad after the graph was built gets no .grad (as PyTorch).
-  if (!leaf.requires_grad()) return {};
+  if (!leaf.requires_grad()) return;
   Tensor g = grads.at(0);
   Tensor existing = leaf.grad();
   if (!existing.defined()) {
@@ -98,7 +111,6 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
       existing.copy_(add(existing.to(wide), g.to(wide)));
     }
   }
-  return {};
 }
 
 bool any_requires_grad(const std::vector<Tensor>& inputs) {
@@ -124,6 +136,47 @@ static std::shared_ptr<Node> gradient_edge_node(const Tensor& t, int* input_nr) 
   }
   return acc;
 }
+
+std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf) {
+  KILN_CHECK(leaf.defined() && leaf.requires_grad() && leaf.is_leaf(),
+             "grad_accumulator: the tensor must be a leaf that requires grad");
+  int nr = 0;
+  return std::static_pointer_cast<AccumulateGrad>(gradient_edge_node(leaf, &nr));
+}
+
+std::shared_ptr<AccumulateGrad> register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook) {
+  KILN_CHECK(hook != nullptr, "register_post_accumulate_grad_hook: the hook is empty");
+  auto acc = grad_accumulator(leaf);
+  acc->add_post_hook(std::move(hook));
+  return acc;
+}
+
+void queue_backward_callback(std::function<void()> fn) {
+  KILN_CHECK(t_backward_depth > 0, "queue_backward_callback: no backward is running on this thread");
+  t_backward_callbacks.push_back(std::move(fn));
+}
+
+bool in_backward() { return t_backward_depth > 0; }
+
+namespace {
+// Counts a backward on this thread; the outermost one runs the queued callbacks when it ends
+// normally and drops them when it fails.
+class BackwardScope {
+ public:
+  BackwardScope() { ++t_backward_depth; }
+  ~BackwardScope() {
+    if (--t_backward_depth == 0) t_backward_callbacks.clear();
+  }
+  void finish() {
+    if (t_backward_depth != 1) return;
+    for (size_t i = 0; i < t_backward_callbacks.size(); ++i) {
+      auto fn = std::move(t_backward_callbacks[i]);
+      fn();
+    }
+    t_backward_callbacks.clear();
+  }
+};
+}  // namespace
 
 void record(const std::string& op, const std::vector<Tensor>& inputs, const std::vector<Tensor*>& outputs,
             BackwardFn backward) {
@@ -160,6 +213,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
                r.device().str());
   }
   NoGradGuard no_grad;
+  BackwardScope scope;
   // Collect the graph and count, for each node, how many edges lead into it.
   std::vector<std::pair<std::shared_ptr<Node>, int>> root_edges;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -230,6 +284,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
     keep.erase(n.get());
   }
+  scope.finish();
 }
 
 // ---- Tensor's autograd methods ----

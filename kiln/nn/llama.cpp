@@ -373,12 +373,14 @@ Tensor LlamaModel::forward(const Tensor& ids, const Tensor& doc_ids, KVCache* ca
   const AttentionMasks am = masks(B, T, past, doc_ids, ids.device(), config.attention_backend == "flex" && !cache);
   Tensor h = embed_tokens->forward(ids);
   for (size_t i = 0; i < layers.size(); ++i) {
-    if (config.checkpoint_activations == "block" && !cache)  // the block's activations recomputed in the backward
-      h = checkpoint([layer = layers[i], cos, sin, am, i](const Tensor& x) {
-            return layer->forward(x, cos, sin, am, nullptr, static_cast<int>(i));
-          }, h);
-    else
-      h = layers[i]->forward(h, cos, sin, am, cache, static_cast<int>(i));
+    // Through the block's forward hooks (FSDP gathers its parameters there).
+    h = layers[i]->call([&] {
+      if (config.checkpoint_activations == "block" && !cache)  // the block's activations recomputed in the backward
+        return checkpoint([layer = layers[i], cos, sin, am, i](const Tensor& x) {
+                 return layer->forward(x, cos, sin, am, nullptr, static_cast<int>(i));
+               }, h);
+      return layers[i]->forward(h, cos, sin, am, cache, static_cast<int>(i));
+    });
   }
   return norm->forward(h);
 }
@@ -397,7 +399,7 @@ const Tensor& LlamaForCausalLM::lm_head_weight() const {
 }
 
 Tensor LlamaForCausalLM::logits(const Tensor& ids, const Tensor& doc_ids, KVCache* cache) const {
-  return linear(model->forward(ids, doc_ids, cache), lm_head_weight());
+  return call([&] { return linear(model->forward(ids, doc_ids, cache), lm_head_weight()); });
 }
 
 Tensor LlamaForCausalLM::loss_sum(const Tensor& ids, const Tensor& targets, const Tensor& doc_ids,
@@ -405,6 +407,11 @@ Tensor LlamaForCausalLM::loss_sum(const Tensor& ids, const Tensor& targets, cons
   KILN_CHECK(targets.shape() == ids.shape(), "loss: targets shape ", targets.shape(), " differs from ids shape ",
              ids.shape());
   KILN_CHECK(divide_by > 0, "loss: divide_by=", divide_by, " must be positive");
+  return call([&] { return loss_sum_body(ids, targets, doc_ids, divide_by); });
+}
+
+Tensor LlamaForCausalLM::loss_sum_body(const Tensor& ids, const Tensor& targets, const Tensor& doc_ids,
+                                       double divide_by) const {
   Tensor h = model->forward(ids, doc_ids);
   Tensor flat = h.reshape({-1, config.hidden_size});
   Tensor t = targets.reshape({-1});

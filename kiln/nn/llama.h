@@ -8,6 +8,8 @@
 // matching BlockMask (causal, sliding window, or causal within documents, one block mask per
 // batch row built from the row's document ids). KV-cache decoding always uses the reference path.
 // The loss is likewise unfused (linear + cross_entropy) or fused (kiln::linear_cross_entropy).
+// logits() and loss_sum() run through the model's forward hooks (Module::call), and each
+// decoder block's forward through its own (FSDP's gather and reshard attach there).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -132,6 +134,9 @@ class LlamaForCausalLM : public Module {
   LlamaConfig config;
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<Linear> lm_head;  // null when tied
+
+ private:
+  Tensor loss_sum_body(const Tensor& ids, const Tensor& targets, const Tensor& doc_ids, double divide_by) const;
 };
 
 }  // namespace kiln::nn

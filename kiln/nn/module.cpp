@@ -1,4 +1,4 @@
-// Module tree walking and the simple layers (Linear, Embedding, RMSNorm).
+// Module tree walking, forward hooks and the simple layers (Linear, Embedding, RMSNorm).
 #include "kiln/nn/module.h"
 
 #include <functional>
@@ -31,6 +31,47 @@ NamedTensors Module::named_buffers(const std::string& prefix) const {
     NamedTensors sub = c->named_buffers(join(prefix, n));
     out.insert(out.end(), sub.begin(), sub.end());
   }
+  return out;
+}
+
+NamedModules Module::named_modules(const std::string& prefix) {
+  NamedModules out{{prefix, this}};
+  for (const auto& [n, c] : children_) {
+    NamedModules sub = c->named_modules(join(prefix, n));
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+int Module::register_forward_pre_hook(ForwardPreHook hook) {
+  KILN_CHECK(hook != nullptr, "register_forward_pre_hook: the hook is empty");
+  pre_hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+int Module::register_forward_hook(ForwardHook hook) {
+  KILN_CHECK(hook != nullptr, "register_forward_hook: the hook is empty");
+  post_hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+void Module::remove_hook(int id) {
+  auto drop = [id](auto& hooks) {
+    const auto before = hooks.size();
+    std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+    return hooks.size() != before;
+  };
+  const bool removed = drop(pre_hooks_) || drop(post_hooks_);
+  KILN_CHECK(removed, "remove_hook: this module holds no hook with id ", id);
+}
+
+Tensor Module::call(const std::function<Tensor()>& forward) const {
+  // Copies: a hook may register or remove hooks while it runs.
+  const auto pre = pre_hooks_;
+  for (const auto& [id, h] : pre) h(*this);
+  Tensor out = forward();
+  const auto post = post_hooks_;
+  for (const auto& [id, h] : post) out = h(*this, out);
   return out;
 }
 

@@ -3,9 +3,15 @@
 // named_parameters() walks the tree and names each tensor by its path
 // ("layers.0.self_attn.q_proj.weight"), which is also its checkpoint name. Modules are held by
 // shared_ptr and never copied, so the registered pointers to their members stay valid.
+// Forward hooks (PyTorch's register_forward_pre_hook / register_forward_hook): a module's
+// forward run through call() runs its pre-hooks first and hands its output through its
+// post-hooks, which may replace it (FSDP gathers a block's parameters in a pre-hook and frees
+// them in a post-hook). Another layer may attach one state object to a module (FSDP's group),
+// found again by walking named_modules().
 // Also the simple layers: Linear, Embedding, RMSNorm.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +23,20 @@
 namespace kiln::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor*>>;
+class Module;
+using NamedModules = std::vector<std::pair<std::string, Module*>>;
+
+// Runs before a forward given to Module::call.
+using ForwardPreHook = std::function<void(const Module& module)>;
+// Runs after it with its output; returns the output the caller gets (the same, or a tensor that
+// replaces it, e.g. one with an autograd node of the hook's own in front).
+using ForwardHook = std::function<Tensor(const Module& module, const Tensor& output)>;
+
+// What another layer attaches to a module (kiln/parallel's FSDP group state).
+class ModuleState {
+ public:
+  virtual ~ModuleState() = default;
+};
 
 class Module {
  public:
@@ -35,6 +55,23 @@ class Module {
   void train(bool on = true);
   void eval() { train(false); }
   bool training() const { return training_; }
+
+  // This module ("" or `prefix`) and every descendant, depth first, in registration order.
+  NamedModules named_modules(const std::string& prefix = "");
+
+  // ---- forward hooks ----
+  // Each returns an id for remove_hook. Hooks run in registration order.
+  int register_forward_pre_hook(ForwardPreHook hook);
+  int register_forward_hook(ForwardHook hook);
+  // Removes a hook by id (kiln::Error for an id this module does not hold).
+  void remove_hook(int id);
+  // Runs `forward` (this module's forward on its inputs, as a closure) between the hooks: the
+  // pre-hooks, forward(), then each post-hook on the output. Without hooks it is forward().
+  Tensor call(const std::function<Tensor()>& forward) const;
+
+  // The state another layer attached (null when none); set_state(nullptr) detaches it.
+  ModuleState* state() const { return state_.get(); }
+  void set_state(std::shared_ptr<ModuleState> state) { state_ = std::move(state); }
 
   // Drops the gradient of every parameter.
   void zero_grad();
@@ -56,6 +93,10 @@ class Module {
   std::vector<std::pair<std::string, Tensor*>> params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  std::vector<std::pair<int, ForwardPreHook>> pre_hooks_;
+  std::vector<std::pair<int, ForwardHook>> post_hooks_;
+  int next_hook_id_ = 0;
+  std::shared_ptr<ModuleState> state_;
 };
 
 // y = x Wᵀ (+ b); weight [out, in] initialised normal(0, init_std), bias zero.

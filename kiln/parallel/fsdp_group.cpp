@@ -1,0 +1,291 @@
+// FsdpGroup's state machine: copy-in, the flat all-gather and copy-out before a forward or a
+// backward, the prefetch of the neighbour group, freeing after, and the reduce-scatter of the
+// gathered gradients onto the shards when the last of them has accumulated.
+#include "kiln/parallel/fsdp_group.h"
+
+#include <new>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/ops/ops.h"
+
+namespace kiln::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// NOTE [gathered parameter storage]: the module computes with `full`, whose storage the
+// autograd graph shares (SavedTensor keeps a detached alias of it). FSDP2 frees it after the
+// forward with storage.resize_(0) and refills it before the backward, so the saved aliases see
+// the regathered values and the memory is not held from the forward to the backward. kiln's
+// Storage has no resize, so the Storage object itself is replaced in place (destroyed and
+// constructed again at the same address, which every alias reaches through its shared_ptr):
+// an owned block of `nbytes` through the device's allocator (counted by memory_stats), or an
+// empty borrowed one. Its version counter restarts at 0; every gather makes the same copies
+// into it, so the version a saved alias recorded in the forward is found again in the backward.
+void resize_storage(Storage& s, size_t nbytes) {
+  if (s.nbytes() == nbytes && (nbytes == 0 || !s.borrowed())) return;
+  const Device d = s.device();
+  s.~Storage();
+  if (nbytes > 0) {
+    try {
+      ::new (static_cast<void*>(&s)) Storage(nbytes, d);
+      return;
+    } catch (...) {
+      ::new (static_cast<void*>(&s)) Storage(nullptr, 0, d, nullptr);
+      throw;
+    }
+  }
+  ::new (static_cast<void*>(&s)) Storage(nullptr, 0, d, nullptr);
+}
+
+// Copies between a parameter viewed [rows, inner] and the rank-major flat buffer viewed
+// [N, slice]: rows [r * c, (r + 1) * c) of the parameter are elements [offset, offset + c * inner)
+// of rank r's slice. Two strided copies at most: the ranks whose rows are all there, then the one
+// cut short (padding is neither read nor written).
+void copy_rows(const Tensor& flat2d, const FsdpParam& p, const Tensor& param2d, bool into_param) {
+  const int64_t c = p.chunk_rows;
+  if (c == 0 || p.rows == 0 || p.inner == 0) return;
+  const int64_t q = p.rows / c, rem = p.rows - q * c;
+  const Tensor cols = flat2d.narrow(1, p.offset, c * p.inner);
+  auto copy = [&](Tensor buf, Tensor par) {
+    if (into_param) par.copy_(buf);
+    else buf.copy_(par);
+  };
+  if (q > 0) copy(cols.narrow(0, 0, q), param2d.narrow(0, 0, q * c).view({q, c * p.inner}));
+  if (rem > 0) copy(cols.narrow(0, q, 1).narrow(1, 0, rem * p.inner), param2d.narrow(0, q * c, rem).view({1, rem * p.inner}));
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+FsdpGroup::~FsdpGroup() = default;
+
+void FsdpGroup::attach_params() {
+  grads_pending_ = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    FsdpParam& p = params[i];
+    resize_storage(*p.full.storage(), 0);
+    p.full.requires_grad_(p.trainable);
+    if (p.trainable) {
+      p.accumulator = register_post_accumulate_grad_hook(p.full, [this, i](const Tensor&) { on_grad(i); });
+      grads_pending_++;
+    }
+    *p.slot = p.full;
+  }
+}
+
+std::vector<FsdpGroup*> FsdpGroup::all_groups() {
+  std::vector<FsdpGroup*> out = order_;
+  out.push_back(this);
+  return out;
+}
+
+void FsdpGroup::adopt(const std::vector<FsdpGroup*>& children) {
+  order_ = children;
+  for (size_t i = 0; i < children.size(); ++i) {
+    FsdpGroup* c = children[i];
+    c->root_ = this;
+    c->index_ = static_cast<int>(i);
+    c->order_.clear();
+    c->stats = stats;
+    c->rs_comm = rs_comm;
+  }
+}
+
+void FsdpGroup::count_gathered(int64_t sign) {
+  int64_t bytes = 0;
+  for (const auto& p : params) bytes += static_cast<int64_t>(p.full.nbytes());
+  stats->gathered_bytes += sign * bytes;
+  stats->peak_gathered_bytes = std::max(stats->peak_gathered_bytes, stats->gathered_bytes);
+  if (!is_root()) {
+    stats->gathered_groups += sign;
+    stats->peak_gathered_groups = std::max(stats->peak_gathered_groups, stats->gathered_groups);
+  }
+}
+
+// ---- gathering ----
+
+void FsdpGroup::start_all_gather() {
+  if (state != GroupState::sharded) return;
+  NoGradGuard ng;
+  const int N = comm->size();
+  ag_buffer_ = Tensor::empty({N * slice_numel}, param_dtype, device);
+  Tensor mine = ag_buffer_.narrow(0, comm->rank() * slice_numel, slice_numel);
+  for (const auto& p : params)  // copy-in: each shard (cast to param_dtype) into this rank's slice
+    if (p.local_rows > 0 && p.inner > 0)
+      mine.narrow(0, p.offset, p.local_rows * p.inner).copy_(p.shard.detach().view({p.local_rows * p.inner}));
+  ag_work_ = comm->all_gather_single(ag_buffer_, mine);
+  stats->all_gathers++;
+  state = GroupState::gathering;
+}
+
+void FsdpGroup::finish_all_gather() {
+  if (state != GroupState::gathering) return;
+  NoGradGuard ng;
+  const auto t0 = Clock::now();
+  dist::WorkPtr w = std::move(ag_work_);
+  w->wait();
+  stats->all_gather_wait_s += seconds_since(t0);
+  const Tensor flat2d = ag_buffer_.view({comm->size(), slice_numel});
+  for (auto& p : params) {  // copy-out: every rank's rows into the gathered parameter
+    resize_storage(*p.full.storage(), p.full.nbytes());
+    copy_rows(flat2d, p, p.full.detach().view({p.rows, p.inner}), true);
+  }
+  ag_buffer_ = Tensor();
+  state = GroupState::unsharded;
+  count_gathered(+1);
+}
+
+void FsdpGroup::unshard() {
+  start_all_gather();
+  finish_all_gather();
+}
+
+void FsdpGroup::reshard() {
+  finish_all_gather();
+  if (state != GroupState::unsharded) return;
+  for (auto& p : params) resize_storage(*p.full.storage(), 0);
+  state = GroupState::sharded;
+  count_gathered(-1);
+}
+
+// ---- the hooks ----
+
+void FsdpGroup::setup_reduce_scatter_comm() {
+  rs_ready_ = true;
+  const int N = comm->size();
+  if (!options.separate_reduce_scatter_group.value_or(N > 1) || N == 1) return;
+  std::vector<int> ranks(static_cast<size_t>(N));
+  for (int r = 0; r < N; ++r) ranks[static_cast<size_t>(r)] = r;
+  rs_comm = comm->split(ranks, comm->name() + ".fsdp_reduce_scatter");
+  for (FsdpGroup* g : order_) g->rs_comm = rs_comm;
+}
+
+void FsdpGroup::pre_forward() {
+  // The root's first forward: every rank is here, in the same order, so it may split.
+  if (is_root() && !rs_ready_) setup_reduce_scatter_comm();
+  unshard();
+  // The recomputation of activation checkpointing runs inside the backward: no prefetch then.
+  if (in_backward()) return;
+  FsdpGroup& r = *root_;
+  const size_t next = is_root() ? 0 : static_cast<size_t>(index_) + 1;
+  if (next < r.order_.size()) r.order_[next]->start_all_gather();
+}
+
+Tensor FsdpGroup::post_forward(const Tensor& output) {
+  if (in_backward()) return output;  // a recomputation: its backward follows at once
+  if (!grad_enabled() || !output.defined() || !output.requires_grad()) {
+    reshard();  // no backward comes (evaluation, generation)
+    return output;
+  }
+  if (!is_root() && options.reshard_after_forward) reshard();
+  // An identity node in front of the output: its backward is this group's pre-backward.
+  Tensor y = output.detach();
+  record("fsdp_pre_backward", {output}, y, [this](const std::vector<Tensor>& grads) {
+    pre_backward();
+    return grads;
+  });
+  return y;
+}
+
+void FsdpGroup::pre_backward() {
+  FsdpGroup& r = *root_;
+  if (!r.backward_queued_) {
+    FsdpGroup* rp = &r;
+    queue_backward_callback([rp] { rp->finish_backward(); });
+    r.backward_queued_ = true;
+  }
+  in_pass_ = true;
+  unshard();
+  // Prefetch the group whose backward comes next (the previous one in forward order).
+  if (is_root()) {
+    if (!order_.empty()) order_.back()->start_all_gather();
+  } else if (index_ > 0) {
+    r.order_[static_cast<size_t>(index_) - 1]->start_all_gather();
+  }
+}
+
+void FsdpGroup::on_grad(size_t i) {
+  FsdpParam& p = params[i];
+  if (p.got_grad) return;
+  p.got_grad = true;
+  in_pass_ = true;
+  if (grads_pending_ > 0 && --grads_pending_ == 0) post_backward();
+}
+
+void FsdpGroup::post_backward() {
+  if (post_backward_done_) return;
+  post_backward_done_ = true;
+  if (sync_gradients) start_reduce_scatter();
+  reshard();
+}
+
+void FsdpGroup::finish_backward() {
+  const std::vector<FsdpGroup*> groups = all_groups();
+  // A group some of whose parameters got no gradient reduces now (those count as zeros).
+  for (FsdpGroup* g : groups)
+    if (g->in_pass_ && !g->post_backward_done_) g->post_backward();
+  if (pending_rs_) pending_rs_->finish_reduce_scatter();
+  pending_rs_ = nullptr;
+  for (FsdpGroup* g : groups) {
+    g->reshard();
+    g->post_backward_done_ = false;
+    g->in_pass_ = false;
+    g->grads_pending_ = 0;
+    for (auto& p : g->params) {
+      p.got_grad = false;
+      if (p.trainable) g->grads_pending_++;
+    }
+  }
+  backward_queued_ = false;
+}
+
+// ---- reducing ----
+
+void FsdpGroup::start_reduce_scatter() {
+  FsdpGroup& r = *root_;
+  if (r.pending_rs_ && r.pending_rs_ != this) r.pending_rs_->finish_reduce_scatter();  // one in flight
+  NoGradGuard ng;
+  const int N = comm->size();
+  rs_input_ = Tensor::empty({N * slice_numel}, reduce_dtype, device);
+  bool gaps = false;  // padding or a parameter without a gradient: zeros there
+  for (const auto& p : params)
+    if (p.trainable && (!p.full.grad().defined() || p.chunk_rows * N != p.rows)) gaps = true;
+  if (gaps) rs_input_.zero_();
+  const Tensor flat2d = rs_input_.view({N, slice_numel});
+  for (auto& p : params) {
+    if (!p.trainable) continue;
+    const Tensor g = p.full.grad();
+    if (g.defined()) copy_rows(flat2d, p, g.contiguous().view({p.rows, p.inner}), false);
+    p.full.set_grad(Tensor());  // the gathered gradient is freed once copied
+  }
+  rs_output_ = Tensor::empty({slice_numel}, reduce_dtype, device);
+  rs_work_ = rs_comm->reduce_scatter_single(rs_output_, rs_input_, dist::ReduceOp::sum);
+  stats->reduce_scatters++;
+  r.pending_rs_ = this;
+}
+
+void FsdpGroup::finish_reduce_scatter() {
+  if (!rs_work_) return;
+  NoGradGuard ng;
+  const auto t0 = Clock::now();
+  dist::WorkPtr w = std::move(rs_work_);
+  w->wait();
+  stats->reduce_scatter_wait_s += seconds_since(t0);
+  rs_input_ = Tensor();
+  for (auto& p : params) {
+    if (!p.trainable) continue;
+    Tensor g = rs_output_.narrow(0, p.offset, p.local_rows * p.inner).view(p.shard.shape());
+    if (options.gradient_divide_factor != 1.0) g = mul(g, 1.0 / options.gradient_divide_factor);
+    g = g.dtype() == p.shard.dtype() ? g.clone() : g.to(p.shard.dtype());
+    Tensor existing = p.shard.grad();
+    if (existing.defined()) existing.copy_(add(existing, g));
+    else p.shard.set_grad(g);
+  }
+  rs_output_ = Tensor();
+  if (root_->pending_rs_ == this) root_->pending_rs_ = nullptr;
+}
+
+}  // namespace kiln::parallel

@@ -1,0 +1,399 @@
+// FSDP (kiln/parallel): world size 1 in this process against the unsharded reference (bitwise);
+// world sizes 2 and 3 as real processes through kiln launch (the ranks are FsdpWorker.Run of
+// this program, fsdp_worker.cpp) against the reference in float64-checked tolerances, with
+// accumulation (sync off), parameters kept gathered, uneven and empty shards; per-rank memory;
+// sharded checkpoints saved at 2 and loaded at 1 and 3, from and to kiln train's single-process
+// layout; damaged checkpoints.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/core/allocator.h"
+#include "kiln/io/file.h"
+#include "kiln/dist/store.h"
+#include "kiln/io/json.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/parallel/dcp.h"
+#include "tests/dist/dist_test_util.h"
+#include "tests/dist/fsdp_harness.h"
+
+using namespace kiln;
+using namespace kiln::parallel;
+using namespace kiln::parallel::test;
+using kiln::dist::test::contains;
+using kiln::dist::test::run_command;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A one-rank Gloo world in this process.
+struct LocalWorld {
+  std::unique_ptr<dist::StoreServer> server;
+  std::shared_ptr<dist::Communicator> comm;
+  LocalWorld() {
+    dist::StoreServerOptions o;
+    o.token = "fsdp-test";
+    o.quiet = true;
+    server = std::make_unique<dist::StoreServer>(o);
+    auto store = std::make_shared<dist::TcpStore>("127.0.0.1", server->port(), "fsdp-test");
+    comm = dist::new_gloo_communicator(store, 0, 1, "local");
+  }
+};
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "kiln_fsdp_" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Runs FsdpWorker.Run as n ranks with `env` (KILN_FSDP_* variables).
+dist::test::RunResult run_fsdp(int n, const std::string& env, int deadline_s = 120) {
+  return run_command("env " + env + " " + dist::test::kiln_cli() + " launch --nproc-per-node " + std::to_string(n) +
+                         " --master-port 0 --term-grace 1 -- " + dist::test::self_exe() +
+                         " --gtest_filter=FsdpWorker.Run --gtest_brief=1",
+                     deadline_s);
+}
+
+io::TensorMap read(const std::string& path, io::Metadata* meta = nullptr) {
+  io::TensorMap m = io::load_safetensors(path, meta);
+  io::materialize(m);
+  return m;
+}
+
+Tensor find(const io::TensorMap& m, const std::string& name) {
+  for (const auto& [n, t] : m)
+    if (n == name) return t;
+  ADD_FAILURE() << "no tensor " << name;
+  return Tensor();
+}
+
+std::vector<double> as_f64(const Tensor& t) { return t.to(DType::f64).to_vector<double>(); }
+
+void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  EXPECT_EQ(std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()), 0) << what;
+}
+
+// Largest |a - b| over the parameters of a result file against the reference's.
+double max_param_diff(const io::TensorMap& got, const RunResult& ref) {
+  double worst = 0;
+  for (const auto& [n, t] : ref.params) {
+    const auto g = as_f64(find(got, n)), w = as_f64(t);
+    EXPECT_EQ(g.size(), w.size()) << n;
+    for (size_t i = 0; i < std::min(g.size(), w.size()); ++i) worst = std::max(worst, std::abs(g[i] - w[i]));
+  }
+  return worst;
+}
+
+void expect_losses_close(const io::TensorMap& got, const std::vector<double>& want, const std::string& what) {
+  const auto g = as_f64(find(got, "losses"));
+  ASSERT_EQ(g.size(), want.size()) << what;
+  for (size_t i = 0; i < g.size(); ++i)
+    EXPECT_LE(std::abs(g[i] - want[i]), 1e-5 * std::abs(want[i])) << what << " step " << i << ": " << g[i] << " vs "
+                                                                   << want[i];
+}
+
+}  // namespace
+
+// ---- world size 1, in this process: the same code as N ranks, the bits of the plain run ----
+
+TEST(Fsdp, WorldSizeOneIsBitwiseTheUnshardedRun) {
+  KILN_SKIP_WITHOUT_GLOO();
+  for (int accum : {1, 2}) {
+    const RunResult ref = train_plain(3, accum);
+    LocalWorld w;
+    ShardedRun run = make_sharded(w.comm);
+    const std::vector<double> losses = train_sharded(run, 0, 3, accum);
+    ASSERT_EQ(losses.size(), ref.losses.size());
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], ref.losses[i]) << "accum " << accum << " step " << i;
+    for (const auto& [n, t] : ref.params) expect_bitwise(run.fsdp->full_tensor(n), t, n + " accum " + std::to_string(accum));
+  }
+}
+
+TEST(Fsdp, ShardsAreTheRowsOfEachParameterAndTheModuleHoldsNoMemoryBetweenSteps) {
+  KILN_SKIP_WITHOUT_GLOO();
+  LocalWorld w;
+  nn::LlamaForCausalLM ref(tiny_config(), kSeed);
+  ShardedRun run = make_sharded(w.comm);
+  const auto infos = run.fsdp->shard_infos();
+  ASSERT_EQ(infos.size(), ref.named_parameters().size());
+  for (const auto& [n, t] : ref.named_parameters()) {
+    bool found = false;
+    for (const auto& s : infos)
+      if (s.name == n) {
+        found = true;
+        expect_bitwise(s.shard, *t, n);
+        EXPECT_EQ(s.global_shape, t->shape());
+      }
+    EXPECT_TRUE(found) << n;
+  }
+  // The module's parameters keep their shapes, with empty storage.
+  for (const auto& [n, t] : run.model->named_parameters()) {
+    EXPECT_EQ(t->storage()->nbytes(), 0u) << n;
+    EXPECT_GT(t->numel(), 0) << n;
+  }
+  train_sharded(run, 0, 1, 1);
+  for (const auto& [n, t] : run.model->named_parameters()) EXPECT_EQ(t->storage()->nbytes(), 0u) << n << " after a step";
+  EXPECT_EQ(run.fsdp->stats().gathered_bytes, 0);
+  // Three groups (2 blocks, the root) gathered twice each per step (forward and backward) but
+  // the root once; one reduce-scatter each.
+  EXPECT_EQ(run.fsdp->stats().all_gathers, 5);
+  EXPECT_EQ(run.fsdp->stats().reduce_scatters, 3);
+  // Sharding twice is refused.
+  EXPECT_THROW(fully_shard(*run.model, w.comm), Error);
+}
+
+TEST(Fsdp, EvaluationWithoutGradientsFreesEveryGroupAndMatchesThePlainModel) {
+  KILN_SKIP_WITHOUT_GLOO();
+  LocalWorld w;
+  nn::LlamaForCausalLM ref(tiny_config(), kSeed);
+  ShardedRun run = make_sharded(w.comm);
+  const Batch b = batch_rows(0, 0, 2, ref.config.vocab_size);
+  NoGradGuard ng;
+  expect_bitwise(run.model->logits(b.input), ref.logits(b.input), "logits");
+  EXPECT_EQ(run.fsdp->stats().gathered_bytes, 0);
+}
+
+// ---- real processes ----
+
+class FsdpWorld : public ::testing::TestWithParam<int> {};
+
+// `steps` steps at world size n with the KILN_FSDP_* settings `env`: losses and final parameters
+// against the unsharded run on the same global batch; rank 0's counters.
+static io::Metadata train_and_compare(int n, const std::string& name, int steps, const std::string& env) {
+  const std::string what = name + ", world " + std::to_string(n);
+  const std::string out = fresh_dir(name + std::to_string(n));
+  const auto r = run_fsdp(n, "KILN_FSDP_CASE=train KILN_FSDP_STEPS=" + std::to_string(steps) + " " + env +
+                                 " KILN_FSDP_OUT=" + out);
+  EXPECT_EQ(r.status, 0) << r.output;
+  io::Metadata meta;
+  if (r.status != 0) return meta;
+  const RunResult ref = train_plain(steps, 1);  // accumulation too equals the one large batch
+  const io::TensorMap got = read(out + "/train.safetensors", &meta);
+  expect_losses_close(got, ref.losses, what);
+  EXPECT_LE(max_param_diff(got, ref), 1e-5) << what;
+  EXPECT_EQ(meta["gathered_bytes"], "0") << what;  // nothing is left gathered between steps
+  return meta;
+}
+
+TEST_P(FsdpWorld, MatchesTheUnshardedRunWithUnevenShards) {
+  KILN_SKIP_WITHOUT_GLOO();
+  io::Metadata meta = train_and_compare(GetParam(), "world", 5, "");
+  // Forward prefetch: at most two blocks gathered at once (the prefetched one counts once copied out).
+  EXPECT_LE(std::stoll(meta["peak_gathered_groups"]), 2);
+  EXPECT_GE(std::stoll(meta["peak_gathered_groups"]), 1);
+  // Per step: the root once, each block for its forward and again for its backward.
+  EXPECT_EQ(meta["all_gathers"], "25");
+}
+
+TEST_P(FsdpWorld, AccumulationWithSyncOffMatchesOneBatch) {
+  KILN_SKIP_WITHOUT_GLOO();
+  io::Metadata meta = train_and_compare(GetParam(), "accum", 3, "KILN_FSDP_ACCUM=2");
+  // 3 steps x 3 groups: one reduce-scatter per group per step, none for the sync-off micro-batch.
+  EXPECT_EQ(meta["reduce_scatters"], "9");
+}
+
+TEST_P(FsdpWorld, ParametersKeptGatheredFromForwardToBackward) {
+  KILN_SKIP_WITHOUT_GLOO();
+  io::Metadata meta = train_and_compare(GetParam(), "keep", 3, "KILN_FSDP_RESHARD=0");
+  // No second gather in the backward: each block once per step, the root once.
+  EXPECT_EQ(meta["all_gathers"], "9");
+  EXPECT_EQ(meta["peak_gathered_groups"], "2");  // both blocks, from the forward to the backward
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, FsdpWorld, ::testing::Values(2, 3, 4));
+
+TEST(FsdpMemory, PerRankStateIsAboutOneNth) {
+  KILN_SKIP_WITHOUT_GLOO();
+  std::vector<int64_t> live;
+  for (int n : {1, 2}) {
+    const std::string out = fresh_dir("mem" + std::to_string(n));
+    const auto r = run_fsdp(n, "KILN_FSDP_CASE=train KILN_FSDP_STEPS=2 KILN_FSDP_OUT=" + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    io::Metadata meta;
+    read(out + "/train.safetensors", &meta);
+    std::stringstream ss(meta["live_bytes_per_rank"]);
+    std::string v;
+    while (std::getline(ss, v, ',')) live.push_back(std::stoll(v));
+  }
+  ASSERT_EQ(live.size(), 3u);
+  // Parameters + optimizer state (3 f32 copies) of the shards; the vocabulary's 37 rows split
+  // 19 / 18, so each half is a little over 1/2.
+  for (int r = 1; r <= 2; ++r) {
+    EXPECT_LT(static_cast<double>(live[static_cast<size_t>(r)]), 0.56 * static_cast<double>(live[0])) << "rank " << r - 1;
+    EXPECT_GT(static_cast<double>(live[static_cast<size_t>(r)]), 0.44 * static_cast<double>(live[0])) << "rank " << r - 1;
+  }
+}
+
+// ---- sharded checkpoints ----
+
+class FsdpCheckpoint : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!dist::test::have_gloo()) return;
+    dir_ = fresh_dir("ckpt");
+    const auto r = run_fsdp(2, "KILN_FSDP_CASE=save KILN_FSDP_TAG=w2 KILN_FSDP_OUT=" + dir_ + " KILN_FSDP_CKPT=" +
+                                   dir_ + "/step-2");
+    saved_ok_ = r.status == 0;
+    if (!saved_ok_) std::fprintf(stderr, "%s\n", r.output.c_str());
+  }
+  static std::string dir_;
+  static bool saved_ok_;
+};
+std::string FsdpCheckpoint::dir_;
+bool FsdpCheckpoint::saved_ok_ = false;
+
+TEST_F(FsdpCheckpoint, SavedAtTwoLoadsAtOneAndThreeBitExactAndTrainingContinues) {
+  KILN_SKIP_WITHOUT_GLOO();
+  ASSERT_TRUE(saved_ok_);
+  EXPECT_TRUE(fs::exists(dir_ + "/step-2/" + kShardedIndexFile));
+  EXPECT_FALSE(fs::exists(dir_ + "/step-2.tmp-sharded"));
+  const io::TensorMap saved = read(dir_ + "/w2-at2.safetensors");
+  const io::TensorMap at4 = read(dir_ + "/w2-at4.safetensors");
+  for (int n : {1, 3}) {
+    const std::string tag = "w" + std::to_string(n);
+    const auto r = run_fsdp(n, "KILN_FSDP_CASE=load KILN_FSDP_TAG=" + tag + " KILN_FSDP_OUT=" + dir_ +
+                                   " KILN_FSDP_CKPT=" + dir_ + "/step-2");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const io::TensorMap loaded = read(dir_ + "/" + tag + "-loaded.safetensors");
+    size_t compared = 0;
+    for (const auto& [name, t] : saved) {
+      if (name == "losses") continue;
+      expect_bitwise(find(loaded, name), t, name + " loaded at world size " + std::to_string(n));
+      ++compared;
+    }
+    EXPECT_GT(compared, 3 * tiny_config().num_hidden_layers * 9u);  // parameters and both Adam moments
+    // Steps 2 and 3 from the checkpoint follow the run that saved it.
+    const io::TensorMap cont = read(dir_ + "/" + tag + "-at4.safetensors");
+    expect_losses_close(cont, as_f64(find(at4, "losses")), "continued at world size " + std::to_string(n));
+    for (const auto& [name, t] : at4) {
+      if (name == "losses") continue;
+      const auto g = as_f64(find(cont, name)), w = as_f64(t);
+      double worst = 0;
+      for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - w[i]));
+      EXPECT_LE(worst, 1e-5) << name;
+    }
+  }
+}
+
+TEST_F(FsdpCheckpoint, ConsolidatesToASingleProcessCheckpointThatLoadsIntoTwoRanks) {
+  KILN_SKIP_WITHOUT_GLOO();
+  ASSERT_TRUE(saved_ok_);
+  // Sharded -> whole (what kiln train's single-process checkpoint holds), in kiln train's layout.
+  const auto whole = load_full(dir_ + "/step-2");
+  const io::TensorMap saved = read(dir_ + "/w2-at2.safetensors");
+  io::TensorMap model, opt;
+  for (const auto& [n, t] : whole) {
+    expect_bitwise(t, find(saved, n), n + " consolidated");
+    (n.rfind("exp_avg", 0) == 0 ? opt : model).emplace_back(n, t);
+  }
+  const std::string single = fresh_dir("single");
+  io::save_safetensors(single + "/model.safetensors", model);
+  io::save_safetensors(single + "/optimizer.safetensors", opt);
+  const auto idx = json::parse(io::read_file_prefix(dir_ + "/step-2/" + kShardedIndexFile, 1 << 24));
+  json::Value st = json::Value::object();
+  st["optimizer"] = *idx.find("metadata")->find("optimizer");
+  std::ofstream(single + "/trainer_state.json") << st.dump(1);
+  // ... which loads into 2 ranks with the same bits.
+  const auto r = run_fsdp(2, "KILN_FSDP_CASE=load KILN_FSDP_TAG=single KILN_FSDP_OUT=" + dir_ + " KILN_FSDP_CKPT=" +
+                                 single);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const io::TensorMap loaded = read(dir_ + "/single-loaded.safetensors");
+  for (const auto& [n, t] : whole) expect_bitwise(find(loaded, n), t, n + " from the single-process checkpoint");
+}
+
+namespace {
+// A copy of the saved checkpoint whose index or files `damage` changes.
+std::string damaged_copy(const std::string& from, const std::string& name,
+                         const std::function<void(const std::string& dir, json::Value& index)>& damage) {
+  const std::string d = fresh_dir(name);
+  fs::remove_all(d);
+  fs::copy(from, d, fs::copy_options::recursive);
+  json::Value idx = json::parse(io::read_file_prefix(d + "/" + kShardedIndexFile, 1 << 24));
+  damage(d, idx);
+  std::ofstream(d + "/" + kShardedIndexFile, std::ios::trunc) << idx.dump(1);
+  return d;
+}
+
+// Loads `dir` into a one-rank model + optimizer; expects a kiln::Error containing every part of
+// `want`, and that the shards and optimizer state did not change.
+void expect_load_error(const std::string& dir, const std::vector<std::string>& want) {
+  LocalWorld w;
+  ShardedRun run = make_sharded(w.comm);
+  train_sharded(run, 0, 1, 1);  // some optimizer state to keep
+  std::vector<Tensor> before;
+  for (auto& [n, t] : run.fsdp->named_shards()) before.push_back(t.clone());
+  const auto opt_before = run.opt->state_dict();
+  std::vector<Tensor> opt_copy;
+  for (auto& [n, t] : opt_before.tensors) opt_copy.push_back(t.clone());
+  try {
+    load_checkpoint(dir, *run.fsdp, *run.opt);
+    ADD_FAILURE() << "loaded " << dir;
+  } catch (const Error& e) {
+    for (const auto& s : want) EXPECT_TRUE(contains(e.what(), s)) << e.what() << "\nmissing: " << s;
+  }
+  size_t i = 0;
+  for (auto& [n, t] : run.fsdp->named_shards()) expect_bitwise(t, before[i++], n + " after a failed load");
+  i = 0;
+  for (auto& [n, t] : run.opt->state_dict().tensors) expect_bitwise(t, opt_copy[i++], n + " after a failed load");
+}
+}  // namespace
+
+TEST_F(FsdpCheckpoint, DamagedCheckpointsNameTheFileAndTensorAndChangeNothing) {
+  KILN_SKIP_WITHOUT_GLOO();
+  ASSERT_TRUE(saved_ok_);
+  const std::string src = dir_ + "/step-2";
+  const std::string victim = "model.layers.1.mlp.up_proj.weight";
+  // An index missing a chunk.
+  std::string d = damaged_copy(src, "missing", [&](const std::string&, json::Value& idx) {
+    auto& chunks = idx["tensors"][victim]["chunks"].as_array();
+    chunks.erase(chunks.begin() + 1);
+  });
+  expect_load_error(d, {victim, "rows [15, 30)", "in no chunk", kShardedIndexFile});
+  // Overlapping chunks.
+  d = damaged_copy(src, "overlap", [&](const std::string&, json::Value& idx) {
+    auto& c = idx["tensors"][victim]["chunks"].as_array()[1];
+    c["offset"].as_array()[0] = 10;
+    c["shape"].as_array()[0] = 20;
+  });
+  expect_load_error(d, {victim, "overlap", "shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"});
+  // A shard file cut short.
+  d = damaged_copy(src, "truncated", [&](const std::string& dir, json::Value&) {
+    const std::string f = dir + "/shard-00001-of-00002.safetensors";
+    fs::resize_file(f, fs::file_size(f) - 100);
+  });
+  expect_load_error(d, {"shard-00001-of-00002.safetensors", "holding tensor '", "unreadable"});
+  // A missing index and model: named.
+  const std::string empty = fresh_dir("empty");
+  expect_load_error(empty, {empty, kShardedIndexFile});
+}
+
+// ---- mixed precision ----
+
+TEST(Fsdp, MixedPrecisionGathersInBf16AndReducesOntoF32Shards) {
+  KILN_SKIP_WITHOUT_GLOO();
+  LocalWorld w;
+  FsdpOptions o;
+  o.mixed_precision.param_dtype = DType::bf16;
+  o.mixed_precision.reduce_dtype = DType::f32;
+  ShardedRun run = make_sharded(w.comm, o);
+  DType seen = DType::f32;
+  auto& layer = *run.model->model->layers[0];
+  layer.register_forward_pre_hook([&](const nn::Module&) { seen = layer.mlp->up_proj->weight.dtype(); });
+  const RunResult ref = train_plain(1, 1);
+  const Batch b = batch_rows(0, 0, kGlobalBatch, run.model->config.vocab_size);
+  Tensor l = run.model->loss_sum(b.input, b.target, Tensor(), static_cast<double>(count_targets(b.target)));
+  l.backward();
+  EXPECT_EQ(seen, DType::bf16);  // the gathered parameters, after FSDP's pre-forward hook
+  EXPECT_NEAR(l.item(), ref.losses[0], 2e-2 * std::abs(ref.losses[0]));
+  for (auto& [n, t] : run.fsdp->named_shards()) {
+    EXPECT_EQ(t.dtype(), DType::f32) << n;
+    ASSERT_TRUE(t.grad().defined()) << n;
+    EXPECT_EQ(t.grad().dtype(), DType::f32) << n;
+  }
+}
