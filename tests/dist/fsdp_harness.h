@@ -75,8 +75,8 @@ struct RunResult {
 };
 
 // `steps` steps of the unsharded reference on the whole global batch in `accum` micro-batches.
-inline RunResult train_plain(int steps, int accum) {
-  nn::LlamaForCausalLM model(tiny_config(), kSeed);
+inline RunResult train_plain(int steps, int accum, const nn::LlamaConfig& config = tiny_config()) {
+  nn::LlamaForCausalLM model(config, kSeed);
   std::vector<std::pair<std::string, Tensor>> named;
   for (auto& [n, t] : model.named_parameters()) named.emplace_back(n, *t);
   optim::AdamW opt(named, adam_options());
@@ -110,9 +110,10 @@ struct ShardedRun {
   std::unique_ptr<optim::AdamW> opt;
 };
 
-inline ShardedRun make_sharded(std::shared_ptr<dist::Communicator> comm, const FsdpOptions& o = {}) {
+inline ShardedRun make_sharded(std::shared_ptr<dist::Communicator> comm, const FsdpOptions& o = {},
+                               const nn::LlamaConfig& config = tiny_config()) {
   ShardedRun run;
-  run.model = std::make_unique<nn::LlamaForCausalLM>(tiny_config(), kSeed);
+  run.model = std::make_unique<nn::LlamaForCausalLM>(config, kSeed);
   for (auto& layer : run.model->model->layers) fully_shard(*layer, comm, o);
   run.fsdp = fully_shard(*run.model, comm, o);
   run.opt = std::make_unique<optim::AdamW>(run.fsdp->named_shards(), adam_options());

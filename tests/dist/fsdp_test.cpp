@@ -115,6 +115,22 @@ TEST(Fsdp, WorldSizeOneIsBitwiseTheUnshardedRun) {
   }
 }
 
+TEST(Fsdp, ActivationCheckpointingRecomputesWithTheGatheredParametersBitwise) {
+  KILN_SKIP_WITHOUT_GLOO();
+  // The recomputation runs the block's forward (and its hooks) inside the backward.
+  for (const char* mode : {"block", "mlp"}) {
+    nn::LlamaConfig c = tiny_config();
+    c.checkpoint_activations = mode;
+    const RunResult ref = train_plain(2, 1, c);
+    LocalWorld w;
+    ShardedRun run = make_sharded(w.comm, {}, c);
+    const std::vector<double> losses = train_sharded(run, 0, 2, 1);
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], ref.losses[i]) << mode << " step " << i;
+    for (const auto& [n, t] : ref.params) expect_bitwise(run.fsdp->full_tensor(n), t, n + " " + mode);
+    EXPECT_EQ(run.fsdp->stats().gathered_bytes, 0) << mode;
+  }
+}
+
 TEST(Fsdp, ShardsAreTheRowsOfEachParameterAndTheModuleHoldsNoMemoryBetweenSteps) {
   KILN_SKIP_WITHOUT_GLOO();
   LocalWorld w;
@@ -207,6 +223,19 @@ TEST_P(FsdpWorld, ParametersKeptGatheredFromForwardToBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, FsdpWorld, ::testing::Values(2, 3, 4));
+
+TEST(FsdpDeterminism, TwoRunsAtOneWorldSizeAreBitwiseIdentical) {
+  KILN_SKIP_WITHOUT_GLOO();
+  io::TensorMap runs[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = fresh_dir("det" + std::to_string(i));
+    const auto r = run_fsdp(3, "KILN_FSDP_CASE=train KILN_FSDP_STEPS=3 KILN_FSDP_OUT=" + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    runs[i] = read(out + "/train.safetensors");
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) expect_bitwise(runs[0][i].second, runs[1][i].second, runs[0][i].first);
+}
 
 TEST(FsdpMemory, PerRankStateIsAboutOneNth) {
   KILN_SKIP_WITHOUT_GLOO();
