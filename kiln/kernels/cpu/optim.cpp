@@ -2,6 +2,9 @@
 // updates, the multi-tensor ones (one parallel loop over pieces of every parameter of the list),
 // the per-chunk partial norms for clip_grad_norm_ and their multi-tensor form, and the fused
 // clip's sum of the partials (NOTE [multi-tensor step], kernels/optim.h).
+// Compiled with -fno-math-errno (CMakeLists.txt): sqrt never sets errno here (its arguments are
+// sums of squares), and without errno GCC vectorises the update loops (sqrtps rounds as sqrtss
+// does: the same bits). GCC 12 ignores the option as a pragma.
 #include "kiln/kernels/optim.h"
 
 #include <algorithm>
