@@ -41,7 +41,7 @@ struct Batch {
 
 // Rows [begin, begin + n) of step `step`'s global batch: ids from a generator seeded by the step,
 // targets the next ids with a few -100 (ignored) to make counts uneven across ranks.
-inline Batch batch_rows(int64_t step, int64_t begin, int64_t n, int64_t vocab) {
+inline Batch batch_rows(int64_t step, int64_t begin, int64_t n, int64_t vocab, Device device = kCPU) {
   std::mt19937_64 gen(977 + static_cast<uint64_t>(step));
   std::vector<int64_t> v(static_cast<size_t>(kGlobalBatch * (kSeq + 1)));
   for (auto& x : v) x = static_cast<int64_t>(gen() % static_cast<uint64_t>(vocab));
@@ -51,6 +51,10 @@ inline Batch batch_rows(int64_t step, int64_t begin, int64_t n, int64_t vocab) {
   Batch b;
   b.input = ids.narrow(0, begin, n).narrow(1, 0, kSeq).contiguous();
   b.target = ids.narrow(0, begin, n).narrow(1, 1, kSeq).contiguous();
+  if (!device.is_cpu()) {
+    b.input = b.input.to(device);
+    b.target = b.target.to(device);
+  }
   return b;
 }
 
@@ -75,8 +79,9 @@ struct RunResult {
 };
 
 // `steps` steps of the unsharded reference on the whole global batch in `accum` micro-batches.
-inline RunResult train_plain(int steps, int accum, const nn::LlamaConfig& config = tiny_config()) {
-  nn::LlamaForCausalLM model(config, kSeed);
+inline RunResult train_plain(int steps, int accum, const nn::LlamaConfig& config = tiny_config(),
+                             Device device = kCPU) {
+  nn::LlamaForCausalLM model(config, kSeed, device);
   std::vector<std::pair<std::string, Tensor>> named;
   for (auto& [n, t] : model.named_parameters()) named.emplace_back(n, *t);
   optim::AdamW opt(named, adam_options());
@@ -86,7 +91,7 @@ inline RunResult train_plain(int steps, int accum, const nn::LlamaConfig& config
     std::vector<Batch> micro;
     int64_t targets = 0;
     for (int a = 0; a < accum; ++a) {
-      micro.push_back(batch_rows(s, a * per, per, model.config.vocab_size));
+      micro.push_back(batch_rows(s, a * per, per, model.config.vocab_size, device));
       targets += count_targets(micro.back().target);
     }
     double loss = 0;
@@ -100,7 +105,7 @@ inline RunResult train_plain(int steps, int accum, const nn::LlamaConfig& config
     opt.zero_grad();
     r.losses.push_back(loss);
   }
-  for (auto& [n, t] : model.named_parameters()) r.params.emplace_back(n, t->clone());
+  for (auto& [n, t] : model.named_parameters()) r.params.emplace_back(n, t->to(kCPU).clone());
   return r;
 }
 
@@ -111,9 +116,9 @@ struct ShardedRun {
 };
 
 inline ShardedRun make_sharded(std::shared_ptr<dist::Communicator> comm, const FsdpOptions& o = {},
-                               const nn::LlamaConfig& config = tiny_config()) {
+                               const nn::LlamaConfig& config = tiny_config(), Device device = kCPU) {
   ShardedRun run;
-  run.model = std::make_unique<nn::LlamaForCausalLM>(config, kSeed);
+  run.model = std::make_unique<nn::LlamaForCausalLM>(config, kSeed, device);
   for (auto& layer : run.model->model->layers) fully_shard(*layer, comm, o);
   run.fsdp = fully_shard(*run.model, comm, o);
   run.opt = std::make_unique<optim::AdamW>(run.fsdp->named_shards(), adam_options());
@@ -126,15 +131,16 @@ inline std::vector<double> train_sharded(ShardedRun& run, int from, int to, int 
   dist::Communicator& comm = *run.fsdp->communicator();
   const int N = comm.size(), R = comm.rank();
   const int64_t mine = kGlobalBatch / N, per = mine / accum;
+  const Device device = run.fsdp->named_shards().front().second.device();
   std::vector<double> losses;
   for (int s = from; s < to; ++s) {
     std::vector<Batch> micro;
     int64_t targets = 0;
     for (int a = 0; a < accum; ++a) {
-      micro.push_back(batch_rows(s, R * mine + a * per, per, run.model->config.vocab_size));
+      micro.push_back(batch_rows(s, R * mine + a * per, per, run.model->config.vocab_size, device));
       targets += count_targets(micro.back().target);
     }
-    const double global = global_count(comm, targets);
+    const double global = global_count(comm, targets, device);
     double loss = 0;
     for (int a = 0; a < accum; ++a) {
       run.fsdp->set_requires_gradient_sync(a == accum - 1);
@@ -146,7 +152,7 @@ inline std::vector<double> train_sharded(ShardedRun& run, int from, int to, int 
     run.fsdp->clip_grad_norm(kClip);
     run.opt->step();
     run.opt->zero_grad();
-    Tensor t = from_vector<double>({loss}, {1});
+    Tensor t = from_vector<double>({loss}, {1}, device);
     comm.all_reduce(t, dist::ReduceOp::sum)->wait();
     losses.push_back(t.item());
   }
@@ -155,7 +161,7 @@ inline std::vector<double> train_sharded(ShardedRun& run, int from, int to, int 
 
 inline std::vector<std::pair<std::string, Tensor>> full_params(ShardedRun& run) {
   std::vector<std::pair<std::string, Tensor>> out;
-  for (auto& [n, t] : run.fsdp->named_shards()) out.emplace_back(n, run.fsdp->full_tensor(n));
+  for (auto& [n, t] : run.fsdp->named_shards()) out.emplace_back(n, run.fsdp->full_tensor(n).to(kCPU));
   return out;
 }
 

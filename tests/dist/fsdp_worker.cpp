@@ -7,6 +7,7 @@
 //              also the per-rank memory and the FSDP counters.
 //   save       trains 2 steps, writes a sharded checkpoint to KILN_FSDP_CKPT, trains 2 more.
 //   load       loads KILN_FSDP_CKPT (any world size), writes what it loaded, trains steps 2..4.
+// KILN_FSDP_BACKEND=nccl runs on the GPU of LOCAL_RANK instead of the CPU.
 #include <cstdlib>
 #include <chrono>
 #include <string>
@@ -37,7 +38,7 @@ void add_full_optimizer_state(ShardedRun& run, io::TensorMap& out) {
     for (const char* buf : {"exp_avg", "exp_avg_sq"}) {
       const std::string key = std::string(buf) + "." + info.name;
       for (const auto& [n, t] : st.tensors)
-        if (n == key) out.emplace_back(key, gather_rows(*run.fsdp->communicator(), info.global_shape, t));
+        if (n == key) out.emplace_back(key, gather_rows(*run.fsdp->communicator(), info.global_shape, t).to(kCPU));
     }
 }
 
@@ -59,13 +60,15 @@ TEST(FsdpWorker, Run) {
   const std::string mode = which;
   dist::CommOptions co;
   co.timeout = dist::Millis(30000);
-  auto world = dist::init_world("gloo", "world", co);
+  const std::string backend = env_or("KILN_FSDP_BACKEND", "gloo");  // nccl: one GPU per rank
+  auto world = dist::init_world(backend, "world", co);
   const int N = world->size();
+  const Device device = backend == "nccl" ? cuda(dist::DistEnv::from_env().local_rank) : kCPU;
   FsdpOptions o;
   o.reshard_after_forward = env_or("KILN_FSDP_RESHARD", "1") == "1";
   const int accum = std::atoi(env_or("KILN_FSDP_ACCUM", "1").c_str());
   const std::string tag = env_or("KILN_FSDP_TAG", mode.c_str());
-  ShardedRun run = make_sharded(world, o);
+  ShardedRun run = make_sharded(world, o, tiny_config(), device);
   if (mode == "train") {
     const int steps = std::atoi(env_or("KILN_FSDP_STEPS", "4").c_str());
     run.fsdp->reset_peak_stats();
@@ -74,10 +77,10 @@ TEST(FsdpWorker, Run) {
     // Between steps: the shards, their optimizer state and nothing gathered. A Gloo worker
     // thread lets go of a finished operation's tensors just after its Work completes, so the
     // figure is the lowest seen over half a second.
-    int64_t live = memory_stats(kCPU).current_bytes;
+    int64_t live = memory_stats(device).current_bytes;
     for (int i = 0; i < 50; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      live = std::min(live, memory_stats(kCPU).current_bytes);
+      live = std::min(live, memory_stats(device).current_bytes);
     }
     io::Metadata meta{{"live_bytes", std::to_string(live)},
                       {"peak_gathered_groups", std::to_string(st.peak_gathered_groups)},
@@ -85,11 +88,11 @@ TEST(FsdpWorker, Run) {
                       {"all_gathers", std::to_string(st.all_gathers)},
                       {"reduce_scatters", std::to_string(st.reduce_scatters)}};
     // Every rank's live bytes (rank 0 writes them all).
-    Tensor lb = zeros({N}, DType::i64);
+    Tensor lb = zeros({N}, DType::i64, device);
     lb.narrow(0, world->rank(), 1).fill_(static_cast<double>(live));
     world->all_reduce(lb, dist::ReduceOp::sum)->wait();
     std::string all;
-    for (int64_t v : lb.to_vector<int64_t>()) all += (all.empty() ? "" : ",") + std::to_string(v);
+    for (int64_t v : lb.to(kCPU).to_vector<int64_t>()) all += (all.empty() ? "" : ",") + std::to_string(v);
     meta["live_bytes_per_rank"] = all;
     write_result(run, losses, tag, false, meta);
   } else if (mode == "save") {
