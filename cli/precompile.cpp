@@ -3,18 +3,16 @@
 // warm a cluster's cache before its jobs start, or check that expressions compile. The mods come
 // from flags or from a .toml / .json file (--config) with the keys score_mod, score_mod_derivative,
 // mask_mod, dtype (a name, or a comma-separated list), captures (a safetensors file), backward (default true).
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "kiln/attention/runtime_mods.h"
+#include "kiln/attention/runtime_mods_setup.h"
 #include "kiln/core/device.h"
 #include "kiln/io/file.h"
 #include "kiln/io/json.h"
-#include "kiln/io/safetensors.h"
 #include "kiln/jit/cache.h"
 #include "kiln/train/config.h"
 
@@ -23,6 +21,7 @@ namespace kiln::cli {
 int run_precompile(const Args& args) {
   std::string config, score = "score", dscore, mask = "true", dtypes = "f32", captures, device_s = "cpu";
   bool backward = true, forward_only = false;
+  int64_t head_dim = 0;
   ArgParser p("precompile", "Compile the kernels of run-time FlexAttention mods into the JIT cache ahead of a run.");
   p.option("--config", &config, "FILE", ".toml or .json with score_mod, score_mod_derivative, mask_mod, dtype, "
                                         "captures, backward (flags given too override it)")
@@ -31,7 +30,8 @@ int run_precompile(const Args& args) {
       .option("--mask-mod", &mask, "EXPR", "mask_mod expression over b, h, q_idx, kv_idx")
       .option("--dtype", &dtypes, "LIST", "comma-separated storage dtypes: f32, bf16, f16")
       .option("--captures", &captures, "FILE", "safetensors file whose tensors the expressions name")
-      .option("--device", &device_s, "DEV", "cpu (the CUDA run-time path is not wired yet: docs/jit.md)")
+      .option("--device", &device_s, "DEV", "cpu or cuda[:N] (CUDA: NVRTC cubins for sm_90a into the cache)")
+      .option("--head-dim", &head_dim, "D", "CUDA: the head dim the kernels run at (0: both SIMT row sizes)")
       .flag("--forward-only", &forward_only, "only the forward kernels (inference)");
   if (!p.parse(args)) return 0;
   if (!config.empty()) {
@@ -63,29 +63,18 @@ int run_precompile(const Args& args) {
   }
   if (forward_only) backward = false;
   const Device dev = Device::parse(device_s);
-  const attention::Captures file = captures.empty() ? attention::Captures{} : io::load_safetensors(captures);
-  const attention::RuntimeScoreMod sm(score, attention::captures_named_in(score + " " + dscore, file), dscore);
-  const attention::RuntimeMaskMod mm(mask, attention::captures_named_in(mask, file));
-  std::vector<jit::Ticket> tickets;
-  const auto t0 = std::chrono::steady_clock::now();
+  check_device_available(dev, "precompile");
+  std::vector<DType> dts;
   for (size_t at = 0; at <= dtypes.size();) {
     const size_t end = std::min(dtypes.find(',', at), dtypes.size());
     const DType dt = parse_dtype(dtypes.substr(at, end - at));
     KILN_CHECK(dt == DType::f32 || dt == DType::bf16 || dt == DType::f16, "precompile: --dtype takes f32, bf16, f16");
-    for (auto& t : attention::precompile_flex(sm, mm, dt, dev, backward)) tickets.push_back(t);
+    dts.push_back(dt);
     at = end + 1;
   }
-  std::string first_error;
-  for (const auto& t : tickets) {
-    try {
-      t.wait();
-    } catch (const std::exception& e) {
-      if (first_error.empty()) first_error = e.what();
-    }
-  }
-  KILN_CHECK(first_error.empty(), first_error);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("kiln precompile: %zu kernels ready in %.1f s (%d compile threads; cache %s)\n", tickets.size(), s,
+  const attention::RuntimeMods mods = attention::runtime_mods(score, mask, captures, dev, dscore, "precompile");
+  const attention::PrecompileReport r = attention::precompile_runtime_mods(mods, dts, dev, backward, head_dim);
+  std::printf("kiln precompile: %zu kernels ready in %.1f s (%d compile threads; cache %s)\n", r.kernels, r.seconds,
               jit::CompileService::global().threads(), jit::cache_dir().c_str());
   return 0;
 }

@@ -131,8 +131,8 @@ void call_flex(const KernelEntry& e, const kernels::FlexParams& p, const std::ve
 
 namespace {
 // The tile classes of a run-time mask on a GPU: the NVRTC classifier (kiln/jit/cuda_backend.h),
-// one thread per tile, launched with the driver on the legacy default stream (which orders it
-// after kiln's work on the device's other blocking streams) and read back by the copy.
+// one thread per tile, launched with the driver on the thread's current stream (where kiln's work
+// on the device is) and read back by the copy.
 std::vector<uint8_t> classify_on_gpu(const jit::ModSpec& spec, const std::vector<Tensor>& caps, const Captures& named,
                                      int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t qb, int64_t kb,
                                      Device device) {
@@ -165,22 +165,24 @@ std::vector<uint8_t> classify_on_gpu(const jit::ModSpec& spec, const std::vector
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     void* params[] = {&args, &Bm, &Hm, &L, &S, &qb, &kb, &o};
     jit::launch_cuda(const_cast<void*>(e.fn), static_cast<unsigned>((n + 255) / 256), 1, 1, 256, params,
-                     "create_block_mask (run-time mask on CUDA)");
+                     current_stream(device), "create_block_mask (run-time mask on CUDA)");
   }
   check_flags(flags.to(kCPU).to_vector<int32_t>(), named);
   std::vector<uint8_t> cls = out.to(kCPU).to_vector<uint8_t>();
   cls.resize(static_cast<size_t>(n));
   return cls;
 }
-// The CUDA kernels of a run-time pair (the SIMT bodies, f32; kiln/jit/flex_source.h), compiled in
-// the pool and loaded on this thread: fwd {kiln_flex_fwd}, bwd {delta, dq, dkdv}.
+// The CUDA kernels of a run-time pair (the SIMT bodies on f32, bf16 or f16 storage;
+// kiln/jit/flex_source.h), compiled in the pool and loaded on this thread: fwd {kiln_flex_fwd},
+// bwd {delta, dq, dkdv}.
 std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, const jit::ModSpec& m, int maxd,
-                                                      bool backward, Device device) {
-  const jit::CompileRequest req{std::string(backward ? "flex_backward" : "flex_forward") + " cuda f32 (" + s.expr +
-                                    " | " + m.expr + ")",
-                                jit::flex_cuda_source(s, m, maxd, backward),
+                                                      bool backward, Device device, DType dt) {
+  const std::string storage = dtype_name(dt);
+  const jit::CompileRequest req{std::string(backward ? "flex_backward" : "flex_forward") + " cuda " + storage + " (" +
+                                    s.expr + " | " + m.expr + ")",
+                                jit::flex_cuda_source(s, m, maxd, backward, storage),
                                 {"score_mod", "score_mod_derivative", "mask_mod"}};
-  const KernelKey key{backward ? "flex_backward" : "flex_forward", "cuda", "f32", maxd, jit::sha256_hex(req.source),
+  const KernelKey key{backward ? "flex_backward" : "flex_forward", "cuda", storage, maxd, jit::sha256_hex(req.source),
                       "jit " + device.str()};
   const KernelEntry e = KernelRegistry::global().get_or_make(key, [&] {
     jit::Cubin cubin;
@@ -195,14 +197,16 @@ std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, con
   return std::shared_ptr<jit::CudaFunctions>(e.keep, static_cast<jit::CudaFunctions*>(const_cast<void*>(e.fn)));
 }
 
-// Runs the forward or the backward of a run-time pair on CUDA (f32, no captured gradient).
+// Runs the forward or the backward of a run-time pair on CUDA (storage `dt`, no captured
+// gradient), on the thread's current stream of `device`.
 void run_cuda_flex(bool backward, const kernels::FlexParams& p, const jit::ModSpec& s, const jit::ModSpec& m,
-                   const std::vector<Tensor>& caps, size_t n_score, const Captures& named, Device device) {
+                   const std::vector<Tensor>& caps, size_t n_score, const Captures& named, Device device, DType dt) {
   KILN_CHECK(p.E <= 256 && p.Ev <= 256, "flex_attention (CUDA, run-time mods): head dims up to 256, got E=", p.E,
              ", Ev=", p.Ev);
   KILN_CHECK(p.nQ < 65536 * 32 && p.Hq < 65536 && p.B < 65536, "flex_attention (CUDA): grid too large");
   const int maxd = p.E <= 128 && p.Ev <= 128 ? 128 : 256;
-  const auto k = cuda_flex_kernels(s, m, maxd, backward, device);
+  const auto k = cuda_flex_kernels(s, m, maxd, backward, device, dt);
+  const Stream stream = current_stream(device);
   Tensor flags = zeros({std::max<int64_t>(static_cast<int64_t>(caps.size()), 1)}, DType::i32, device);
   std::vector<const void*> data;
   std::vector<std::array<int64_t, 4>> sizes, strides;
@@ -224,23 +228,24 @@ void run_cuda_flex(bool backward, const kernels::FlexParams& p, const jit::ModSp
   void* args[] = {&pp, sm.data(), mm.data()};
   const unsigned B = static_cast<unsigned>(p.B);
   if (!backward) {
-    jit::launch_cuda(k->functions[0], static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), B, 128, args,
+    jit::launch_cuda(k->functions[0], static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), B, 128, args, stream,
                      "flex_attention (run-time mods, CUDA forward)");
   } else {
     const int64_t rows = p.B * p.Hq * p.L;
-    jit::launch_cuda(k->functions[0], static_cast<unsigned>((rows + 255) / 256), 1, 1, 256, args,
+    jit::launch_cuda(k->functions[0], static_cast<unsigned>((rows + 255) / 256), 1, 1, 256, args, stream,
                      "flex_attention (run-time mods, CUDA delta)");
-    jit::launch_cuda(k->functions[1], static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), B, 128, args,
+    jit::launch_cuda(k->functions[1], static_cast<unsigned>(p.nQ), static_cast<unsigned>(p.Hq), B, 128, args, stream,
                      "flex_attention (run-time mods, CUDA dQ)");
-    jit::launch_cuda(k->functions[2], static_cast<unsigned>(p.nKV), static_cast<unsigned>(p.Hkv), B, 128, args,
+    jit::launch_cuda(k->functions[2], static_cast<unsigned>(p.nKV), static_cast<unsigned>(p.Hkv), B, 128, args, stream,
                      "flex_attention (run-time mods, CUDA dK/dV)");
   }
   check_flags(flags.to(kCPU).to_vector<int32_t>(), named);
 }
 
 void check_cuda_call(const Tensor& q, int learn_at) {
-  KILN_CHECK(q.dtype() == DType::f32, "flex_attention: run-time mods on CUDA run f32 for now (the NVRTC kernels "
-                                      "are the SIMT ones, f32 storage), got ", dtype_name(q.dtype()));
+  KILN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16 || q.dtype() == DType::f16,
+             "flex_attention: run-time mods on CUDA take f32, bf16 or f16 (the NVRTC SIMT kernels), got ",
+             dtype_name(q.dtype()));
   KILN_CHECK(learn_at < 0, "flex_attention: a captured tensor that requires grad is supported on the CPU only for "
                            "now (docs/jit.md)");
 }
@@ -315,7 +320,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   if (p.L > 0 && p.Ev > 0) {
     profile::Scope ps("flex_forward", q.device());
     if (on_cuda) {
-      run_cuda_flex(false, p, s, m, caps, n_score, named, q.device());
+      run_cuda_flex(false, p, s, m, caps, n_score, named, q.device(), dt);
     } else {
       std::vector<int32_t> flags;
       call_flex(fwd, p, capture_args(caps, flags));
@@ -364,7 +369,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
              if (bp.L > 0 && bp.S > 0) {
                profile::Scope ps("flex_backward", q.device());
                if (on_cuda) {
-                 run_cuda_flex(true, bp, s, m, caps, n_score, named, q.device());
+                 run_cuda_flex(true, bp, s, m, caps, n_score, named, q.device(), q.dtype());
                } else {
                  std::vector<int32_t> flags;
                  call_flex(bwd, bp, capture_args(caps, flags));
@@ -401,11 +406,34 @@ Captures captures_named_in(const std::string& expr, const Captures& file) {
 }
 
 std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const RuntimeMaskMod& mask_mod, DType dtype,
-                                         Device device, bool backward) {
-  require_cpu(device);
+                                         Device device, bool backward, int64_t head_dim) {
   const BoundCaptures sc = bind_captures("score_mod", score_mod.captures, device, true);
   const BoundCaptures mc = bind_captures("mask_mod", mask_mod.captures, device, false);
   const jit::ModSpec s = score_spec(score_mod, sc), m = mask_spec(mask_mod, mc);
+  if (device.is_cuda()) {
+    // The cubins into the disk cache, in the pool; each is loaded (a cache hit) on the thread of
+    // its first call, which has the device's context.
+    KILN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+               "precompile: run-time mods on CUDA take f32, bf16 or f16, got ", dtype_name(dtype));
+    std::vector<jit::CompileRequest> reqs{
+        {"create_block_mask cuda (" + m.expr + ")", jit::classify_cuda_source(m), {"mask_mod"}}};
+    for (int maxd : {128, 256}) {
+      if (head_dim > 0 && maxd != (head_dim <= 128 ? 128 : 256)) continue;
+      for (bool bwd : {false, true}) {
+        if (bwd && !backward) continue;
+        reqs.push_back({std::string(bwd ? "flex_backward" : "flex_forward") + " cuda " + dtype_name(dtype) + " (" +
+                            s.expr + " | " + m.expr + ")",
+                        jit::flex_cuda_source(s, m, maxd, bwd, dtype_name(dtype)),
+                        {"score_mod", "score_mod_derivative", "mask_mod"}});
+      }
+    }
+    std::vector<jit::Ticket> tickets;
+    for (auto& req : reqs)
+      tickets.push_back(jit::CompileService::global().submit(
+          req.name, [req](const jit::CancelToken& tok) { jit::compile_cuda(req, "sm_90a", &tok); }));
+    return tickets;
+  }
+  require_cpu(device);
   std::vector<std::pair<std::string, jit::CompileRequest>> reqs;
   reqs.emplace_back("flex_classify", jit::CompileRequest{"create_block_mask (" + m.expr + ")",
                                                          jit::classify_cpu_source(m), {"mask_mod"}});

@@ -11,7 +11,8 @@
 //
 // The CPU kernels are kiln's own kernel templates instantiated with the expression (the same
 // bits as the library mod it spells: tests/jit). On CUDA the NVRTC path runs the SIMT kernels,
-// f32, without captured gradients (docs/jit.md says what is missing).
+// f32 / bf16 / f16, without captured gradients (docs/jit.md says what is missing), on the
+// thread's current stream.
 #pragma once
 #include <string>
 #include <utility>
@@ -59,8 +60,9 @@ Captures captures_named_in(const std::string& expr, const Captures& file);
 
 // Starts compiling, in the JIT's pool, the kernels such a call needs (the forward, and the
 // backward when `backward`; the classifier of the mask), without waiting: the trainer and
-// `kiln precompile` call it for every kernel of a run, then wait on the tickets.
+// `kiln precompile` call it for every kernel of a run (runtime_mods_setup.h), then wait on the
+// tickets. On CUDA the cubins go to the disk cache, for the SIMT row size of `head_dim` (0: both).
 std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const RuntimeMaskMod& mask_mod, DType dtype,
-                                         Device device, bool backward);
+                                         Device device, bool backward, int64_t head_dim = 0);
 
 }  // namespace kiln::attention

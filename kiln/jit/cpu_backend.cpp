@@ -84,13 +84,22 @@ std::string include_root() {
   const fs::path self(__FILE__);
   if (self.is_absolute() && holds(self.parent_path().parent_path().parent_path()))
     return self.parent_path().parent_path().parent_path().string();
+  // Then above the binary that holds this code (the program, or a shared object such as the
+  // Python module, whose wheel carries the headers in include/ beside it), then above the program.
+  std::vector<fs::path> starts;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&include_root), &info) != 0 && info.dli_fname)
+    starts.push_back(fs::absolute(info.dli_fname).parent_path());
   std::error_code ec;
-  for (fs::path p = fs::read_symlink("/proc/self/exe", ec).parent_path(); !ec && !p.empty(); p = p.parent_path()) {
-    if (holds(p)) return p.string();
-    if (p == p.root_path()) break;
-  }
-  fail("jit: cannot find kiln's headers (kiln/jit/expr_prelude.h) above this program; set KILN_INCLUDE_DIR to the "
-       "folder that holds kiln/");
+  if (fs::path exe = fs::read_symlink("/proc/self/exe", ec); !ec) starts.push_back(exe.parent_path());
+  for (const fs::path& start : starts)
+    for (fs::path p = start; !p.empty(); p = p.parent_path()) {
+      if (holds(p)) return p.string();
+      if (holds(p / "include")) return (p / "include").string();
+      if (p == p.root_path()) break;
+    }
+  fail("jit: cannot find kiln's headers (kiln/jit/expr_prelude.h) above this program or the library holding kiln; "
+       "set KILN_INCLUDE_DIR to the folder that holds kiln/");
 }
 
 std::string kiln_headers_of(const std::string& source, const std::string& root) {

@@ -90,7 +90,6 @@ const DriverApi* driver(std::string* why) {
     bind(h, "cuLibraryUnload", api.library_unload, missing);
     bind(h, "cuLaunchKernel", api.launch, missing);
     bind(h, "cuGetErrorString", api.get_error_string, missing);
-    bind(h, "cuCtxSynchronize", api.ctx_synchronize, missing);
     if (!missing.empty()) {
       reason = "the CUDA driver lacks " + missing + " (CUDA 12 or newer is needed)";
       return;
@@ -196,16 +195,17 @@ CudaFunction load_cuda_function(const Cubin& cubin, const char* name) {
   return CudaFunction{f.library, f.functions[0]};
 }
 
-void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args, const char* what) {
+void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args, const Stream& stream,
+                 const char* what) {
   std::string why;
   const DriverApi* d = driver(&why);
   KILN_CHECK(d != nullptr, what, ": no CUDA driver: ", why);
-  int rc = d->ctx_synchronize();
-  KILN_CHECK(rc == 0, what, ": the device failed before the launch: ", driver_error(d, rc));
-  rc = d->launch(fn, gx, gy, gz, block, 1, 1, 0, nullptr, args, nullptr);
+  KILN_CHECK(stream.device().is_cuda(), what, ": launched on a stream of ", stream.device().str(),
+             ", expected a CUDA stream");
+  // A cudaStream_t is a CUstream: the runtime's streams live in the device's primary context,
+  // which the driver's loaded libraries use too.
+  const int rc = d->launch(fn, gx, gy, gz, block, 1, 1, 0, stream.native(), args, nullptr);
   KILN_CHECK(rc == 0, what, ": the launch failed: ", driver_error(d, rc));
-  rc = d->ctx_synchronize();
-  KILN_CHECK(rc == 0, what, ": the kernel failed: ", driver_error(d, rc));
 }
 
 }  // namespace kiln::jit

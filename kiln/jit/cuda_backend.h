@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/stream.h"
 #include "kiln/jit/cpu_backend.h"
 
 namespace kiln::jit {
@@ -37,7 +38,6 @@ struct DriverApi {
   int (*launch)(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                 unsigned smem, void* stream, void** params, void** extra);
   int (*get_error_string)(int, const char**);
-  int (*ctx_synchronize)();
 };
 
 // libnvrtc (KILN_NVRTC, else libnvrtc.so / .so.13 / .so.12 on the loader's path, else under
@@ -72,9 +72,13 @@ struct CudaFunctions {
   std::vector<void*> functions;
 };
 CudaFunctions load_cuda_functions(const Cubin& cubin, const std::vector<std::string>& names);
-// Launches `fn` (args: pointers to each argument's bytes) with the device synchronized before
-// and after (the driver's legacy stream does not order with kiln's non-blocking streams; this
-// goes when the launch takes kiln/core/stream.h's current stream); an error names `what`.
-void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args, const char* what);
+// Launches `fn` (args: pointers to each argument's bytes) on `stream` (a CUDA stream of
+// kiln/core/stream.h: the caller passes current_stream(device), where kiln's own kernels and the
+// allocator's stream-ordered blocks are), with no synchronisation: the launch is ordered after the
+// work on that stream and before what follows on it, as any kiln kernel. A launch error names
+// `what`; a fault inside the kernel surfaces at the stream's next synchronisation, as for kiln's
+// own kernels.
+void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args, const Stream& stream,
+                 const char* what);
 
 }  // namespace kiln::jit

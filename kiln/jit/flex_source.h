@@ -43,10 +43,13 @@ std::string classify_cpu_source(const ModSpec& mask);
 // kiln_flex_classify(CaptureArgs caps, Bm, Hm, L, S, qb, kb, uint8_t* out), one thread per tile.
 std::string classify_cuda_source(const ModSpec& mask);
 // The CUDA kernels of one pair (NVRTC, device-only headers: kernels/cuda/attention_simt.cuh's
-// bodies, f32 storage, row vectors of `maxd` floats): the forward exports extern "C"
+// bodies, f32 math on the storage type `storage` ("f32", "bf16" as cuda_bf16.h's __nv_bfloat16,
+// "f16" as cuda_fp16.h's __half: the same 16 bits and round-to-nearest-even conversions as kiln's
+// BFloat16 / Half), row vectors of `maxd` floats): the forward exports extern "C"
 // kiln_flex_fwd; the backward kiln_flex_delta, kiln_flex_dq, kiln_flex_dkdv; each takes
 // (FlexParams, ScoreMod, MaskMod) by value, the functors laid out as functor_bytes() says.
-std::string flex_cuda_source(const ModSpec& score, const ModSpec& mask, int maxd, bool backward);
+std::string flex_cuda_source(const ModSpec& score, const ModSpec& mask, int maxd, bool backward,
+                             const std::string& storage = "f32");
 // A generated functor's bytes as a kernel argument: int64 q_len, kv_len, then per capture its
 // data pointer, sizes[4], strides[4] (int64) and flag pointer. The identity score_mod is
 // NoScoreMod: one byte.

@@ -8,6 +8,7 @@
 #include "kiln/attention/runtime_mods.h"
 #include "kiln/core/device.h"
 #include "kiln/core/error.h"
+#include "kiln/core/stream.h"
 #include "kiln/ops/ops.h"
 #include "kiln/jit/cuda_backend.h"
 #include "kiln/jit/flex_source.h"
@@ -47,10 +48,20 @@ extern "C" __global__ void probe(kiln::kernels::FlexParams p, float* out, unsign
   EXPECT_GT(jit::compile_cuda({"classifier", jit::classify_cuda_source(mask), {"mask_mod"}}).image.size(), 1000u);
   // The SIMT flex kernels of a run-time pair, forward and backward.
   const jit::ModSpec alibi{"score_mod", "score + slopes[h] * (kv_idx - q_idx)", "", {{"slopes", false, 1, false}}};
-  for (bool bwd : {false, true})
-    EXPECT_GT(jit::compile_cuda({"flex", jit::flex_cuda_source(alibi, mask, 128, bwd), {"score_mod", "mask_mod"}})
-                  .image.size(),
-              1000u);
+  // The SIMT flex kernels of a run-time pair, forward and backward, on every storage type
+  // (bf16 / f16 as cuda_bf16.h's and cuda_fp16.h's types under NVRTC).
+  for (const char* storage : {"f32", "bf16", "f16"})
+    for (bool bwd : {false, true}) {
+      const std::string src = jit::flex_cuda_source(alibi, mask, 128, bwd, storage);
+      EXPECT_GT(jit::compile_cuda({std::string("flex ") + storage, src, {"score_mod", "mask_mod"}}).image.size(), 1000u)
+          << storage;
+      EXPECT_NE(src.find(std::string(std::string(storage) == "f32" ? "128, float>" : std::string(storage) == "bf16"
+                                                                       ? "128, __nv_bfloat16>"
+                                                                       : "128, __half>")),
+                std::string::npos)
+          << src;
+    }
+  EXPECT_THROW(jit::flex_cuda_source(alibi, mask, 128, false, "f64"), Error);
   // A syntax error: NVRTC's message points into the expression; nothing cached.
   const jit::ModSpec bad{"mask_mod", "q_idx >= kv_idx kv_idx", "", {}};
   try {
@@ -101,6 +112,45 @@ TEST(JitNvrtc, RuntimeModsOnTheGpuMatchTheCpu) {
   const auto c = run(kCPU, sm_cpu), g = run(cuda(0), sm_gpu);
   const char* names[] = {"out", "lse", "dq", "dk", "dv"};
   for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(test::all_close(g[i], c[i], {2e-5, 2e-4}, names[i]));
+}
+
+// The same pair on 16-bit storage (the NVRTC kernels on __nv_bfloat16 / __half, f32 math), on a
+// stream that is not the device's compute stream (the launches follow the thread's current
+// stream, with no device synchronisation): against the CPU's run-time kernels on the same
+// 16-bit inputs, within the storage's rounding.
+TEST(JitNvrtc, RuntimeModsOn16BitStorageOnTheCurrentStreamMatchTheCpu) {
+  if (cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device (the lead runs this on the H200: ctest -R JitNvrtc)";
+  test::use_shared_jit_cache();
+  KILN_TEST_GENERATOR(gen);
+  const int64_t B = 1, Hq = 4, Hkv = 2, L = 70, E = 24;
+  Tensor slopes = mul(rand({Hq}, gen), 0.2);
+  const std::string expr = "score + slopes[h] * (kv_idx - q_idx)";
+  const attention::RuntimeMaskMod mm{"q_idx >= kv_idx && q_idx - kv_idx < 33"};
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor q = randn({B, Hq, L, E}, gen).to(dt), k = randn({B, Hkv, L, E}, gen).to(dt),
+           v = randn({B, Hkv, L, E}, gen).to(dt), dout = randn({B, Hq, L, E}, gen).to(dt);
+    auto run = [&](Device d) {
+      const attention::RuntimeScoreMod sm{expr, {{"slopes", slopes.to(d)}}};
+      Tensor qd = q.to(d).requires_grad_(true), kd = k.to(d).requires_grad_(true), vd = v.to(d).requires_grad_(true);
+      attention::FlexOptions opt;
+      opt.return_lse = true;
+      auto r = attention::flex_attention(qd, kd, vd, sm, attention::create_block_mask(mm, 1, 1, L, L, 32, 32, d), opt);
+      r.out.backward(dout.to(d));
+      return std::vector<Tensor>{r.out.to(kCPU).to(DType::f32), r.lse.to(kCPU), qd.grad().to(kCPU).to(DType::f32),
+                                 kd.grad().to(kCPU).to(DType::f32), vd.grad().to(kCPU).to(DType::f32)};
+    };
+    const auto c = run(kCPU);
+    std::vector<Tensor> g;
+    {
+      const Stream side = get_stream(cuda(0), StreamKind::side);
+      StreamGuard guard(side);
+      g = run(cuda(0));
+    }
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    for (size_t i = 0; i < c.size(); ++i)
+      EXPECT_TRUE(test::all_close(g[i], c[i], {3e-2, 3e-2}, (std::string(dtype_name(dt)) + " " + names[i]).c_str()));
+  }
 }
 
 }  // namespace
