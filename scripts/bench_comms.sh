@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# Gloo collectives on the CPU, kiln against torch.distributed's gloo, on one machine in one run:
-# all_reduce, all_gather and reduce_scatter of f32 at 1 MiB and 64 MiB, at 2 and 4 ranks
-# (BENCHMARKS.md's comms targets). Writes under $OUT (default build/bench_comms):
-#   kiln_np<N>.jsonl, torch_gloo_np<N>.jsonl (one JSON line per op and size) and summary.json
-#   (kiln's busbw over torch's per case). Needs a built kiln (KILN, default build/cuda/kiln, else
-#   build/cpu/kiln) and python3 with torch for the peer (PEERS=0 runs kiln only).
+# Collective bandwidth, kiln bench comms against torch.distributed on the same machine in one run
+# (BENCHMARKS.md's comms targets): all_reduce, all_gather and reduce_scatter at each size and
+# world size.
+#   BACKEND=gloo (default): CPU tensors, f32 at 1 MiB and 64 MiB, 2 and 4 ranks.
+#   BACKEND=nccl: one GPU per rank, bf16 at 1 MiB, 64 MiB and 1 GiB, 2 ranks; torch's peer uses
+#     all_gather_into_tensor / reduce_scatter_tensor on the NCCL backend. Target (issue 33): kiln
+#     >= 0.97 x torch's busbw at every size >= 64 MiB ("meets_target" in the summary).
+#   NPS="2 4 8" sets the world sizes, DTYPE, BYTES, OPS, ITERS the rest.
+# Writes under $OUT (default build/bench_comms): kiln_<backend>_np<N>.jsonl,
+# torch_<backend>_np<N>.jsonl (one JSON line per op and size), *.log (each run's output) and
+# summary.json (kiln's busbw over torch's per case). Needs a built kiln (KILN, default
+# build/cuda/kiln, else build/cpu/kiln) and python3 with torch for the peer (PEERS=0 runs kiln
+# only). Exits non-zero when a run failed (the others still run).
 #   OUT=/some/dir scripts/bench_comms.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
+#   BACKEND=nccl NPS="2 4 8" OUT=/some/dir scripts/bench_comms.sh
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-build/bench_comms}
 mkdir -p "$OUT"
 KILN=${KILN:-}
@@ -15,37 +24,60 @@ if [ -z "$KILN" ]; then
   for k in build/cuda/kiln build/cpu/kiln; do [ -x "$k" ] && KILN=$k && break; done
 fi
 [ -x "${KILN:-}" ] || { echo "bench_comms: no kiln binary (build one, or set KILN=path)"; exit 1; }
+BACKEND=${BACKEND:-gloo}
+case "$BACKEND" in
+  gloo) dflt_dtype=f32 dflt_bytes=1M,64M dflt_nps="2 4" ;;
+  nccl) dflt_dtype=bf16 dflt_bytes=1M,64M,1G dflt_nps="2" ;;
+  *) echo "bench_comms: BACKEND='$BACKEND' (expected gloo or nccl)"; exit 1 ;;
+esac
+DTYPE=${DTYPE:-$dflt_dtype}
 OPS=${OPS:-all_reduce,all_gather,reduce_scatter}
-BYTES=${BYTES:-1M,64M}
+BYTES=${BYTES:-$dflt_bytes}
 ITERS=${ITERS:-20}
+NPS=${NPS:-$dflt_nps}
 export OMP_NUM_THREADS=1
-for np in 2 4; do
-  rm -f "$OUT/kiln_np$np.jsonl" "$OUT/torch_gloo_np$np.jsonl"
+status=0
+for np in ${NPS//,/ }; do
+  kj=$OUT/kiln_${BACKEND}_np$np.jsonl tj=$OUT/torch_${BACKEND}_np$np.jsonl
+  rm -f "$kj" "$tj"
   for op in ${OPS//,/ }; do
+    log=$OUT/kiln_${BACKEND}_np${np}_$op.log
     timeout 600 "$KILN" launch --nproc-per-node "$np" --master-port 0 -- \
-      "$KILN" bench comms --backend gloo --op "$op" --bytes "$BYTES" --dtype f32 --iters "$ITERS" \
-      | sed -n 's/^\[rank 0\] {/{/p' >> "$OUT/kiln_np$np.jsonl"
+      "$KILN" bench comms --backend "$BACKEND" --op "$op" --bytes "$BYTES" --dtype "$DTYPE" --iters "$ITERS" \
+      > "$log" 2>&1
+    rc=$?
+    sed -n 's/^\[rank 0\] {/{/p' "$log" >> "$kj"
+    grep -v '^\[rank 0\] {' "$log" >&2
+    [ $rc = 0 ] || { echo "bench_comms: kiln $BACKEND $op at $np ranks: exit $rc (see $log)" >&2; status=1; }
   done
   if [ "${PEERS:-1}" != 0 ]; then
-    timeout 600 python3 scripts/bench_comms_peers.py --nproc "$np" --ops "$OPS" --bytes "$BYTES" --iters "$ITERS" \
-      --out "$OUT/torch_gloo_np$np.jsonl"
+    timeout 600 python3 scripts/bench_comms_peers.py --backend "$BACKEND" --nproc "$np" --dtype "$DTYPE" \
+      --ops "$OPS" --bytes "$BYTES" --iters "$ITERS" --out "$tj" > "$OUT/torch_${BACKEND}_np$np.log" 2>&1
+    rc=$?
+    cat "$OUT/torch_${BACKEND}_np$np.log" >&2
+    [ $rc = 0 ] || { echo "bench_comms: torch $BACKEND at $np ranks: exit $rc" >&2; status=1; }
   fi
 done
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$BACKEND" <<'PY' || status=1
 import glob, json, os, sys
-out = sys.argv[1]
+out, backend = sys.argv[1], sys.argv[2]
+peer = "torch_" + backend
 rows = {}
-for f in glob.glob(os.path.join(out, "*_np*.jsonl")):
+for f in glob.glob(os.path.join(out, f"*_{backend}_np*.jsonl")):
     for line in open(f):
         r = json.loads(line)
         rows.setdefault((r["op"], r["world_size"], r["bytes"]), {})[r["impl"]] = r["busbw_GBps"]
 summary = []
 for (op, n, b), v in sorted(rows.items()):
-    s = {"op": op, "world_size": n, "bytes": b, "kiln_busbw_GBps": v.get("kiln"), "torch_busbw_GBps": v.get("torch_gloo")}
-    if v.get("kiln") and v.get("torch_gloo"):
-        s["ratio"] = v["kiln"] / v["torch_gloo"]
+    s = {"backend": backend, "peer": peer, "op": op, "world_size": n, "bytes": b, "kiln_busbw_GBps": v.get("kiln"),
+         "torch_busbw_GBps": v.get(peer)}
+    if v.get("kiln") and v.get(peer):
+        s["ratio"] = v["kiln"] / v[peer]
+        if backend == "nccl" and b >= 64 << 20:
+            s["meets_target"] = s["ratio"] >= 0.97
     summary.append(s)
-    print(f"{op:15s} {n} ranks {b:>10d} B  kiln {s['kiln_busbw_GBps'] or 0:.3f}  torch {s['torch_busbw_GBps'] or 0:.3f}"
-          f"  ratio {s.get('ratio', float('nan')):.2f}")
+    print(f"{backend} {op:15s} {n} ranks {b:>11d} B  kiln {s['kiln_busbw_GBps'] or 0:9.3f}  "
+          f"torch {s['torch_busbw_GBps'] or 0:9.3f}  ratio {s.get('ratio', float('nan')):.3f}")
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 PY
+exit $status
