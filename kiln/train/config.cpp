@@ -93,6 +93,8 @@ void TrainConfig::validate() const {
   KILN_CHECK(clip >= 0, "config: clip=", clip, " must be >= 0 (0: no clipping)");
   KILN_CHECK(warmup >= -1, "config: warmup=", warmup, " must be >= 0 (or -1: 5% of steps)");
   KILN_CHECK(max_time >= 0, "config: max_time=", max_time, " must be >= 0");
+  KILN_CHECK(peak_tflops >= 0 && std::isfinite(peak_tflops), "config: peak_tflops=", peak_tflops,
+             " must be >= 0 (0: the device's own)");
   KILN_CHECK(sample_tokens >= 0, "config: sample_tokens=", sample_tokens, " must be >= 0");
   KILN_CHECK(val_fraction >= 0 && val_fraction < 0.5, "config: val_fraction=", val_fraction, " must be in [0, 0.5)");
   KILN_CHECK(sample == "windows" || sample == "packed", "config: sample='", sample, "' is not one of: windows, packed");

@@ -54,6 +54,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   bool deterministic = false;
   bool profile = false;  // op-level profile (also env KILN_PROFILE=1): table at the end, DIR/profile.json
+  double peak_tflops = 0;  // the device's peak for MFU (0: known GPUs' data sheet, the CPU's estimate)
   std::string resume;
   bool overwrite = false;  // a fresh run into an `out` holding an earlier run replaces it (else an error)
 

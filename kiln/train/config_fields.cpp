@@ -86,12 +86,15 @@ std::vector<ConfigField> make_fields() {
       row("seed", &C::seed, "S", "seed of initialisation and data order"),
       row("deterministic", &C::deterministic, "", "bitwise reproducible kernels (and resumes)"),
       row("profile", &C::profile, "", "op-level profile (also KILN_PROFILE=1): time per kernel call and host syncs, "
-          "a table at the end and DIR/profile.json (first step excluded as warm-up)", command),
+          "a table at the end and DIR/profile.json (first step excluded as warm-up), each step's time by phase "
+          "(forward, backward, optimizer, data, comm) in metrics.jsonl", command),
+      row("peak_tflops", &C::peak_tflops, "T", "the device's peak TFLOP/s for the MFU in metrics.jsonl (0: the data "
+          "sheet's for known GPUs, an estimate on the CPU)", command),
   };
   for (ConfigField& f : t) {
     if (f.key == "sample") f.flag = "--sample-mode";
     // Not the run's: never recorded with it (out is, so a run folder names where it was written).
-    if (f.key == "overwrite" || f.key == "resume" || f.key == "profile") f.saved = false;
+    if (f.key == "overwrite" || f.key == "resume" || f.key == "profile" || f.key == "peak_tflops") f.saved = false;
     if (f.key == "resume") f.in_file = false;  // a resumed run takes no config file
   }
   return t;

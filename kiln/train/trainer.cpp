@@ -14,7 +14,6 @@
 #include "kiln/core/profile.h"
 #include "kiln/nn/generate.h"
 #include "kiln/ops/ops.h"
-#include "kiln/optim/clip.h"
 #include "kiln/telemetry/telemetry.h"
 #include "kiln/train/trainer_state.h"
 
@@ -37,12 +36,15 @@ bool Trainer::already_done() const { return s_->already_done; }
 StepResult Trainer::step() {
   State& s = *s_;
   const TrainConfig& cfg = s.cfg;
+  const auto t_step = std::chrono::steady_clock::now();
   StepResult r;
   r.lr = s.sched.lr_at(s.step);
   s.opt->set_lr(r.lr);
   std::vector<data::Batch> micro;
   int64_t targets = 0;
   try {
+    StepProfile::Wall data_time(s.step_profile, &PhaseTimes::data_ms);
+    profile::Label label("data:", "batch");
     for (int64_t a = 0; a < cfg.accum; ++a) {
       micro.push_back(s.train_sampler->next(s.dev));
       targets += micro.back().num_targets;
@@ -59,23 +61,33 @@ StepResult Trainer::step() {
     // This micro-batch's own bf16 parameters (precision.h), kept through its backward: an
     // activation checkpoint's recomputation reads them there.
     ParamCast::Forward cast(*s.cast);
-    // this micro-batch's share of the mean over the whole accumulated batch
-    Tensor ls = s.model->loss_sum(b.input, b.target, cfg.document_mask() ? b.doc_ids : Tensor(),
-                                  static_cast<double>(targets));
+    Tensor ls;
+    {
+      profile::Label label("forward:", "loss");  // the backward's kernels the engine labels "backward:"
+      // this micro-batch's share of the mean over the whole accumulated batch
+      ls = s.model->loss_sum(b.input, b.target, cfg.document_mask() ? b.doc_ids : Tensor(),
+                             static_cast<double>(targets));
+    }
     ls.backward();
     loss_dev = loss_dev.defined() ? add(loss_dev, ls.detach()) : ls.detach();
   }
-  r.grad_norm = cfg.clip > 0 ? optim::clip_grad_norm_(s.params, cfg.clip) : optim::grad_norm(s.params);
+  {
+    profile::Label label("optimizer:", "step");
+    // The multi-tensor update with the clip folded in (docs/optim.md): the norm from one
+    // reduction, the clip's scale applied inside the update, no step when the norm is not
+    // finite; --clip 0 measures the norm only (max_norm inf).
+    r.grad_norm = s.opt->clip_and_step(cfg.clip > 0 ? cfg.clip : INFINITY);
+    r.skipped = !std::isfinite(r.grad_norm);
+    s.opt->zero_grad();
+  }
   r.loss = loss_dev.defined() ? loss_dev.item() : 0.0;
-  r.skipped = !std::isfinite(r.grad_norm);
-  if (!r.skipped) s.opt->step();
-  s.opt->zero_grad();
   r.step = ++s.step;
   r.tokens = cfg.batch * cfg.seq * cfg.accum;
   s.tokens_seen += r.tokens;
   s.sum.losses.push_back(r.loss);
   if (s.sum.losses.size() == 1) s.sum.first_loss = r.loss;
   s.sum.final_loss = r.loss;
+  s.step_profile.add_step(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_step).count());
   return r;
 }
 
@@ -94,6 +106,7 @@ double Trainer::eval() {
       stopped = true;
       break;
     }
+    profile::Label label("eval:", "loss");  // not a step's phase (step_profile.h)
     data::Batch b = s.val_sampler->next(s.dev);
     ParamCast::Forward cast(*s.cast);
     sum += s.model->loss_sum(b.input, b.target, s.cfg.document_mask() ? b.doc_ids : Tensor()).item();
@@ -129,6 +142,49 @@ void Trainer::checkpoint(const std::string& why) {
 }
 
 namespace {
+
+// "MFU against 989.4 TFLOP/s (NVIDIA H200 (bf16 dense, data sheet)), 9.84 GFLOP per token".
+std::string mfu_basis(const Trainer::State& s) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "MFU against %.4g TFLOP/s (%s)%s, %.4g GFLOP per token (6 x parameters + 12 x "
+                "layers x hidden x seq)", s.peak.tflops, s.peak.source.c_str(), s.peak.estimate ? ", an estimate" : "",
+                s.flops_per_token / 1e9);
+  return buf;
+}
+
+json::Value mfu_json(const Trainer::State& s, double tokens_per_s) {
+  json::Value v = json::Value::object();
+  v["flops_per_token"] = s.flops_per_token;
+  v["tokens_per_s"] = tokens_per_s;
+  v["peak_tflops"] = s.peak.tflops;
+  v["peak_source"] = s.peak.source;
+  v["estimate"] = s.peak.estimate;
+  if (s.peak.tflops > 0) v["mfu"] = mfu(s.flops_per_token, tokens_per_s, s.peak.tflops);
+  return v;
+}
+
+// The phases of the profiled steps, ms per step and share, then the MFU of their tokens/s.
+std::string phase_table(const PhaseTimes& p, const Trainer::State& s, double tokens_per_s) {
+  std::ostringstream o;
+  const double n = p.steps > 0 ? static_cast<double>(p.steps) : 1.0, total = std::max(p.step_ms, 1e-9);
+  o << "step phases (" << p.steps << " steps, " << p.step_ms / n << " ms per step):\n";
+  const std::pair<const char*, double> rows[] = {{"forward", p.forward_ms},     {"backward", p.backward_ms},
+                                                 {"optimizer", p.optimizer_ms}, {"data", p.data_ms},
+                                                 {"comm", p.comm_ms},           {"other", p.other_ms()}};
+  char line[128];
+  for (const auto& [name, ms] : rows) {
+    std::snprintf(line, sizeof line, "  %-10s %10.3f ms %6.1f%%\n", name, ms / n, 100.0 * ms / total);
+    o << line;
+  }
+  if (s.peak.tflops > 0) {
+    std::snprintf(line, sizeof line, "MFU %.2f%% at %.0f tokens/s of these steps; ", 100.0 * mfu(s.flops_per_token,
+                  tokens_per_s, s.peak.tflops), tokens_per_s);
+    o << line << mfu_basis(s);
+  } else {
+    o << "MFU: no peak known for " << s.dev.str() << " (pass --peak-tflops T)";
+  }
+  return o.str();
+}
 
 // Tokens per second over windows of at least half a second (and at the last step).
 class Throughput {
@@ -172,7 +228,11 @@ TrainSummary Trainer::run() {
   if (cfg.profile || profile::env_requested()) {
     prof = std::make_unique<profile::Profiler>();
     prof_on.emplace(*prof);
+    s.step_profile = StepProfile(prof.get());
+    progress.message(s.peak.tflops > 0 ? mfu_basis(s) : "note: no peak FLOP/s known for " + s.dev.str() +
+                                                            ": pass --peak-tflops T for the MFU");
   }
+  PhaseTimes logged;  // the phase totals at the last metrics record
 
   Throughput throughput(s.t0);
   s.model->train();
@@ -212,6 +272,12 @@ TrainSummary Trainer::run() {
       m["memory_bytes"] = mem;
       if (eval_loss >= 0) m["eval_loss"] = eval_loss;
       if (r.skipped) m["skipped"] = true;
+      if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops);
+      if (s.step_profile.on()) {  // the steps since the last record, by phase (step_profile.h)
+        const PhaseTimes now = s.step_profile.totals(), d = now.minus(logged);
+        logged = now;
+        m["profile"] = d.to_json();
+      }
       if (cfg.telemetry_every > 0 && (r.step % cfg.telemetry_every == 0 || r.step == 1)) {
         try {
           m["telemetry"] = telemetry::to_json(telemetry::sample(s.dev));
@@ -239,6 +305,8 @@ TrainSummary Trainer::run() {
     }
     if (prof && r.step == sum.start_step + 1 && cfg.steps > r.step) {
       prof->reset();
+      s.step_profile.reset();
+      logged = PhaseTimes{};
       prof_from = r.step;
     }
     if (hooks.on_step) hooks.on_step(r.step);
@@ -256,13 +324,20 @@ TrainSummary Trainer::run() {
   }
   progress.finish();
   if (prof) {
+    const PhaseTimes phases = s.step_profile.totals();
+    s.step_profile = StepProfile(nullptr);
     prof_on.reset();
     json::Value pj = profile_to_json(*prof);
     pj["steps"] = s.step - prof_from;
     pj["device"] = s.dev.str();
+    pj["phases"] = phases.to_json();
+    const double step_tps = phases.step_ms > 0 ? phases.steps * cfg.batch * cfg.seq * cfg.accum / (phases.step_ms / 1e3)
+                                               : 0.0;
+    pj["mfu"] = mfu_json(s, step_tps);
     std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";
     progress.message("profile of steps " + std::to_string(prof_from + 1) + ".." + std::to_string(s.step) + " (" +
-                     (fs::path(cfg.out) / "profile.json").string() + "):\n" + prof->table());
+                     (fs::path(cfg.out) / "profile.json").string() + "):\n" + prof->table() + "\n" +
+                     phase_table(phases, s, step_tps));
   }
   sum.steps_done = s.step;
   sum.seconds = s.seconds();

@@ -91,13 +91,14 @@ void Trainer::State::build_model() {
   ao.weight_decay = cfg.weight_decay;
   ao.decay = optim::decay_matrices_only;
   opt = std::make_unique<optim::AdamW>(named, ao);
-  for (auto& [n, p] : named) params.push_back(p);
   sched.kind = optim::ScheduleKind::cosine;
   sched.max_lr = cfg.lr;
   sched.min_lr = cfg.lr * cfg.min_lr_ratio;
   sched.warmup_steps = cfg.warmup >= 0 ? cfg.warmup : std::max<int64_t>(1, cfg.steps / 20);
   sched.total_steps = std::max(cfg.steps, sched.warmup_steps + 1);
   sum.num_parameters = model->num_parameters();
+  flops_per_token = train::flops_per_token(mcfg, sum.num_parameters, cfg.seq);
+  peak = peak_flops(dev, bf16 ? DType::bf16 : DType::f32, cfg.peak_tflops);
 }
 
 void Trainer::State::load_resume_state() {

@@ -13,9 +13,11 @@
 #include "kiln/nn/llama.h"
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/schedule.h"
+#include "kiln/train/mfu.h"
 #include "kiln/train/precision.h"
 #include "kiln/train/report.h"
 #include "kiln/train/run_folder.h"
+#include "kiln/train/step_profile.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::train {
@@ -48,8 +50,11 @@ struct Trainer::State {
   std::unique_ptr<nn::LlamaForCausalLM> model;
   std::unique_ptr<ParamCast> cast;
   std::unique_ptr<optim::AdamW> opt;
-  std::vector<Tensor> params;
   optim::LrSchedule sched;
+  // MFU (mfu.h) and, while run() profiles, the phase times of the steps (step_profile.h)
+  double flops_per_token = 0;
+  PeakFlops peak;
+  StepProfile step_profile{nullptr};
   // progress of the run
   TrainSummary sum;
   int64_t step = 0, tokens_seen = 0;
