@@ -2,14 +2,16 @@
 // for the three products, one OpenMP row pass per chunk. Memory: one chunk buffer of
 // chunk_tokens × V accumulation-type values (chunk_tokens = max(1, 12 Mi / V), so ≤ 48 MiB f32
 // unless one row alone is larger), plus, for 16-bit inputs, f32 copies of hidden and weight.
-// Deterministic: each row is reduced by one thread in index order, products are BLAS calls
-// in a fixed chunk order, bias gradients are column sums in row order.
+// Deterministic: each row is reduced by one thread in a fixed order (kernels/cpu/lce_rows.h: the
+// row loops, SVE on aarch64 cores that have it), products are BLAS calls in a fixed chunk order,
+// bias gradients are column sums in row order.
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "kiln/kernels/copy.h"
+#include "kiln/kernels/cpu/lce_rows.h"
 #include "kiln/kernels/cpu/loops.h"
 #include "kiln/kernels/lce.h"
 
@@ -75,31 +77,15 @@ void run(const LceParams& p, const LceTensors& t) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t r = r0 + i;
         A* z = buf + i * v;
-        A mx = -INFINITY;
-        for (int64_t j = 0; j < v; ++j) {
-          A x = bias ? z[j] + bias[j] : z[j];
-          x = lce_cap(x, cap);
-          z[j] = x;
-          mx = std::max(mx, x);
-        }
+        const A mx = lce_rows::logits_max(z, bias, v, cap);
         const int64_t tg = static_cast<int64_t>(tgt[r]);
         const bool ignored = tg == p.ignore_index;
         const A zt = ignored ? A(0) : z[tg];
-        A sum = 0, wz = 0;
-        if (eps != A(0))
-          for (int64_t j = 0; j < v; ++j) wz += (cw ? cw[j] : A(1)) * z[j];
+        const A wz = eps != A(0) ? lce_rows::weighted_sum(cw, z, v) : A(0);
         // Without softcap and when gradients follow, keep exp(z − max) in the row so that the
         // gradient pass needs no second exp (z itself is not needed again).
         const bool keep_exp = grads && cap == A(0);
-        if (keep_exp) {
-          for (int64_t j = 0; j < v; ++j) {
-            const A e = std::exp(z[j] - mx);
-            z[j] = e;
-            sum += e;
-          }
-        } else {
-          for (int64_t j = 0; j < v; ++j) sum += std::exp(z[j] - mx);
-        }
+        const A sum = lce_rows::exp_sum(z, v, mx, keep_exp);
         const A lse = mx + std::log(sum);
         const A wt = ignored ? A(0) : (cw ? cw[tg] : A(1));
         const LceRowTerms<A> rt = lce_row_terms<A>(p, lse, zt, wz, wt, ignored);
@@ -112,12 +98,10 @@ void run(const LceParams& p, const LceTensors& t) {
           std::fill(z, z + v, A(0));
           continue;
         }
-        const A inv_sum = A(1) / sum;
-        for (int64_t j = 0; j < v; ++j) {
-          const A pj = keep_exp ? z[j] * inv_sum : std::exp(z[j] - lse);
-          const A dz = rt.dz(pj, cw ? cw[j] : A(1), j == tg, filter);
-          z[j] = dz * (keep_exp ? A(1) : lce_cap_deriv(z[j], cap)) * scale;
-        }
+        lce_rows::GradRow<A> g;
+        g.terms = rt, g.w = cw, g.target = tg, g.inv_sum = A(1) / sum, g.lse = lse, g.cap = cap, g.filter = filter;
+        g.scale = scale, g.keep_exp = keep_exp;
+        lce_rows::grad_row(z, v, g);
       }
     });
     if (!grads) continue;

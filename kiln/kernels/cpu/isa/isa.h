@@ -42,6 +42,14 @@ std::string feature_list(const CpuFeatures& f);
 uint64_t sve_calls();
 void count_sve_call();
 
+// One f32 row's gradient in the fused loss's row pass (kernels/cpu/lce_rows.h's grad_row with
+// keep_exp): z holds exp(z − max) on entry, d(loss)/dz · scale on exit.
+struct LceGradRowF32 {
+  const float* w;  // class weights or null (1)
+  int64_t target;  // in [0, v)
+  float inv_sum, p_coef, target_coef, smooth_coef, filter, scale;
+};
+
 // The SVE kernel set: the same contracts as the portable functions they stand in for (the
 // declarations named on each line).
 struct SveKernels {
@@ -69,6 +77,11 @@ struct SveKernels {
   // kernels/cpu/copy.cpp: contiguous casts (BFloat16's round-to-nearest-even, NaN kept quiet)
   void (*f32_to_bf16)(uint16_t* dst, const float* src, int64_t n);
   void (*bf16_to_f32)(float* dst, const uint16_t* src, int64_t n);
+  // kernels/cpu/lce_rows.h: the fused loss's f32 row pass without soft cap
+  float (*lce_logits_max_f32)(float* z, const float* bias, int64_t v);
+  float (*lce_weighted_sum_f32)(const float* w, const float* z, int64_t v);
+  float (*lce_exp_sum_f32)(float* z, int64_t v, float mx, bool keep);
+  void (*lce_grad_row_f32)(float* z, int64_t v, const LceGradRowF32& g);
   int (*vector_bits)();  // svcntb() * 8
 };
 

@@ -67,6 +67,11 @@ void adamw_f32(float* p, float* m, float* v, const float* g, int64_t n, const Ad
 void adamw_bf16(float* p, float* m, float* v, const uint16_t* g, int64_t n, const AdamWStep& s);
 void f32_to_bf16(uint16_t* dst, const float* src, int64_t n);
 void bf16_to_f32(float* dst, const uint16_t* src, int64_t n);
+// sve_lce.cpp
+float lce_logits_max_f32(float* z, const float* bias, int64_t v);
+float lce_weighted_sum_f32(const float* w, const float* z, int64_t v);
+float lce_exp_sum_f32(float* z, int64_t v, float mx, bool keep);
+void lce_grad_row_f32(float* z, int64_t v, const LceGradRowF32& g);
 
 }  // namespace kiln::kernels::cpu::isa::sve_impl
 #endif

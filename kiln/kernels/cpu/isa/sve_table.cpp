@@ -27,6 +27,10 @@ constexpr SveKernels kTable = {
     .adamw_bf16 = sve_impl::adamw_bf16,
     .f32_to_bf16 = sve_impl::f32_to_bf16,
     .bf16_to_f32 = sve_impl::bf16_to_f32,
+    .lce_logits_max_f32 = sve_impl::lce_logits_max_f32,
+    .lce_weighted_sum_f32 = sve_impl::lce_weighted_sum_f32,
+    .lce_exp_sum_f32 = sve_impl::lce_exp_sum_f32,
+    .lce_grad_row_f32 = sve_impl::lce_grad_row_f32,
     .vector_bits = sve_vector_bits,
 };
 
