@@ -1,7 +1,9 @@
 // Bindings of kiln/attention: block masks of the library's mask mods (none, causal,
 // sliding_window, document, prefix_lm; built once per shape) and flex_attention with the
 // library's score mods (none, alibi, softcap), returning out, lse and the autograd Graph that
-// kiln.torch's backward runs. The GIL is released around the kernels.
+// kiln.torch's backward runs; and run-time mods (kiln/attention/runtime_mods.h): expressions that
+// kiln.torch traces from Python functions, with their captured tensors, compiled by the JIT. The
+// GIL is released around the kernels and the compilations.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -9,6 +11,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "kiln/attention/flex_attention.h"
+#include "kiln/attention/runtime_mods.h"
 #include "python/src/bindings.h"
 
 namespace kiln::python {
@@ -74,15 +77,31 @@ FlexResult run_mask(const Tensor& q, const Tensor& k, const Tensor& v, const SM&
 
 using FlexOut = std::tuple<PyTensor, std::optional<PyTensor>, std::unique_ptr<Graph>>;
 
+// A detached copy of an input, a leaf that requires grad when its gradient is asked for.
+Tensor leaf(const Tensor& t, bool g) {
+  Tensor l = t.detach();
+  if (g) l.requires_grad_(true);
+  return l;
+}
+
+// What a flex call hands back: out, lse when asked, and the Graph over the leaves (q, k, v, then
+// `extra`) when the output has history.
+FlexOut flex_out(const FlexResult& r, bool return_lse, std::vector<Tensor> leaves) {
+  std::unique_ptr<Graph> g;
+  if (r.out.requires_grad()) {
+    g = std::make_unique<Graph>();
+    g->roots = {r.out, r.lse};
+    g->leaves = std::move(leaves);
+  }
+  std::optional<PyTensor> lse;
+  if (return_lse) lse = PyTensor{r.lse.detach(), false};
+  return {PyTensor{r.out.detach(), false}, lse, std::move(g)};
+}
+
 FlexOut flex(const PyTensor& q, const PyTensor& k, const PyTensor& v, const PyBlockMask* mask,
              const std::string& score_mod, double softcap, const std::optional<PyTensor>& alibi_slopes,
              std::optional<double> scale, bool return_lse, bool q_grad, bool k_grad, bool v_grad) {
   nb::gil_scoped_release nogil;
-  auto leaf = [](const Tensor& t, bool g) {
-    Tensor l = t.detach();
-    if (g) l.requires_grad_(true);
-    return l;
-  };
   Tensor lq = leaf(q.t, q_grad), lk = leaf(k.t, k_grad), lv = leaf(v.t, v_grad);
   FlexOptions o;
   o.scale = scale;
@@ -110,22 +129,95 @@ FlexOut flex(const PyTensor& q, const PyTensor& k, const PyTensor& v, const PyBl
   } else {
     fail("flex_attention: unknown score_mod '", score_mod, "' (expected none, softcap or alibi)");
   }
-  std::unique_ptr<Graph> g;
-  if (r.out.requires_grad()) {
-    g = std::make_unique<Graph>();
-    g->roots = {r.out, r.lse};
-    g->leaves = {q_grad ? lq : Tensor(), k_grad ? lk : Tensor(), v_grad ? lv : Tensor()};
-    // The backward reads the slopes through the functor's raw pointer: the Graph keeps them.
-    g->keep = slopes;
+  FlexOut out = flex_out(r, return_lse, {q_grad ? lq : Tensor(), k_grad ? lk : Tensor(), v_grad ? lv : Tensor()});
+  // The backward reads the slopes through the functor's raw pointer: the Graph keeps them.
+  if (auto& g = std::get<2>(out)) g->keep = slopes;
+  return out;
+}
+
+// Captures from Python: names and tensors side by side (requires_grad set where asked).
+Captures make_captures(const std::vector<std::string>& names, const std::vector<PyTensor>& tensors,
+                       const std::vector<bool>& learn) {
+  KILN_CHECK(names.size() == tensors.size(), "runtime mods: ", names.size(), " capture names for ", tensors.size(),
+             " tensors");
+  Captures c;
+  for (size_t i = 0; i < names.size(); ++i) {
+    Tensor t = tensors[i].t.detach();
+    if (i < learn.size() && learn[i]) t.requires_grad_(true);
+    c.emplace_back(names[i], t);
   }
-  std::optional<PyTensor> lse;
-  if (return_lse) lse = PyTensor{r.lse.detach(), false};
-  return {PyTensor{r.out.detach(), false}, lse, std::move(g)};
+  return c;
+}
+
+std::unique_ptr<RuntimeBlockMask> make_runtime_mask(const std::string& expr, const std::vector<std::string>& names,
+                                                    const std::vector<PyTensor>& tensors, int64_t q_len,
+                                                    int64_t kv_len, int64_t block_size, const std::string& device) {
+  const Device dev = Device::parse(device);
+  check_device_available(dev, "create_block_mask");
+  RuntimeMaskMod mm(expr, make_captures(names, tensors, {}));
+  nb::gil_scoped_release nogil;
+  return std::make_unique<RuntimeBlockMask>(create_block_mask(mm, 1, 1, q_len, kv_len, block_size, block_size, dev));
+}
+
+// A library mask's tiles with its rule as an expression (the same pairs), for a call whose
+// score_mod is a run-time one.
+std::unique_ptr<RuntimeBlockMask> library_as_runtime(const PyBlockMask& m, const std::string& expr,
+                                                     const std::vector<std::string>& names,
+                                                     const std::vector<PyTensor>& tensors) {
+  return std::make_unique<RuntimeBlockMask>(RuntimeBlockMask{RuntimeMaskMod(expr, make_captures(names, tensors, {})),
+                                                             m.layout()});
+}
+
+FlexOut flex_runtime(const PyTensor& q, const PyTensor& k, const PyTensor& v, const RuntimeBlockMask* mask,
+                     const std::string& score_expr, const std::string& score_dexpr,
+                     const std::vector<std::string>& names, const std::vector<PyTensor>& tensors,
+                     const std::vector<bool>& learn, std::optional<double> scale, bool return_lse, bool q_grad,
+                     bool k_grad, bool v_grad) {
+  RuntimeScoreMod sm(score_expr, make_captures(names, tensors, learn), score_dexpr);
+  nb::gil_scoped_release nogil;
+  Tensor lq = leaf(q.t, q_grad), lk = leaf(k.t, k_grad), lv = leaf(v.t, v_grad);
+  FlexOptions o;
+  o.scale = scale;
+  o.return_lse = true;
+  RuntimeBlockMask none;
+  if (!mask) {
+    const int64_t L = q.t.dim() == 4 ? q.t.size(2) : 0, S = k.t.dim() == 4 ? k.t.size(2) : 0;
+    none = RuntimeBlockMask{RuntimeMaskMod("true"),
+                            create_block_mask(MaskSpec{MaskSpec::Kind::none}, L, S, q.t.device()).layout};
+    mask = &none;
+  }
+  FlexResult r = flex_attention(lq, lk, lv, sm, *mask, o);
+  std::vector<Tensor> leaves{q_grad ? lq : Tensor(), k_grad ? lk : Tensor(), v_grad ? lv : Tensor()};
+  for (size_t i = 0; i < sm.captures.size(); ++i)
+    leaves.push_back(i < learn.size() && learn[i] ? sm.captures[i].second : Tensor());
+  return flex_out(r, return_lse, std::move(leaves));
 }
 
 }  // namespace
 
 void bind_attention(nb::module_& m) {
+  nb::class_<RuntimeBlockMask>(m, "RuntimeBlockMask",
+                               "The block-sparse schedule of a run-time mask_mod (an expression), built once per shape")
+      .def_prop_ro("expr", [](const RuntimeBlockMask& b) { return b.mask_mod.expr; })
+      .def_prop_ro("q_len", [](const RuntimeBlockMask& b) { return b.layout.q_len; })
+      .def_prop_ro("kv_len", [](const RuntimeBlockMask& b) { return b.layout.kv_len; })
+      .def_prop_ro("block_size", [](const RuntimeBlockMask& b) { return b.layout.q_block; })
+      .def_prop_ro("device", [](const RuntimeBlockMask& b) { return b.layout.device().str(); })
+      .def("sparsity", [](const RuntimeBlockMask& b) { return b.layout.sparsity(); })
+      .def("to_dense", [](const RuntimeBlockMask& b) { return PyTensor{b.layout.to_dense(), false}; });
+  m.def("create_runtime_block_mask", &make_runtime_mask, nb::arg("expr"), nb::arg("names"), nb::arg("tensors"),
+        nb::arg("q_len"), nb::arg("kv_len"), nb::kw_only(), nb::arg("block_size") = kDefaultBlockSize,
+        nb::arg("device") = "cpu", "create_block_mask of a run-time mask_mod (docs/jit.md's expression language)");
+  m.def("library_mask_as_runtime", &library_as_runtime, nb::arg("mask"), nb::arg("expr"), nb::arg("names"),
+        nb::arg("tensors"), "a library BlockMask's tiles with its rule written as an expression");
+  m.def("flex_attention_runtime", &flex_runtime, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("block_mask").none(), nb::kw_only(), nb::arg("score_mod") = "score",
+        nb::arg("score_mod_derivative") = "", nb::arg("names") = std::vector<std::string>{},
+        nb::arg("tensors") = std::vector<PyTensor>{}, nb::arg("learn") = std::vector<bool>{},
+        nb::arg("scale") = nb::none(), nb::arg("return_lse") = false, nb::arg("q_grad") = false,
+        nb::arg("k_grad") = false, nb::arg("v_grad") = false,
+        "flex_attention with a run-time score_mod: (out, lse or None, Graph or None); the Graph's leaves are "
+        "(q, k, v, then each capture, None where it learns nothing)");
   nb::class_<PyBlockMask>(m, "BlockMask", "The block-sparse schedule of a library mask, built once per shape")
       .def_prop_ro("kind", [](const PyBlockMask& b) { return b.kind; })
       .def_prop_ro("q_len", [](const PyBlockMask& b) { return b.layout().q_len; })

@@ -2,8 +2,8 @@
 # tensors that require grad refused with kiln's message); the fused loss (loss, z-loss, lse,
 # gradients; gradcheck in float64; the module, tied weights); FlexAttention (output, lse,
 # gradients) with the library's mods against a float64 composition of torch ops; the
-# torch.library custom ops (opcheck: schema, fake tensors, autograd) and torch.compile; a Python
-# mod getting the JIT's message; bad input. On CUDA (where torch and kiln both have it) every
+# torch.library custom ops (opcheck: schema, fake tensors, autograd) and torch.compile; bad
+# input (Python mods traced for the JIT: test_trace.py). On CUDA (where torch and kiln both have it) every
 # test also runs on a non-default stream. Without torch the module is skipped with a message.
 import numpy as np
 import pytest
@@ -231,16 +231,12 @@ def test_flex_attention_lse_gradient(device, gen):
     torch.testing.assert_close(k.grad.double().cpu(), kd.grad, rtol=1e-4, atol=1e-4)
 
 
-def test_block_mask_facts_and_python_mods(device):
+def test_block_mask_facts(device):
     bm = kt.create_block_mask(mods.causal, 1, 1, 256, 256, device=device)
     assert bm.shape == (1, 1, 256, 256) and bm.BLOCK_SIZE == 128 and abs(bm.sparsity() - 25.0) < 1e-9
     assert bm.to_dense().tolist() == [[[[2, 0], [2, 2]]]] or bm.to_dense().tolist() == [[[[1, 0], [2, 1]]]]
     assert "causal" in repr(bm)
-    with pytest.raises(NotImplementedError, match="JIT"):
-        kt.create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 64, 64)
-    q = torch.zeros(1, 1, 64, 8, device=device)
-    with pytest.raises(NotImplementedError, match="JIT"):
-        kt.flex_attention(q, q, q, score_mod=lambda s, b, h, qi, ki: s * 2)
+    # Python mods are traced into run-time expressions: test_trace.py
     with pytest.raises(ValueError, match="sliding_window"):
         mods.sliding_window(0)
 

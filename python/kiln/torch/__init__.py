@@ -4,7 +4,9 @@
 - ``linear_cross_entropy(hidden, weight, target, ...)`` and ``LinearCrossEntropyLoss``: the
   output projection and the loss fused, never holding the N x V logits.
 - ``flex_attention(q, k, v, score_mod=None, block_mask=None, ...)`` and ``create_block_mask``
-  with the library's mods (``kiln.torch.mods``).
+  with the library's mods (``kiln.torch.mods``) or Python functions written as PyTorch's
+  (``score_mod(score, b, h, q_idx, kv_idx)``, ``mask_mod(b, h, q_idx, kv_idx)``), traced into
+  kiln's run-time mod expressions and compiled by kiln's JIT (docs/jit.md).
 
 In eager mode each op is a ``torch.autograd.Function`` that keeps kiln's autograd graph for
 the backward (the fused loss computes its gradients in the forward, so its backward only
@@ -24,11 +26,9 @@ from .. import _C
 from .._C import KilnError
 from . import mods
 from .mods import MaskMod, ScoreMod
+from ._trace import float_literal, trace_mod
 
 __all__ = ["BlockMask", "LinearCrossEntropyLoss", "create_block_mask", "flex_attention", "linear_cross_entropy", "mods"]
-
-_NO_JIT = ("a Python {what} needs kiln's JIT (kiln/jit: runtime mods traced from Python), which this build of kiln "
-           "does not have; use the library's mods by name: kiln.torch.mods.{examples}")
 
 
 # The per-call conversions take torch's C entry points and pre-1.0 capsules (the fastest path);
@@ -162,9 +162,15 @@ class BlockMask:
     """The block-sparse schedule of a library mask_mod for one (Q_LEN, KV_LEN), built once and
     reused every step (PyTorch's BlockMask, for kiln's mods)."""
 
-    def __init__(self, mask_mod, q_len, kv_len, block_size, device, native):
+    def __init__(self, mask_mod, q_len, kv_len, block_size, device, native, traced=None):
         self.mask_mod, self.q_len, self.kv_len = mask_mod, q_len, kv_len
         self.BLOCK_SIZE, self.device, self._native = block_size, torch.device(device), native
+        self._traced = traced  # (expression, capture names, capture tensors) of a Python mask_mod
+
+    @property
+    def expression(self):
+        """The run-time expression of a traced Python mask_mod (None for a library mask)."""
+        return None if self._traced is None else self._traced[0]
 
     @property
     def shape(self):
@@ -194,14 +200,19 @@ def create_block_mask(mask_mod, B=None, H=None, Q_LEN=None, KV_LEN=None, device=
     ``prefix_lm(n)``, ``document(ids)``, ``noop_mask``). B and H are accepted as PyTorch's; the
     library's masks do not depend on them (the mask broadcasts)."""
     op = "kiln.torch.create_block_mask"
-    if not isinstance(mask_mod, MaskMod):
-        if callable(mask_mod):
-            raise NotImplementedError(_NO_JIT.format(what="mask_mod", examples="causal, sliding_window(w), "
-                                                     "prefix_lm(n), document(ids)"))
-        raise TypeError(f"{op}: mask_mod must be a kiln.torch.mods mask, got {type(mask_mod).__name__}")
+    if not isinstance(mask_mod, MaskMod) and not callable(mask_mod):
+        raise TypeError(f"{op}: mask_mod must be a kiln.torch.mods mask or a function (b, h, q_idx, kv_idx), got "
+                        f"{type(mask_mod).__name__}")
     if Q_LEN is None or KV_LEN is None:
         raise ValueError(f"{op}: Q_LEN and KV_LEN are required")
     device = torch.device(device)
+    if not isinstance(mask_mod, MaskMod):
+        # A Python mask_mod: traced once into an expression, its tiles classified by a JIT kernel.
+        expr, names, tensors = trace_mod(mask_mod, "mask_mod")
+        tensors = [t.detach().to(device) for t in tensors]
+        native = _C.create_runtime_block_mask(expr, names, [_k(t) for t in tensors], int(Q_LEN), int(KV_LEN),
+                                              block_size=int(BLOCK_SIZE), device=str(device))
+        return BlockMask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device, native, (expr, names, tensors))
     native = _native_mask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device)
     return BlockMask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device, native)
 
@@ -211,8 +222,6 @@ def _score_args(score_mod, q):
     if score_mod is None:
         return "none", 0.0, None
     if not isinstance(score_mod, ScoreMod):
-        if callable(score_mod):
-            raise NotImplementedError(_NO_JIT.format(what="score_mod", examples="softcap(cap), alibi"))
         raise TypeError(f"kiln.torch.flex_attention: score_mod must be a kiln.torch.mods score mod, got "
                         f"{type(score_mod).__name__}")
     slopes = None
@@ -244,6 +253,80 @@ class _FlexAttentionFunction(torch.autograd.Function):
             return _t(dq), _t(dk), _t(dv), None, None, None, None, None
 
 
+class _RuntimeFlexFunction(torch.autograd.Function):
+    # Inputs: q, k, v, the native RuntimeBlockMask (or None), the score expression, its capture
+    # names and which learn, scale, then the captured tensors (their gradients come back).
+    @staticmethod
+    def forward(ctx, q, k, v, native_mask, expr, names, learn, scale, *caps):
+        ctx.set_materialize_grads(False)
+        need = ctx.needs_input_grad
+        learn = [bool(l and need[8 + i]) for i, l in enumerate(learn)]
+        with _scope(q):
+            out, lse, graph = _C.flex_attention_runtime(
+                _k(q), _k(k), _k(v), native_mask, score_mod=expr, names=names, tensors=[_k(c.detach()) for c in caps],
+                learn=learn, scale=scale, return_lse=True, q_grad=need[0], k_grad=need[1], v_grad=need[2])
+            ctx.graph, ctx.device_tensor, ctx.n_caps = graph, q, len(caps)
+            return _t(out), _t(lse)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        graph = ctx.graph
+        if graph is None or (grad_out is None and grad_lse is None):
+            return (None,) * (8 + ctx.n_caps)
+        with _scope(ctx.device_tensor):
+            grads = graph.run([_k(grad_out), _k(grad_lse)], retain=True)
+            dq, dk, dv = grads[:3]
+            return (_t(dq), _t(dk), _t(dv), None, None, None, None, None) + tuple(_t(g) for g in grads[3:])
+
+
+# The library's mods as run-time expressions (docs/jit.md: each gives its built-in kernel's bits),
+# for a call that mixes a library mod with a traced one.
+def _library_score_expr(score_mod, q):
+    kind, cap, slopes = _score_args(score_mod, q)
+    if kind == "none":
+        return "score", [], []
+    if kind == "softcap":
+        c = float_literal(cap)
+        return f"{c} * tanh(score * (1.0f / {c}))", [], []
+    return "score + slopes[h] * (kv_idx - q_idx)", ["slopes"], [slopes]
+
+
+def _library_mask_expr(m):
+    if m.kind == "none":
+        return "true", [], []
+    if m.kind == "causal":
+        return "q_idx >= kv_idx", [], []
+    if m.kind == "sliding_window":
+        return f"q_idx - kv_idx >= 0 && q_idx - kv_idx < {m.window}", [], []
+    if m.kind == "prefix_lm":
+        return f"kv_idx < {m.prefix} || q_idx >= kv_idx", [], []
+    return "q_idx >= kv_idx && doc[q_idx] == doc[kv_idx]", ["doc"], [torch.as_tensor(m.document_ids)]
+
+
+def _runtime_flex(query, key, value, score_mod, block_mask, scale):
+    op = "kiln.torch.flex_attention"
+    if torch.compiler.is_compiling():
+        raise KilnError(f"{op}: traced Python mods run in eager mode only (under torch.compile use the library's "
+                        f"mods by name, kiln.torch.mods)")
+    if score_mod is None or isinstance(score_mod, ScoreMod):
+        expr, names, caps = _library_score_expr(score_mod, query)
+    else:
+        expr, names, caps = trace_mod(score_mod, "score_mod")
+    native = None
+    if block_mask is not None:
+        if block_mask._traced is not None:
+            native = block_mask._native
+        else:
+            mexpr, mnames, mcaps = _library_mask_expr(block_mask.mask_mod)
+            mcaps = [c.to(query.device) for c in mcaps]
+            native = _C.library_mask_as_runtime(block_mask._native, mexpr, mnames, [_k(c) for c in mcaps])
+        if torch.device(native.device) != query.device:
+            raise ValueError(f"{op}: block_mask is on {native.device}, the inputs on {query.device}")
+    caps = [c if c.device == query.device else c.to(query.device) for c in caps]
+    learn = [bool(c.requires_grad) for c in caps]
+    return _RuntimeFlexFunction.apply(query, key, value, native, expr, names, learn, scale, *caps)
+
+
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
                    return_lse=False, kernel_options=None):
     """PyTorch's ``flex_attention`` on kiln's kernels: query [B, Hq, L, E], key [B, Hkv, S, E],
@@ -262,8 +345,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         if (block_mask.q_len, block_mask.kv_len) != (query.shape[2], key.shape[2]):
             raise ValueError(f"{op}: block_mask is for Q_LEN={block_mask.q_len}, KV_LEN={block_mask.kv_len}; "
                              f"the inputs have L={query.shape[2]}, S={key.shape[2]}")
-    kind, cap, slopes = _score_args(score_mod, query)
     scale = None if scale is None else float(scale)
+    traced_score = score_mod is not None and not isinstance(score_mod, ScoreMod)
+    if traced_score or (block_mask is not None and block_mask._traced is not None):
+        if traced_score and not callable(score_mod):
+            raise TypeError(f"{op}: score_mod must be a kiln.torch.mods score mod or a function "
+                            f"(score, b, h, q_idx, kv_idx), got {type(score_mod).__name__}")
+        out, lse = _runtime_flex(query, key, value, score_mod, block_mask, scale)
+        return (out, lse) if return_lse else out
+    kind, cap, slopes = _score_args(score_mod, query)
     if torch.compiler.is_compiling():
         m = block_mask.mask_mod if block_mask is not None else mods.noop_mask
         bs = block_mask.BLOCK_SIZE if block_mask is not None else 128

@@ -2,7 +2,7 @@
 (noop, causal, sliding_window(w), prefix_lm(n), document(ids)) and score mods for
 flex_attention (softcap(cap), alibi, alibi_with(slopes)). Each runs in kiln's compiled kernels
 (docs/attention.md). A Python function written as PyTorch's mod (score, b, h, q_idx, kv_idx)
-needs kiln's JIT (kiln/jit), which this build does not have: kiln.torch says so."""
+is taken too: kiln.torch traces it for kiln's JIT (kiln/torch/_trace.py, docs/python.md)."""
 
 
 class MaskMod:
