@@ -43,7 +43,8 @@ namespace {
 // The SIMT kernels (attention_simt.cuh, device-only).
 using namespace flex_simt;
 
-cudaStream_t flex_stream() { return flex_mma::current_context().stream; }
+// The current stream of the current device (NOTE [current stream], core/stream.h).
+cudaStream_t flex_stream() { return stream(flex_mma::current_context().device); }
 
 void check_dims(const FlexParams& p) {
   KILN_CHECK(p.E <= kMaxDim && p.Ev <= kMaxDim, "flex_attention (CUDA): head dims up to ", kMaxDim, ", got E=", p.E,

@@ -40,7 +40,7 @@ template <> struct CudaType<__nv_bfloat16> { using type = __nv_bfloat16; };
 template <> struct CudaType<__half> { using type = __half; };
 template <class T> using cuda_t = typename CudaType<T>::type;
 
-// Host: the context of the current device (its stream, SM count and shared-memory limit).
+// Host: the context of the current device (its SM count and shared-memory limit).
 inline DeviceContext& current_context() {
   int d = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&d));

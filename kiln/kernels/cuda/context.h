@@ -1,6 +1,9 @@
-// The CUDA context kiln launches work in, one per device, created on first use: the stream
-// every kernel of that device runs on, the cuBLASLt handle and its workspace. Bodies in
-// kernels/cuda/runtime.cu. Included only by CUDA sources (files under a cuda/ folder).
+// The CUDA context kiln launches work in, one per device, created on first use: the cuBLASLt
+// handle and its workspace, the device's limits and the deferred index checks. It owns no
+// stream: kernels launch on the calling thread's current stream of the device (stream(device)
+// below: a StreamGuard's, else the device's compute stream of kiln/core/stream.h's registry;
+// NOTE [current stream] there). Bodies in kernels/cuda/runtime.cu. Included only by CUDA
+// sources (files under a cuda/ folder).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -8,6 +11,9 @@
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include "kiln/core/device.h"
+#include "kiln/core/stream.h"
 
 // Namespace kiln::kernels::cuda (not kiln::cuda: that name is the function kiln::cuda(int)
 // of core/device.h, and a namespace of the same name does not compile next to it).
@@ -21,7 +27,6 @@ void check(cudaError_t e, const char* what);
 
 struct DeviceContext {
   int device = 0;
-  cudaStream_t stream = nullptr;
   cublasLtHandle_t cublaslt = nullptr;
   void* workspace = nullptr;       // cuBLASLt workspace
   size_t workspace_bytes = 0;
@@ -44,7 +49,13 @@ struct DeviceContext {
 
 // The context of `device` (also makes it the current device of the calling thread).
 DeviceContext& context(int device);
-inline cudaStream_t stream(int device) { return context(device).stream; }
+// The stream work of `device` launches on from this thread: its current stream (StreamGuard's,
+// else the registry's compute stream; NOTE [current stream], core/stream.h). Also makes
+// `device` the thread's current CUDA device.
+inline cudaStream_t stream(int device) {
+  context(device);
+  return static_cast<cudaStream_t>(::kiln::current_stream(::kiln::Device(::kiln::DeviceType::CUDA, device)).native());
+}
 
 // Throws the failure of a deferred index range check of `device` (if any) and forgets the
 // checks; call right after the device's stream was synchronised (copy.cu and timing.cu do).

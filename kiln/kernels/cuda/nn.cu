@@ -400,7 +400,7 @@ void defer_range_check(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore
   if (ctx.index_checks.size() >= 4096) synchronize(device);
   DeviceContext::IndexError* derr = nullptr;
   KILN_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&derr), ctx.index_error, 0));
-  cudaStream_t s = ctx.stream;
+  cudaStream_t s = stream(device);
   Tensor flag = Tensor::empty({1}, DType::i64, ids.device());
   KILN_CUDA_CHECK(cudaMemsetAsync(flag.data_ptr(), 0xff, sizeof(unsigned long long), s));
   const unsigned int check = static_cast<unsigned int>(ctx.index_checks.size());

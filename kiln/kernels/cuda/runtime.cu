@@ -1,7 +1,8 @@
 // The CUDA runtime layer of kiln: device queries (cuda_built, cuda_device_count,
-// list_cuda_devices), error checking (cuda::check), the per-device contexts (stream, cuBLASLt
-// handle, workspace) and the per-device caching allocators (CachingAllocator from
-// kiln/core/caching_allocator.h with cudaMalloc/cudaFree plugged in).
+// list_cuda_devices), error checking (cuda::check), the per-device contexts (cuBLASLt handle,
+// workspace, limits; kernels launch on the current stream, context.h) and the per-device
+// caching allocators (CachingAllocator from kiln/core/caching_allocator.h with cudaMalloc and
+// cudaFree plugged in).
 #include <array>
 #include <memory>
 #include <mutex>
@@ -33,7 +34,7 @@ void check_cublas(cublasStatus_t s, const char* what) {
   KILN_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuBLASLt error in ", what, ": status ", static_cast<int>(s));
 }
 
-// cudaMalloc/cudaFree on one device, on that device's context stream.
+// cudaMalloc/cudaFree on one device; blocks are tagged with the thread's current stream.
 class CudaMemoryApi final : public DeviceMemoryApi {
  public:
   explicit CudaMemoryApi(int device) : device_(device) {}
@@ -55,7 +56,7 @@ class CudaMemoryApi final : public DeviceMemoryApi {
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before cudaFree)");
     check(cudaFree(p), "cudaFree");
   }
-  void* current_stream() override { return context(device_).stream; }
+  void* current_stream() override { return stream(device_); }
   void memset(void* p, uint8_t byte, size_t nbytes, void* stream) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
     check(cudaMemsetAsync(p, byte, nbytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync (allocator fill)");
@@ -96,7 +97,6 @@ DeviceContext& context(int device) {
     check(cudaSetDevice(device), "cudaSetDevice");
     auto ctx = std::make_unique<DeviceContext>();
     ctx->device = device;
-    check(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cublas(cublasLtCreate(&ctx->cublaslt), "cublasLtCreate");
     // The workspace comes straight from cudaMalloc so that it does not show in tensor memory stats.
     check(cudaMalloc(&ctx->workspace, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
