@@ -9,6 +9,7 @@
 
 #include "kiln/core/device.h"
 #include "kiln/core/dtype.h"
+#include "kiln/core/stream.h"
 
 namespace kiln {
 
@@ -32,6 +33,13 @@ class Allocator {
   virtual void empty_cache() {}
   // Sets nbytes at ptr (memory from allocate) to `byte`, in order with the device's later work.
   virtual void fill(void* ptr, size_t nbytes, uint8_t byte) = 0;
+  // The block at ptr (from allocate, not yet freed) is also used by work queued on `stream`:
+  // after deallocate it is not handed out again before that work is done (NOTE [deferred
+  // frees] in core/caching_allocator.h). A no-op where memory is used synchronously (the CPU).
+  virtual void record_stream(void* ptr, const Stream& stream) {
+    (void)ptr;
+    (void)stream;
+  }
 };
 
 // Counters shared by allocators: current and peak bytes, updated without locks.

@@ -11,13 +11,18 @@ CachingAllocator::CachingAllocator(DeviceMemoryApi* api, std::string name) : api
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
-  release_cache();
+  try {
+    release_cache();
+  } catch (...) {  // a destructor must not throw: what could not be returned is lost with the device
+  }
 }
 
 void* CachingAllocator::take_cached(size_t rounded, void* stream) {
-  auto it = free_.lower_bound(FreeKey{stream, rounded});
-  if (it == free_.end() || it->first.first != stream) return nullptr;
-  size_t size = it->first.second;
+  auto pool = pools_.find(stream);
+  if (pool == pools_.end()) return nullptr;
+  auto it = pool->second.lower_bound(rounded);
+  if (it == pool->second.end()) return nullptr;
+  size_t size = it->first;
   if (rounded < kSmallLimit) {
     if (size != rounded) return nullptr;  // small blocks: exact size bins only
   } else {
@@ -25,20 +30,48 @@ void* CachingAllocator::take_cached(size_t rounded, void* stream) {
     if (size - rounded > slack) return nullptr;
   }
   void* p = it->second;
-  free_.erase(it);
-  cached_ -= static_cast<int64_t>(size);
-  live_[p] = Block{size, 0, stream};
+  pool->second.erase(it);
+  pooled_ -= static_cast<int64_t>(size);
+  live_[p] = Block{size, 0, stream, {}};
   return p;
+}
+
+void CachingAllocator::to_pool(void* ptr, size_t size, void* stream) {
+  pools_[stream].emplace(size, ptr);
+  pooled_ += static_cast<int64_t>(size);
+}
+
+void CachingAllocator::collect_pending(bool wait) {
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Pending& b = pending_[i];
+    auto done = std::remove_if(b.events.begin(), b.events.end(), [&](void* e) {
+      if (wait) api_->synchronize_event(e);
+      else if (!api_->event_done(e)) return false;
+      api_->release_event(e);
+      return true;
+    });
+    b.events.erase(done, b.events.end());
+    if (b.events.empty()) {
+      pending_bytes_ -= static_cast<int64_t>(b.size);
+      to_pool(b.ptr, b.size, b.stream);
+    } else {
+      if (kept != i) pending_[kept] = std::move(b);
+      ++kept;
+    }
+  }
+  pending_.resize(kept);
 }
 
 void* CachingAllocator::allocate(size_t nbytes) {
   const size_t rounded = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
   void* stream = api_->current_stream();
+  if (!pending_.empty()) collect_pending(/*wait=*/false);
   void* p = take_cached(rounded, stream);
   if (!p) {
     p = api_->malloc(rounded);
-    if (!p) {  // out of memory: give the cache back to the system and retry once
+    if (!p) {  // out of memory: give the cache (pending blocks included) back and retry once
       release_cache();
       p = api_->malloc(rounded);
     }
@@ -46,7 +79,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
                rounded, " rounded; ", current_, " bytes in use, ", reserved_, " reserved after freeing the cache)");
     ++num_system_allocs_;
     reserved_ += static_cast<int64_t>(rounded);
-    live_[p] = Block{rounded, 0, stream};
+    live_[p] = Block{rounded, 0, stream, {}};
   }
   live_[p].requested = nbytes;
   current_ += static_cast<int64_t>(nbytes);
@@ -56,15 +89,36 @@ void* CachingAllocator::allocate(size_t nbytes) {
 }
 
 void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
+  (void)nbytes;  // the block knows what was asked for
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(ptr);
   KILN_CHECK(it != live_.end(), name_, " caching allocator: deallocate of a pointer it did not allocate");
-  Block b = it->second;
+  Pending wait{ptr, it->second.size, it->second.stream, {}};
+  try {
+    for (void* s : it->second.uses) wait.events.push_back(api_->record_event(s));
+  } catch (...) {  // the block stays live (and counted) rather than be reused too early
+    for (void* e : wait.events) api_->release_event(e);
+    throw;
+  }
+  current_ -= static_cast<int64_t>(it->second.requested);
   live_.erase(it);
-  current_ -= static_cast<int64_t>(b.requested);
-  free_.emplace(FreeKey{b.stream, b.size}, ptr);
-  cached_ += static_cast<int64_t>(b.size);
+  if (wait.events.empty()) {
+    to_pool(ptr, wait.size, wait.stream);
+  } else {
+    pending_bytes_ += static_cast<int64_t>(wait.size);
+    pending_.push_back(std::move(wait));
+  }
+}
+
+void CachingAllocator::record_stream(void* ptr, const Stream& stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(ptr);
+  KILN_CHECK(it != live_.end(), name_, " caching allocator: record_stream of memory it did not hand out (or freed)");
+  void* s = stream.native();
+  Block& b = it->second;
+  if (s == b.stream || std::find(b.uses.begin(), b.uses.end(), s) != b.uses.end()) return;
+  b.uses.push_back(s);
 }
 
 void CachingAllocator::fill(void* ptr, size_t nbytes, uint8_t byte) {
@@ -80,12 +134,17 @@ void CachingAllocator::fill(void* ptr, size_t nbytes, uint8_t byte) {
 }
 
 void CachingAllocator::release_cache() {
-  for (auto& [key, p] : free_) {
-    api_->free(p);
-    reserved_ -= static_cast<int64_t>(key.second);
+  if (!pending_.empty()) collect_pending(/*wait=*/true);
+  for (auto& [stream, pool] : pools_) {
+    while (!pool.empty()) {
+      auto it = pool.begin();
+      api_->free(it->second);
+      reserved_ -= static_cast<int64_t>(it->first);
+      pooled_ -= static_cast<int64_t>(it->first);
+      pool.erase(it);
+    }
   }
-  free_.clear();
-  cached_ = 0;
+  pools_.clear();
 }
 
 void CachingAllocator::empty_cache() {
@@ -111,7 +170,12 @@ void CachingAllocator::reset_peak() {
 
 int64_t CachingAllocator::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return cached_;
+  return pooled_ + pending_bytes_;
+}
+
+int64_t CachingAllocator::pending_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_bytes_;
 }
 
 }  // namespace kiln

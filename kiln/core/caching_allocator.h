@@ -1,18 +1,26 @@
 // CachingAllocator: the device-independent logic of kiln's GPU allocator, written against an
 // injectable DeviceMemoryApi (pattern 9 of ARCHITECTURE.md) so that it is tested on CPU with a
-// fake API (tests/core/caching_allocator_test.cpp); kernels/cuda/runtime.cu plugs cudaMalloc
-// and cudaFree into it. Freed blocks are kept in a cache keyed by (stream, size) and handed
+// fake API (tests/core/caching_allocator_test.cpp); kernels/cuda/runtime.cu plugs cudaMalloc,
+// cudaFree and CUDA events into it. Freed blocks are kept in one pool per stream and handed
 // out again without a system call:
 //   - every request is rounded up to a multiple of 512 bytes (at least 512);
 //   - small requests (< 1 MiB) reuse only a cached block of exactly the rounded size (size bins);
 //   - large requests take the smallest cached block that fits (best fit) as long as it wastes
 //     at most max(1 MiB, rounded/8) bytes, so a huge block is not tied up by a small request;
-//   - a block remembers the stream it was allocated for and is reused only for that stream
-//     (all kiln work of a device runs on its context stream, so reuse there is immediate);
-//   - when the system allocation fails, the whole cache is returned to the system and the
-//     allocation retried once before kiln::Error (naming the size) is thrown.
-// Counters follow the CPU allocator's convention: current/peak count the REQUESTED bytes;
-// reserved_bytes counts what is held from the system (live and cached blocks).
+//   - a block belongs to the stream that was current when it was allocated and goes back to
+//     that stream's pool: work of one stream runs in order, so a block freed there is reused
+//     there at once, before the queued work that read it has run;
+//   - NOTE [deferred frees]: a block also used on another stream (record_stream, as PyTorch's
+//     Tensor.record_stream) returns to its pool only after an event recorded on each such
+//     stream at deallocate has completed; until then it is pending (held, in no pool).
+//     Pending blocks are looked at (event_done, no host wait) at every allocate; empty_cache,
+//     the out-of-memory retry and the destructor wait for them (synchronize_event);
+//   - when the system allocation fails, the pending blocks are waited for, the whole cache is
+//     returned to the system and the allocation retried once before kiln::Error (naming the
+//     size) is thrown.
+// Counters follow the CPU allocator's convention: current/peak count the REQUESTED bytes of
+// live blocks (a pending block is not live); reserved_bytes counts what is held from the
+// system (live, pending and cached blocks).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,22 +28,29 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include <utility>
+#include <vector>
 
 #include "kiln/core/allocator.h"
 
 namespace kiln {
 
-// The system calls a CachingAllocator makes. malloc returns nullptr when out of memory.
+// The system calls a CachingAllocator makes. Streams and events are opaque tags (cudaStream_t,
+// cudaEvent_t on CUDA). Every call but malloc throws kiln::Error on failure.
 class DeviceMemoryApi {
  public:
   virtual ~DeviceMemoryApi() = default;
-  virtual void* malloc(size_t nbytes) = 0;
+  virtual void* malloc(size_t nbytes) = 0;  // nullptr when out of memory
   virtual void free(void* ptr) = 0;
-  // The stream new blocks are used on (an opaque tag; nullptr where streams do not matter).
+  // The stream new blocks are used on (nullptr where streams do not matter).
   virtual void* current_stream() { return nullptr; }
   // Sets nbytes at ptr to `byte`, queued on `stream` (current_stream's tag).
   virtual void memset(void* ptr, uint8_t byte, size_t nbytes, void* stream) = 0;
+  // NOTE [deferred frees]: an event recorded now on `stream` (its work queued so far), whether
+  // it has completed (no host wait), a host wait for it, and giving it back.
+  virtual void* record_event(void* stream) = 0;
+  virtual bool event_done(void* event) = 0;
+  virtual void synchronize_event(void* event) = 0;
+  virtual void release_event(void* event) = 0;
 };
 
 class CachingAllocator final : public Allocator {
@@ -45,7 +60,8 @@ class CachingAllocator final : public Allocator {
 
   // `api` must outlive the allocator; `name` prefixes error messages (e.g. "cuda:0").
   CachingAllocator(DeviceMemoryApi* api, std::string name);
-  ~CachingAllocator() override;  // returns cached blocks; live blocks are the owners' business
+  // Waits for pending blocks and returns them and the cached ones; live blocks are the owners'.
+  ~CachingAllocator() override;
 
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
@@ -53,28 +69,42 @@ class CachingAllocator final : public Allocator {
   void reset_peak() override;
   void empty_cache() override;
   void fill(void* ptr, size_t nbytes, uint8_t byte) override;
+  // The live block at `ptr` is also used by work queued on `stream` (NOTE [deferred frees]).
+  // Its own stream, or a stream named twice, adds nothing.
+  void record_stream(void* ptr, const Stream& stream) override;
 
   static size_t round_size(size_t nbytes) {
     return nbytes == 0 ? kRound : (nbytes + kRound - 1) / kRound * kRound;
   }
-  int64_t cached_bytes() const;  // reserved but not in use
+  int64_t cached_bytes() const;   // reserved but not in use (in a pool or pending)
+  int64_t pending_bytes() const;  // the part of cached_bytes waiting for other streams' events
 
  private:
   struct Block {
     size_t size = 0;       // rounded size held from the system
     size_t requested = 0;  // what the caller asked for (counted in current/peak)
-    void* stream = nullptr;
+    void* stream = nullptr;          // the stream it was allocated on: its pool
+    std::vector<void*> uses;         // other streams that use it (record_stream)
   };
-  using FreeKey = std::pair<void*, size_t>;  // (stream, size), ordered for best fit
+  struct Pending {
+    void* ptr = nullptr;
+    size_t size = 0;
+    void* stream = nullptr;
+    std::vector<void*> events;  // not yet seen complete, one per stream of Block::uses
+  };
+  using Pool = std::multimap<size_t, void*>;  // size -> block, ordered for best fit
   void* take_cached(size_t rounded, void* stream);  // nullptr when no block fits
-  void release_cache();                              // caller holds mu_
+  void to_pool(void* ptr, size_t size, void* stream);
+  void collect_pending(bool wait);  // moves the blocks whose events completed to their pools
+  void release_cache();             // caller holds mu_; pending blocks are waited for first
 
   DeviceMemoryApi* api_;
   std::string name_;
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> live_;
-  std::multimap<FreeKey, void*> free_;
-  int64_t current_ = 0, peak_ = 0, reserved_ = 0, cached_ = 0;
+  std::unordered_map<void*, Pool> pools_;  // one per stream
+  std::vector<Pending> pending_;           // in deallocate order
+  int64_t current_ = 0, peak_ = 0, reserved_ = 0, pooled_ = 0, pending_bytes_ = 0;
   int64_t num_allocs_ = 0, num_system_allocs_ = 0;
 };
 

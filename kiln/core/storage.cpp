@@ -1,4 +1,4 @@
-// Storage allocation, filling and release through the device's allocator.
+// Storage allocation, filling, stream uses and release through the device's allocator.
 #include "kiln/core/storage.h"
 
 #include "kiln/core/error.h"
@@ -16,6 +16,12 @@ Storage::Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void>
 void Storage::fill(uint8_t byte) {
   KILN_CHECK(allocator_ != nullptr, "Storage::fill: the storage is borrowed, not owned by an allocator");
   allocator_->fill(data_, nbytes_, byte);
+}
+
+void Storage::record_stream(const Stream& stream) {
+  KILN_CHECK(stream.device() == device_, "Storage::record_stream: the storage is on ", device_.str(),
+             ", the stream on ", stream.device().str());
+  if (allocator_ && !stream.is_cpu()) allocator_->record_stream(data_, stream);
 }
 
 Storage::~Storage() {

@@ -8,6 +8,7 @@
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/device.h"
+#include "kiln/core/stream.h"
 
 namespace kiln {
 
@@ -28,6 +29,12 @@ class Storage {
   // Sets every byte to `byte` through the allocator that owns the block (in order with the
   // device's later work); a borrowed storage is an error.
   void fill(uint8_t byte);
+  // The bytes are also used by work queued on `stream` (a stream of this storage's device other
+  // than the one current at allocation: a copy or communication stream). The allocator hands
+  // them out again only after that work is done (NOTE [deferred frees] in
+  // core/caching_allocator.h), as PyTorch's Tensor.record_stream. No-op for the CPU and for a
+  // borrowed storage (its owner keeps it alive); a stream of another device is an error.
+  void record_stream(const Stream& stream);
 
   uint64_t version() const { return version_; }
   void bump_version() { ++version_; }

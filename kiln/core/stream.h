@@ -8,10 +8,11 @@
 // from this thread: the device's compute stream of this registry unless a StreamGuard on this
 // thread names another (the caller's stream in the Python module, a communication stream in
 // kiln/dist). It is an execution context carried by the calling thread, as PyTorch's
-// getCurrentCUDAStream. Today kiln/dist's NCCL backend takes its streams from here; moving the
-// op kernels (which still launch on DeviceContext's stream, kernels/cuda/context.h) onto
-// current_stream, with the caching allocator's per-stream deferred frees, is the runtime-floor
-// issue's next step.
+// getCurrentCUDAStream. The op kernels launch on it (kernels/cuda/context.h's stream(device)),
+// kiln/dist's NCCL backend orders its communication streams after it, and the caching
+// allocator pools blocks per stream, a block used on another stream returning to its pool only
+// after that stream's event (Storage::record_stream; NOTE [deferred frees] in
+// core/caching_allocator.h).
 #pragma once
 #include <cstdint>
 #include <memory>

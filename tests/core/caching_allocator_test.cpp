@@ -1,15 +1,21 @@
 // CachingAllocator on CPU with a scripted fake DeviceMemoryApi: exact counters, reuse without
-// system calls in steady state, size bins and best fit, stream separation, empty_cache and
-// the out-of-memory path (free the cache, retry once, then kiln::Error naming the size).
+// system calls in steady state, size bins and best fit, stream separation, empty_cache, the
+// out-of-memory path (free the cache, retry once, then kiln::Error naming the size), and
+// deferred frees of blocks used on a second stream (events the test completes by hand).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "kiln/core/caching_allocator.h"
 #include "kiln/core/error.h"
+#include "kiln/core/storage.h"
+#include "kiln/core/stream.h"
 
 using namespace kiln;
 
@@ -53,6 +59,40 @@ class FakeApi : public DeviceMemoryApi {
     std::memset(p, byte, n);
   }
   std::vector<void*> fill_streams;  // the stream of each memset
+
+  // Events: each recorded event is a slot the test completes by hand (complete_all, or
+  // done[i] = true); synchronize_event completes it, as a host wait would.
+  struct FakeEvent {
+    void* stream;
+    bool done = false, released = false;
+    int syncs = 0;
+  };
+  std::vector<FakeEvent> events;
+  void* record_event(void* on_stream) override {
+    events.push_back(FakeEvent{on_stream});
+    return reinterpret_cast<void*>(events.size());  // 1-based: never nullptr
+  }
+  FakeEvent& event(void* e) {
+    const size_t i = reinterpret_cast<size_t>(e) - 1;
+    EXPECT_LT(i, events.size());
+    EXPECT_FALSE(events[i].released) << "event used after release";
+    return events[i];
+  }
+  bool event_done(void* e) override { return event(e).done; }
+  void synchronize_event(void* e) override {
+    FakeEvent& f = event(e);
+    ++f.syncs;
+    f.done = true;
+  }
+  void release_event(void* e) override { event(e).released = true; }
+  void complete_all() {
+    for (auto& e : events) e.done = true;
+  }
+  int unreleased() const {
+    int n = 0;
+    for (auto& e : events) n += e.released ? 0 : 1;
+    return n;
+  }
   // The fake device goes away with its memory: blocks a test left allocated are released here.
   ~FakeApi() override {
     for (void* p : live) std::free(p);
@@ -224,4 +264,196 @@ TEST(CachingAllocator, FillRunsOnTheBlocksStreamAndOnlyOnItsBlocks) {
   EXPECT_THROW(a.fill(&other, 4, 0), Error);
   a.deallocate(p, 1000);
   EXPECT_THROW(a.fill(p, 4, 0), Error);  // cached, not live
+}
+
+namespace {
+Stream fake_stream(int& tag) { return Stream(Device(DeviceType::CUDA, 0), &tag); }
+}  // namespace
+
+TEST(CachingAllocator, ABlockReadOnAnotherStreamIsNotReusedBeforeItsEvent) {
+  FakeApi api;
+  CachingAllocator a(&api, "fake");
+  int compute = 0, comm = 0;
+  api.stream = &compute;
+  void* p = a.allocate(4096);
+  a.record_stream(p, fake_stream(comm));  // comm still reads p after the owner frees it
+  a.deallocate(p, 4096);
+  ASSERT_EQ(api.events.size(), 1u);
+  EXPECT_EQ(api.events[0].stream, &comm);  // the event is recorded on the reading stream
+  EXPECT_EQ(a.pending_bytes(), 4096);
+  EXPECT_EQ(a.cached_bytes(), 4096);
+  MemoryStats s = a.stats();
+  EXPECT_EQ(s.current_bytes, 0);  // a pending block is not live
+  EXPECT_EQ(s.reserved_bytes, 4096);
+
+  // The same size on the same stream while comm's work is queued: a fresh block.
+  void* q = a.allocate(4096);
+  EXPECT_NE(q, p);
+  EXPECT_EQ(api.mallocs, 2);
+  EXPECT_EQ(api.events[0].syncs, 0);  // allocate never waits on the host
+  EXPECT_FALSE(api.events[0].released);
+
+  api.events[0].done = true;  // comm's reads are done
+  void* r = a.allocate(4096);
+  EXPECT_EQ(r, p);  // back in compute's pool, reused without a system call
+  EXPECT_EQ(api.mallocs, 2);
+  EXPECT_TRUE(api.events[0].released);
+  EXPECT_EQ(a.pending_bytes(), 0);
+  s = a.stats();
+  EXPECT_EQ(s.current_bytes, 8192);
+  EXPECT_EQ(s.peak_bytes, 8192);
+  EXPECT_EQ(s.reserved_bytes, 8192);
+  EXPECT_EQ(s.num_allocs, 3);
+  EXPECT_EQ(s.num_system_allocs, 2);
+  a.deallocate(q, 4096);
+  a.deallocate(r, 4096);
+  EXPECT_EQ(api.events.size(), 1u);  // no stream use recorded: no event
+  EXPECT_EQ(a.cached_bytes(), 8192);
+  EXPECT_EQ(a.pending_bytes(), 0);
+}
+
+TEST(CachingAllocator, ABlockWaitsForEveryStreamThatUsedIt) {
+  FakeApi api;
+  CachingAllocator a(&api, "fake");
+  int compute = 0, comm = 0, copy = 0;
+  api.stream = &compute;
+  const size_t n = (3 << 20) + 1;  // a large block: best-fit path
+  void* p = a.allocate(n);
+  a.record_stream(p, fake_stream(comm));
+  a.record_stream(p, fake_stream(copy));
+  a.record_stream(p, fake_stream(comm));     // named twice: one event
+  a.record_stream(p, fake_stream(compute));  // its own stream: nothing to wait for
+  a.deallocate(p, n);
+  ASSERT_EQ(api.events.size(), 2u);
+  EXPECT_EQ(api.events[0].stream, &comm);
+  EXPECT_EQ(api.events[1].stream, &copy);
+  api.events[1].done = true;  // copy done, comm not yet
+  void* q = a.allocate(n);
+  EXPECT_NE(q, p);
+  EXPECT_TRUE(api.events[1].released);
+  EXPECT_FALSE(api.events[0].released);
+  EXPECT_EQ(a.pending_bytes(), static_cast<int64_t>(CachingAllocator::round_size(n)));
+  api.events[0].done = true;
+  EXPECT_EQ(a.allocate(n), p);
+  EXPECT_EQ(api.unreleased(), 0);
+  EXPECT_EQ(api.mallocs, 2);
+  // Another stream never takes the block, pending or not.
+  a.deallocate(p, n);
+  api.stream = &comm;
+  void* other = a.allocate(n);
+  EXPECT_NE(other, p);
+  EXPECT_EQ(api.mallocs, 3);
+  a.deallocate(other, n);
+  a.deallocate(q, n);
+}
+
+TEST(CachingAllocator, EmptyCacheAndOutOfMemoryWaitForPendingBlocks) {
+  FakeApi api;
+  api.capacity = 8 << 20;
+  CachingAllocator a(&api, "fake");
+  int compute = 0, comm = 0;
+  api.stream = &compute;
+  void* p = a.allocate(5 << 20);
+  a.record_stream(p, fake_stream(comm));
+  a.deallocate(p, 5 << 20);
+  // 5 MiB more does not fit beside the pending block: the retry waits for its event, returns
+  // it to the system and succeeds.
+  void* q = a.allocate(5 << 20);
+  EXPECT_EQ(api.failed, 1);
+  EXPECT_EQ(api.events[0].syncs, 1);
+  EXPECT_TRUE(api.events[0].released);
+  EXPECT_EQ(api.frees, 1);
+  EXPECT_EQ(a.pending_bytes(), 0);
+  EXPECT_EQ(a.stats().reserved_bytes, 5 << 20);
+
+  a.record_stream(q, fake_stream(comm));
+  a.deallocate(q, 5 << 20);
+  a.empty_cache();  // waits for comm, then frees
+  EXPECT_EQ(api.events[1].syncs, 1);
+  EXPECT_EQ(api.unreleased(), 0);
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
+  EXPECT_EQ(a.cached_bytes(), 0);
+  EXPECT_TRUE(api.live.empty());
+
+  void* r = a.allocate(1000);
+  a.record_stream(r, fake_stream(comm));
+  a.deallocate(r, 1000);
+  EXPECT_THROW(a.record_stream(r, fake_stream(comm)), Error);  // freed: not live any more
+  int x = 0;
+  EXPECT_THROW(a.record_stream(&x, fake_stream(comm)), Error);
+}
+
+TEST(CachingAllocator, DestructorWaitsForPendingBlocks) {
+  FakeApi api;
+  int compute = 0, comm = 0;
+  api.stream = &compute;
+  {
+    CachingAllocator a(&api, "fake");
+    void* p = a.allocate(2048);
+    a.record_stream(p, fake_stream(comm));
+    a.deallocate(p, 2048);
+  }
+  ASSERT_EQ(api.events.size(), 1u);
+  EXPECT_EQ(api.events[0].syncs, 1);
+  EXPECT_TRUE(api.events[0].released);
+  EXPECT_TRUE(api.live.empty());
+}
+
+TEST(CachingAllocator, RandomStreamUsesNeverHandOutABlockBeforeItsEvents) {
+  // Fresh random schedule: blocks on two streams, some read by the other, events completed in
+  // random order; a block handed out must have no event of an earlier use still incomplete.
+  FakeApi api;
+  CachingAllocator a(&api, "fake");
+  int s0 = 0, s1 = 0;
+  std::random_device rd;
+  const unsigned seed = rd();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::vector<std::pair<void*, size_t>> live;
+  std::map<void*, std::vector<size_t>> waits;  // block -> its events not seen complete
+  int64_t requested = 0;
+  for (int step = 0; step < 2000; ++step) {
+    const int op = static_cast<int>(rng() % 4);
+    api.stream = rng() % 2 ? &s0 : &s1;
+    if (op <= 1 || live.empty()) {
+      const size_t n = (rng() % 4 + 1) * 700;
+      void* p = a.allocate(n);
+      for (size_t e : waits[p]) ASSERT_TRUE(api.events[e].done) << "block reused before event " << e;
+      waits.erase(p);
+      live.emplace_back(p, n);
+      requested += static_cast<int64_t>(n);
+    } else if (op == 2) {
+      const size_t i = rng() % live.size();
+      auto [p, n] = live[i];
+      if (rng() % 2) a.record_stream(p, fake_stream(rng() % 2 ? s0 : s1));
+      const size_t before = api.events.size();
+      a.deallocate(p, n);
+      for (size_t e = before; e < api.events.size(); ++e) waits[p].push_back(e);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      requested -= static_cast<int64_t>(n);
+    } else if (!api.events.empty()) {
+      api.events[rng() % api.events.size()].done = true;
+    }
+    ASSERT_EQ(a.stats().current_bytes, requested);
+  }
+  for (auto& [p, n] : live) a.deallocate(p, n);
+  a.empty_cache();
+  EXPECT_EQ(api.unreleased(), 0);
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
+  EXPECT_EQ(a.stats().current_bytes, 0);
+  EXPECT_TRUE(api.live.empty());
+}
+
+TEST(CachingAllocator, StorageRecordStreamChecksTheDevice) {
+  Storage cpu(64, Device());
+  EXPECT_NO_THROW(cpu.record_stream(Stream()));  // CPU memory is used synchronously: nothing to defer
+  int tag = 0;
+  try {
+    cpu.record_stream(fake_stream(tag));
+    FAIL() << "expected kiln::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cpu"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+  }
 }

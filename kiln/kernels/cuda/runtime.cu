@@ -1,8 +1,8 @@
 // The CUDA runtime layer of kiln: device queries (cuda_built, cuda_device_count,
 // list_cuda_devices), error checking (cuda::check), the per-device contexts (cuBLASLt handle,
 // workspace, limits; kernels launch on the current stream, context.h) and the per-device
-// caching allocators (CachingAllocator from kiln/core/caching_allocator.h with cudaMalloc and
-// cudaFree plugged in).
+// caching allocators (CachingAllocator from kiln/core/caching_allocator.h with cudaMalloc,
+// cudaFree and the stream runtime's events plugged in).
 #include <array>
 #include <memory>
 #include <mutex>
@@ -14,6 +14,7 @@
 #include "kiln/core/device_info.h"
 #include "kiln/core/error.h"
 #include "kiln/core/profile.h"
+#include "kiln/core/stream.h"
 #include "kiln/kernels/cuda/context.h"
 
 namespace kiln {
@@ -61,6 +62,25 @@ class CudaMemoryApi final : public DeviceMemoryApi {
     check(cudaSetDevice(device_), "cudaSetDevice");
     check(cudaMemsetAsync(p, byte, nbytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync (allocator fill)");
   }
+  // NOTE [deferred frees] (core/caching_allocator.h): the stream runtime's events, created per
+  // deferred free (a block used on another stream; rare) and destroyed once seen complete.
+  void* record_event(void* stream) override {
+    StreamApi* api = cuda_stream_api();
+    void* e = api->create_event(device_, /*timing=*/false);
+    try {
+      api->record_event(e, stream);
+    } catch (...) {
+      api->destroy_event(e);
+      throw;
+    }
+    return e;
+  }
+  bool event_done(void* event) override { return cuda_stream_api()->event_done(event); }
+  void synchronize_event(void* event) override {
+    profile::count_sync("cudaEventSynchronize (allocator: a block used on another stream)");
+    cuda_stream_api()->synchronize_event(event);
+  }
+  void release_event(void* event) override { cuda_stream_api()->destroy_event(event); }
 
  private:
   int device_;
