@@ -2,7 +2,7 @@
 // summed per node input in a fixed order (so results are deterministic), leaves accumulated
 // through AccumulateGrad (under the leaf's lock), and graphs freed without recursion
 // (Node::~Node); post-accumulate-grad hooks and end-of-backward callbacks. Also grad mode,
-// determinism flag, SavedTensor and the Tensor autograd methods.
+// SavedTensor and the Tensor autograd methods (the determinism switch is core/switches.h's).
 #include <atomic>
 #include <map>
 #include <unordered_map>
@@ -20,13 +20,10 @@ thread_local bool t_grad_enabled = true;
 // The backward running on this thread: nesting depth and the callbacks queued for its end.
 thread_local int t_backward_depth = 0;
 thread_local std::vector<std::function<void()>> t_backward_callbacks;
-std::atomic<bool> g_deterministic{false};  // NOTE: process-wide switch, like torch.use_deterministic_algorithms
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
-bool deterministic() { return g_deterministic.load(); }
-void set_deterministic(bool on) { g_deterministic.store(on); }
 
 // Frees a graph without recursion: each node's destructor would free the next through its edge
 // (a 200 000-op chain overflowed an 8 MB stack when its graph went away). The nodes only this

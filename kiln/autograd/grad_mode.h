@@ -1,6 +1,9 @@
 // Grad mode: whether ops record autograd history on this thread. NoGradGuard turns it off
-// for a scope (as torch.no_grad()).
+// for a scope (as torch.no_grad()). The determinism switch (deterministic, set_deterministic)
+// is a runtime switch of kiln/core/switches.h, included here for the callers that found it here.
 #pragma once
+
+#include "kiln/core/switches.h"
 
 namespace kiln {
 
@@ -17,10 +20,5 @@ class NoGradGuard {
  private:
   bool previous_;
 };
-
-// Determinism: when on, every kernel is bitwise reproducible run to run (fixed reduction
-// orders, fixed thread partitions, no float atomics). Process-wide, off by default.
-bool deterministic();
-void set_deterministic(bool on);
 
 }  // namespace kiln

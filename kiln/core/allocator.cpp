@@ -48,26 +48,7 @@ class CpuAllocator final : public Allocator {
   std::atomic<int64_t> system_allocs_{0};
 };
 
-std::atomic<bool>& fill_switch() {
-  // NOTE: process-wide, like set_deterministic; read from the environment once.
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("KILN_FILL_UNINITIALIZED");
-    return v != nullptr && *v != '\0' && std::string(v) != "0";
-  }()};
-  return on;
-}
-
 }  // namespace
-
-bool fill_uninitialized_memory() { return fill_switch().load(std::memory_order_relaxed); }
-void set_fill_uninitialized_memory(bool on) { fill_switch().store(on, std::memory_order_relaxed); }
-
-uint8_t uninitialized_fill_byte(DType dtype) {
-  if (dtype == DType::boolean) return 0x01;
-  // All bits set is a NaN in every floating format kiln has (f64 … f8_e5m2); integers get a
-  // large positive value (0x7F7F…), which indexes out of range as PyTorch's maximum does.
-  return is_floating(dtype) || is_storage_only(dtype) ? 0xFF : 0x7F;
-}
 
 Allocator& allocator_for(const Device& d) {
   if (d.is_cpu()) {

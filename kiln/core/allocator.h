@@ -10,6 +10,7 @@
 #include "kiln/core/device.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/stream.h"
+#include "kiln/core/switches.h"  // the poison fill Tensor::empty applies (fill_uninitialized_memory)
 
 namespace kiln {
 
@@ -60,17 +61,6 @@ class MemoryCounters {
  private:
   std::atomic<int64_t> current_{0}, peak_{0}, allocs_{0};
 };
-
-// Debugging switch, PyTorch's torch.utils.deterministic.fill_uninitialized_memory: while on,
-// every tensor Tensor::empty makes starts filled with a poison value (floating dtypes NaN,
-// integers 0x7F in every byte, bool true), so that an output element a kernel forgets to write
-// shows in its result instead of whatever the memory held before. Off by default; its first
-// value comes from the environment (KILN_FILL_UNINITIALIZED=1 turns it on: the test suite runs
-// that way, see CMakeLists.txt). NOTE: process-wide, like set_deterministic.
-bool fill_uninitialized_memory();
-void set_fill_uninitialized_memory(bool on);
-// The byte Tensor::empty fills a tensor of `dtype` with while the switch is on.
-uint8_t uninitialized_fill_byte(DType dtype);
 
 // The allocator for a device (process-wide, created on first use).
 Allocator& allocator_for(const Device& d);

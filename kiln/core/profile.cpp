@@ -1,5 +1,5 @@
-// The op-level profiler (see profile.h): per-key counts and times, CUDA event pairs harvested
-// in batches, the sorted table.
+// The op-level profiler (see profile.h): per-key counts and times, device event pairs (the
+// stream runtime's timing events) harvested in batches, the sorted table.
 #include "kiln/core/profile.h"
 
 #include <algorithm>
@@ -8,9 +8,6 @@
 #include <cstdlib>
 
 #include "kiln/core/error.h"
-#ifdef KILN_CUDA
-#include "kiln/kernels/timing.h"
-#endif
 
 namespace kiln::profile {
 
@@ -20,7 +17,7 @@ std::atomic<Profiler*>& active_slot() {
   static std::atomic<Profiler*> slot{nullptr};
   return slot;
 }
-constexpr size_t kHarvestEvery = 4096;  // pending CUDA event pairs before a (waiting) harvest
+constexpr size_t kHarvestEvery = 4096;  // pending device event pairs before a (waiting) harvest
 }  // namespace
 
 Profiler* active() { return active_slot().load(std::memory_order_relaxed); }
@@ -42,14 +39,14 @@ bool env_requested() {
   fail("KILN_PROFILE='", v, "' is not 1 or 0 (also true/false, yes/no, on/off; unset: off)");
 }
 
-Profiler::~Profiler() {
-#ifdef KILN_CUDA
-  try {
-    for (auto& p : pending_) free_events_.push_back(p.start), free_events_.push_back(p.stop);
-    for (void* e : free_events_) kernels::cuda::event_destroy(e);
-  } catch (...) {
-  }
-#endif
+Profiler::~Profiler() = default;  // the events give their handles back themselves
+
+Event Profiler::take_event(const Device& device) {
+  auto it = free_events_.find(device.index);
+  if (it == free_events_.end() || it->second.empty()) return Event(/*timing=*/true);
+  Event e = std::move(it->second.back());
+  it->second.pop_back();
+  return e;
 }
 
 Profiler::Token Profiler::begin(const char* name, Device device) {
@@ -57,40 +54,30 @@ Profiler::Token Profiler::begin(const char* name, Device device) {
   t.device = device;
   std::lock_guard<std::mutex> g(mu_);
   t.key = labels_.empty() ? std::string(name) : labels_.back() + "/" + name;
-#ifdef KILN_CUDA
-  if (device.is_cuda()) {
+  if (!device.is_cpu()) {
     // Harvest only between scopes: an open scope's stop event is not recorded yet.
     if (open_ == 0 && pending_.size() >= kHarvestEvery) harvest_locked();
-    ++open_;
     Pending p;
     p.key = t.key;
-    for (void** e : {&p.start, &p.stop}) {
-      if (free_events_.empty()) {
-        *e = kernels::cuda::event_create();
-      } else {
-        *e = free_events_.back();
-        free_events_.pop_back();
-      }
-    }
-    kernels::cuda::event_record(p.start, device.index);
+    p.start = take_event(device);
+    p.stop = take_event(device);
+    p.start.record(current_stream(device));
+    ++open_;
     t.slot = static_cast<int64_t>(pending_.size());
     pending_.push_back(std::move(p));
     return t;
   }
-#endif
   t.t0 = std::chrono::steady_clock::now();
   return t;
 }
 
 void Profiler::end(Token& t) {
   std::lock_guard<std::mutex> g(mu_);
-#ifdef KILN_CUDA
   if (t.slot >= 0) {
     --open_;
-    kernels::cuda::event_record(pending_[static_cast<size_t>(t.slot)].stop, t.device.index);
+    pending_[static_cast<size_t>(t.slot)].stop.record(current_stream(t.device));
     return;
   }
-#endif
   add_locked(t.key, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t.t0).count(), false);
 }
 
@@ -116,18 +103,16 @@ void Profiler::add_locked(const std::string& key, double ms, bool device_time) {
 }
 
 void Profiler::harvest_locked() {
-#ifdef KILN_CUDA
   if (pending_.empty()) return;
-  // Waiting for the last stop event waits for all (one stream per device; events of other
-  // devices are waited for one by one in the loop).
+  // Each stop event is waited for in turn (they may lie on several streams and devices).
   for (Pending& p : pending_) {
-    kernels::cuda::event_synchronize(p.stop);
-    add_locked(p.key, kernels::cuda::event_elapsed_ms(p.start, p.stop), true);
-    free_events_.push_back(p.start);
-    free_events_.push_back(p.stop);
+    p.stop.synchronize();
+    add_locked(p.key, p.start.elapsed_ms(p.stop), true);
+    std::vector<Event>& free = free_events_[p.stop.device().index];
+    free.push_back(std::move(p.start));
+    free.push_back(std::move(p.stop));
   }
   pending_.clear();
-#endif
 }
 
 std::vector<Entry> Profiler::entries() {

@@ -8,8 +8,9 @@
 // (kiln/train/report.h); core does not depend on io.
 //
 // While a profiler is active, every kernel dispatch (KILN_DEVICE_CALL, the flex-attention
-// kernels, host<->device copies) is timed: on CUDA by events recorded on the device's stream
-// around the call (device time; harvested in batches and at report time), on CPU by wall time.
+// kernels, host<->device copies) is timed: on a GPU by timing events of the stream runtime
+// (kiln/core/stream.h) recorded on the thread's current stream around the call (device time;
+// harvested in batches and at report time), on CPU by wall time.
 // Calls are keyed "kernel" or, inside an autograd backward, "backward:<node>/kernel"; the
 // engine pushes that label (profile::Label). Host<->device synchronisations (D2H copies,
 // stream/device synchronize, the synchronising cudaFree) are counted per site
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "kiln/core/device.h"
+#include "kiln/core/stream.h"
 
 namespace kiln::profile {
 
@@ -46,7 +48,7 @@ class Profiler {
 
   // Hooks (called through Scope / Label / count_sync).
   struct Token {
-    int64_t slot = -1;  // pending CUDA event pair, or -1
+    int64_t slot = -1;  // pending device event pair, or -1
     std::chrono::steady_clock::time_point t0;
     std::string key;
     Device device;
@@ -57,7 +59,7 @@ class Profiler {
   void pop_label();
   void sync(const char* what);
 
-  // Harvests outstanding CUDA timings (waits for them) and returns the entries, largest total first.
+  // Harvests outstanding device timings (waits for them) and returns the entries, largest total first.
   std::vector<Entry> entries();
   // Host<->device synchronisations per site, and their total.
   std::map<std::string, int64_t> syncs() const;
@@ -70,9 +72,9 @@ class Profiler {
  private:
   struct Pending {
     std::string key;
-    void* start = nullptr;
-    void* stop = nullptr;
+    Event start, stop;
   };
+  Event take_event(const Device& device);  // a recycled timing event of `device`, or a new one
   void harvest_locked();
   void add_locked(const std::string& key, double ms, bool device_time);
   mutable std::mutex mu_;
@@ -80,8 +82,8 @@ class Profiler {
   std::map<std::string, int64_t> syncs_;
   std::vector<std::string> labels_;
   std::vector<Pending> pending_;
-  std::vector<void*> free_events_;
-  int64_t open_ = 0;  // CUDA scopes begun and not yet ended
+  std::map<int, std::vector<Event>> free_events_;  // harvested timing events per device index
+  int64_t open_ = 0;  // device scopes begun and not yet ended
 };
 
 // Per-kernel totals of `es` (keys "backward:<node>/<kernel>" folded into "<kernel>"), largest

@@ -1,6 +1,7 @@
-// Device-side timing for benchmarks (bodies in cuda/timing.cu; CUDA builds only):
-// time_ms runs f and returns the milliseconds between CUDA events recorded on the device's
-// stream before and after it; synchronize waits for that stream.
+// Device-side timing for kernel code (bodies in cuda/timing.cu; CUDA builds only): time_ms runs
+// f and returns the milliseconds between CUDA events recorded on the device's current stream
+// before and after it; synchronize waits for that stream. Code above kernels/ times through the
+// stream runtime's events (kiln/core/stream.h).
 #pragma once
 #include <functional>
 
@@ -9,11 +10,3 @@ double time_ms(int device, const std::function<void()>& f);
 void synchronize(int device);
 }  // namespace kiln::kernels::cuda
 
-// CUDA events for the profiler (kiln/core/profile.h), as opaque handles.
-namespace kiln::kernels::cuda {
-void* event_create();
-void event_record(void* event, int device);  // on the device's stream
-void event_synchronize(void* event);
-float event_elapsed_ms(void* start, void* stop);
-void event_destroy(void* event);
-}  // namespace kiln::kernels::cuda

@@ -1,10 +1,11 @@
 // Streams on a real GPU: ops launch on the thread's current stream (a StreamGuard's, else the
 // compute stream), the caching allocator pools blocks per stream, and a block recorded as used
 // on another stream (Storage::record_stream) is not handed out again before that stream's work
-// is done. Skipped without a GPU.
+// is done; the profiler's events time work on the current stream. Skipped without a GPU.
 #include <random>
 
 #include "kiln/core/allocator.h"
+#include "kiln/core/profile.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/stream.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -88,4 +89,30 @@ TEST(CudaStreams, BlocksAreReusedOnTheirOwnStreamAndRecordStreamDefersReuse) {
   synchronize(side);
   Tensor c = Tensor::empty({n}, DType::f32, d);
   EXPECT_EQ(c.data_ptr(), pa) << "the block should be back in the compute stream's pool once the side stream is done";
+}
+
+TEST(CudaStreams, TheProfilerTimesWorkOnTheCurrentStream) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const Device d = gpu();
+  Generator gen(static_cast<uint64_t>(std::random_device{}()));
+  Tensor x = randn({2048, 2048}, gen, DType::f32, d);
+  const Stream side = get_stream(d, StreamKind::side);
+  profile::Profiler prof;
+  {
+    StreamGuard on(side);
+    profile::Session s(prof);
+    (void)busy_work(x, 10);
+  }
+  double matmul_ms = 0;
+  int64_t matmuls = 0;
+  for (const auto& e : profile::by_kernel(prof.entries())) {
+    if (e.name.find("matmul") == std::string::npos && e.name.find("gemm") == std::string::npos) continue;
+    EXPECT_TRUE(e.device_time) << e.name;
+    matmul_ms += e.total_ms;
+    matmuls += e.count;
+  }
+  EXPECT_GE(matmuls, 10) << prof.table();
+  // Ten f32 products of 2048³ (172 GFLOP) take well over a millisecond on any GPU; events
+  // recorded on a stream the work did not run on would time (almost) nothing.
+  EXPECT_GT(matmul_ms, 1.0) << prof.table();
 }

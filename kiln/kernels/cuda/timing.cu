@@ -1,4 +1,4 @@
-// CUDA event timing for benchmarks and the profiler (kiln/kernels/timing.h).
+// CUDA event timing for kernel code and the device synchronisation (kiln/kernels/timing.h).
 #include "kiln/core/profile.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/timing.h"
@@ -26,21 +26,5 @@ void synchronize(int device) {
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
   check_deferred_errors(device);
 }
-
-void* event_create() {
-  cudaEvent_t e;
-  KILN_CUDA_CHECK(cudaEventCreate(&e));
-  return e;
-}
-void event_record(void* event, int device) {
-  KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream(device)));
-}
-void event_synchronize(void* event) { KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
-float event_elapsed_ms(void* start, void* stop) {
-  float ms = 0;
-  KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)));
-  return ms;
-}
-void event_destroy(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 
 }  // namespace kiln::kernels::cuda
