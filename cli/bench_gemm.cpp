@@ -42,7 +42,7 @@ std::vector<int64_t> parse_shape(const std::string& s) {
 int run_bench_gemm(const Args& args) {
   std::string device_s = "cuda", dtype_s = "bf16", out_s, shape_s = "8192,8192,8192", layout = "nt", epi_s = "none",
               impls = "kiln,cublaslt";
-  int64_t batch = 1, iters = 20, warmup = 5, seed = 0;
+  int64_t batch = 1, iters = 20, warmup = 5, seed = 0, tile_n = 0;
   ArgParser p("bench gemm",
               "Times out = epilogue(op(a)·op(b)) with kiln's Hopper GEMM (impl 'kiln', the epilogue fused) and with\n"
               "cuBLASLt (impl 'cublaslt': its own epilogue where it has one, else its product and kiln's\n"
@@ -56,6 +56,7 @@ int run_bench_gemm(const Args& args) {
   p.without_default();
   p.option("--epilogue", &epi_s, "E", "none, bias, residual, swiglu, accumulate, row_lse or row_sumsq");
   p.option("--impl", &impls, "LIST", "comma-separated: kiln, cublaslt");
+  p.option("--tile-n", &tile_n, "W", "kiln: output columns a tile, 128 or 256 (0: chosen from N and the SM count)");
   p.option("--iters", &iters, "N", "timed runs (the median is reported)");
   p.option("--warmup", &warmup, "N", "untimed runs first");
   p.option("--seed", &seed, "S", "random inputs' seed");
@@ -64,6 +65,7 @@ int run_bench_gemm(const Args& args) {
   const std::vector<int64_t> shape = parse_shape(shape_s);
   const int64_t m = shape[0], n = shape[1], k = shape[2];
   KILN_CHECK(batch > 0 && iters > 0 && warmup >= 0, "bench gemm: --batch and --iters must be > 0, --warmup >= 0");
+  KILN_CHECK(tile_n == 0 || tile_n == 128 || tile_n == 256, "bench gemm: --tile-n must be 0, 128 or 256, got ", tile_n);
   KILN_CHECK(layout == "nn" || layout == "nt" || layout == "tn" || layout == "tt", "bench gemm: --layout '", layout,
              "' is not nn, nt, tn or tt");
   const Device dev = Device::parse(device_s);
@@ -101,6 +103,7 @@ int run_bench_gemm(const Args& args) {
   for (const std::string& impl : impl_list) {
     kg::GemmOptions o;
     o.backend = impl == "kiln" ? kg::Backend::kiln : kg::Backend::cublaslt;
+    o.tile_n = static_cast<int>(tile_n);
     kg::GemmProblem q = prob;
     q.out = zeros({batch, m, ocols}, out_dt, dev);
     std::string why;
@@ -134,6 +137,7 @@ int run_bench_gemm(const Args& args) {
     r["peak_bytes"] = peak;
     r["tflops"] = flops / (ms * 1e-3) / 1e12;
     r["iters"] = iters;
+    if (impl == "kiln") r["tile_n"] = tile_n;
     if (outs.size() == 2) {
       const double num = amax(abs(sub(outs[1], outs[0]))).item(), den = amax(abs(outs[0])).item();
       r["max_rel_diff"] = den > 0 ? num / den : num;

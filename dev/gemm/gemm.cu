@@ -1,8 +1,10 @@
 // Kernel lab: C = A·Bᵀ (the forward x·Wᵀ, "nt"), bf16 in, f32 accumulate, bf16 out.
 //   dev_gemm [version] [M N K]     (default: every version, 4096 4096 4096)
 // Version 1: naive SIMT, one thread per output element (the floor).
-// Version 2: kiln's Hopper GEMM (kiln/kernels/cuda/gemm/sm90_gemm.cuh through gemm.h, backend kiln).
-// Version 3: cuBLASLt through kiln's planner (gemm.h, backend cublaslt).
+// Version 2: kiln's Hopper GEMM (kiln/kernels/cuda/gemm/sm90_gemm.cuh through gemm.h, backend
+//            kiln), 128 × 128 tiles.
+// Version 3: the same with 128 × 256 tiles (m64n256k16 wgmma, 4 stages).
+// Version 4: cuBLASLt through kiln's planner (gemm.h, backend cublaslt).
 // Each version is validated against a float64 CPU reference on 4096 sampled elements (bound:
 // 1e-5 · Σ|a||b| + one bf16 rounding) before it is timed (CUDA events, median of 20 after 5).
 #include <cuda_bf16.h>
@@ -47,7 +49,7 @@ int main(int argc, char** argv) {
                             bv = b.to(kCPU).to(DType::f64).to_vector<double>();
   const double flops = 2.0 * m * n * k;
   int failures = 0;
-  for (int version = 1; version <= 3; ++version) {
+  for (int version = 1; version <= 4; ++version) {
     if (only && version != only) continue;
     Tensor c = zeros({m, n}, DType::bf16, dev);
     std::function<void()> run;
@@ -61,9 +63,10 @@ int main(int argc, char** argv) {
             static_cast<__nv_bfloat16*>(c.data_ptr()), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
       };
     } else {
-      name = version == 2 ? "kiln sm90 (TMA + wgmma)" : "cuBLASLt";
+      name = version == 2 ? "kiln sm90 128x128" : version == 3 ? "kiln sm90 128x256" : "cuBLASLt";
       kg::GemmOptions o;
-      o.backend = version == 2 ? kg::Backend::kiln : kg::Backend::cublaslt;
+      o.backend = version < 4 ? kg::Backend::kiln : kg::Backend::cublaslt;
+      o.tile_n = version == 2 ? 128 : version == 3 ? 256 : 0;
       run = [&, o] { kg::gemm({a, b, c, false, true}, {}, o); };
     }
     run();

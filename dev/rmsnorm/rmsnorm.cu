@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kiln/core/rng.h"
+#include "kiln/kernels/copy.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/cuda/rmsnorm.h"
 #include "kiln/kernels/timing.h"
@@ -111,7 +112,7 @@ int main(int argc, char** argv) {
       run = [&] { rn::backward(dx, dw, g, x, w, rstd); };
       moved = 3.0 * rows * d * 2;  // read x and dy, write dx
     }
-    fill(y, 0.0);
+    kernels::cuda::fill(y, 0.0);
     run();
     if (version < 3 && validate() != 0) {
       std::printf("version %d (%s): WRONG\n", version, name);

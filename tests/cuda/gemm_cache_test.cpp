@@ -146,8 +146,10 @@ TEST(GemmOptions, NamesParseAndTheEnvironmentSetsTheDefault) {
   EXPECT_THROW(default_backend(), kiln::Error);
   set_default_backend(Backend::kiln);  // the setter wins over the environment
   EXPECT_EQ(default_backend(), Backend::kiln);
-  set_default_backend(Backend::automatic);
+  clear_default_backend();
   ::unsetenv("KILN_GEMM_BACKEND");
+  EXPECT_EQ(default_backend(), kUnsetDefaultBackend);
+  EXPECT_EQ(kUnsetDefaultBackend, Backend::cublaslt);
   EXPECT_EQ(row_stat_tiles(1), 1);
   EXPECT_EQ(row_stat_tiles(128), 1);
   EXPECT_EQ(row_stat_tiles(129), 2);

@@ -246,23 +246,33 @@ bool applies(DType t, int64_t d) {
   return d > 0 && (d * es) % 16 == 0 && d * es / 16 <= kMaxVectors;
 }
 
+namespace {
+// Launches the forward (kAdd: with the residual add, h and res defined) on rows of x.
+template <bool kAdd>
+void launch_forward(const Tensor& out, const Tensor& rstd, const Tensor& h, const Tensor& x, const Tensor& res,
+                    const Tensor& weight, double eps, int64_t rows, int64_t d) {
+  const int64_t nvec = d * static_cast<int64_t>(itemsize(x.dtype())) / 16;
+  const RowConfig rc = row_config(nvec, kFwdThreads);
+  const cudaStream_t s = stream(x.device().index);
+  with_dtype(x.dtype(), [&]<class T>() {
+    with_vpt(rc.vpt, [&]<int VPT>() {
+      rmsnorm_fwd_kernel<T, VPT, kAdd><<<static_cast<unsigned>(rows), rc.threads, 0, s>>>(
+          static_cast<T*>(out.data_ptr()), rstd.data<float>(), kAdd ? static_cast<T*>(h.data_ptr()) : nullptr,
+          static_cast<const T*>(x.data_ptr()), kAdd ? static_cast<const T*>(res.data_ptr()) : nullptr,
+          static_cast<const T*>(weight.data_ptr()), static_cast<int>(nvec), static_cast<int>(d), static_cast<float>(eps));
+    });
+  });
+  KILN_CUDA_CHECK_LAUNCH(kAdd ? "rms_norm_add forward" : "rms_norm forward");
+}
+}  // namespace
+
 bool forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight, double eps) {
   const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
   if (!applies(x.dtype(), d) || weight.dtype() != x.dtype() || rstd.dtype() != DType::f32 ||
       !aligned(out) || !aligned(x) || !aligned(weight) || rows >= (int64_t{1} << 31))
     return false;
   if (rows == 0) return true;
-  const int64_t nvec = d * static_cast<int64_t>(itemsize(x.dtype())) / 16;
-  const RowConfig rc = row_config(nvec, kFwdThreads);
-  const cudaStream_t s = stream(x.device().index);
-  with_dtype(x.dtype(), [&]<class T>() {
-    with_vpt(rc.vpt, [&]<int VPT>() {
-      rmsnorm_fwd_kernel<T, VPT, false><<<static_cast<unsigned>(rows), rc.threads, 0, s>>>(
-          static_cast<T*>(out.data_ptr()), rstd.data<float>(), nullptr, static_cast<const T*>(x.data_ptr()), nullptr,
-          static_cast<const T*>(weight.data_ptr()), static_cast<int>(nvec), static_cast<int>(d), static_cast<float>(eps));
-    });
-  });
-  KILN_CUDA_CHECK_LAUNCH("rms_norm forward");
+  launch_forward<false>(out, rstd, Tensor(), x, Tensor(), weight, eps, rows, d);
   return true;
 }
 
@@ -280,18 +290,7 @@ void add_forward(const Tensor& h, const Tensor& out, const Tensor& rstd, const T
   KILN_CHECK(aligned(h) && aligned(out) && aligned(x) && aligned(residual) && aligned(weight) && rstd.is_contiguous(),
              "rms_norm_add: contiguous tensors with 16-byte aligned data");
   if (rows == 0) return;
-  const int64_t nvec = d * static_cast<int64_t>(itemsize(x.dtype())) / 16;
-  const RowConfig rc = row_config(nvec, kFwdThreads);
-  const cudaStream_t s = stream(x.device().index);
-  with_dtype(x.dtype(), [&]<class T>() {
-    with_vpt(rc.vpt, [&]<int VPT>() {
-      rmsnorm_fwd_kernel<T, VPT, true><<<static_cast<unsigned>(rows), rc.threads, 0, s>>>(
-          static_cast<T*>(out.data_ptr()), rstd.data<float>(), static_cast<T*>(h.data_ptr()),
-          static_cast<const T*>(x.data_ptr()), static_cast<const T*>(residual.data_ptr()),
-          static_cast<const T*>(weight.data_ptr()), static_cast<int>(nvec), static_cast<int>(d), static_cast<float>(eps));
-    });
-  });
-  KILN_CUDA_CHECK_LAUNCH("rms_norm_add forward");
+  launch_forward<true>(out, rstd, h, x, residual, weight, eps, rows, d);
 }
 
 bool backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,

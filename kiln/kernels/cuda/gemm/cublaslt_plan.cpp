@@ -4,6 +4,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/kernels/cuda/context.h"
@@ -98,18 +99,13 @@ std::unique_ptr<Plan> make_plan(DeviceContext& ctx, const PlanKey& s, const char
   const uint64_t ws = s.no_workspace ? 0 : ctx.workspace_bytes;
   check(cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), op_name,
         "workspace preference");
-  check(cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &s.align_a,
-                                             sizeof(s.align_a)),
-        op_name, "alignment A");
-  check(cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &s.align_b,
-                                             sizeof(s.align_b)),
-        op_name, "alignment B");
-  check(cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &s.align_c,
-                                             sizeof(s.align_c)),
-        op_name, "alignment C");
-  check(cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &s.align_c,
-                                             sizeof(s.align_c)),
-        op_name, "alignment D");
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const uint32_t*> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &s.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &s.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &s.align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &s.align_c}};
+  for (const auto& [attr, value] : alignments)
+    check(cublasLtMatmulPreferenceSetAttribute(pr, attr, value, sizeof(*value)), op_name, "alignment preference");
   // NOTE [cuBLASLt determinism rule] (cublaslt.h).
   uint32_t mask = CUBLASLT_REDUCTION_SCHEME_MASK;
   if (s.deterministic) mask = CUBLASLT_REDUCTION_SCHEME_NONE;

@@ -18,6 +18,8 @@ enum EpiKind : int { kEpiNone = 0, kEpiBias, kEpiResidual, kEpiSwiglu, kEpiAccum
 struct EpiParams {
   int kind;
   int out_f32;             // 1: out (and bias, residual) f32; 0: the input dtype
+  int pair_stores;         // 1: out's base, ldo and batch stride let (r, c), (r, c + 1) with c even
+                           // be stored as one 4-byte (16-bit out) or 8-byte (f32 out) store
   void* out;
   int64_t ldo, out_bstride;  // elements
   const void* bias;          // [N]
@@ -68,6 +70,19 @@ struct RtEpilogue {
     return to_f32(h);
   }
 
+  // Stores (v0, v1) at offsets off, off + 1 (off even); one store where pair_stores allows.
+  __device__ __forceinline__ void store_pair(int64_t off, float v0, float v1) const {
+    if (!p.pair_stores) {
+      store(off, v0);
+      store(off + 1, v1);
+    } else if (p.out_f32) {
+      *reinterpret_cast<float2*>(static_cast<float*>(p.out) + off) = make_float2(v0, v1);
+    } else {
+      T h[2] = {from_f32<T>(v0), from_f32<T>(v1)};
+      *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + off) = *reinterpret_cast<const uint32_t*>(h);
+    }
+  }
+
   __device__ __forceinline__ void element(int b, int r, int c, float v0, float v1, bool ok1, Row& row) const {
     v0 *= p.alpha, v1 *= p.alpha;
     const int64_t o = b * p.out_bstride + static_cast<int64_t>(r) * p.ldo;
@@ -95,8 +110,8 @@ struct RtEpilogue {
         return;
       }
       case kEpiRowLse: {
-        store(o + c, v0);
-        if (ok1) store(o + c + 1, v1);
+        if (ok1) store_pair(o + c, v0, v1);
+        else store(o + c, v0);
         row = lse_merge(row, Row{v0, 1.f});
         if (ok1) row = lse_merge(row, Row{v1, 1.f});
         return;
@@ -112,8 +127,8 @@ struct RtEpilogue {
       }
       default: break;
     }
-    store(o + c, v0);
-    if (ok1) store(o + c + 1, v1);
+    if (ok1) store_pair(o + c, v0, v1);
+    else store(o + c, v0);
   }
 
   // The quad merge of the kernel: by kind.

@@ -46,7 +46,11 @@ struct Dims {
 };
 
 int64_t batch_stride(const Tensor& t) { return t.dim() == 3 ? (t.size(0) == 1 ? 0 : t.stride(0)) : 0; }
-int64_t row_stride(const Tensor& t) { return t.size(-2) == 1 ? std::max<int64_t>(t.size(-1), 1) : t.stride(-2); }
+// A one-row operand's row stride is never stepped: any value ≥ its columns that TMA and cuBLASLt
+// accept (a multiple of 8 elements) describes it.
+int64_t row_stride(const Tensor& t) {
+  return t.size(-2) == 1 ? (std::max<int64_t>(t.size(-1), 1) + 7) / 8 * 8 : t.stride(-2);
+}
 
 Dims check_problem(const GemmProblem& p, const EpilogueArgs& e) {
   const char* op = "gemm";
@@ -107,6 +111,7 @@ sm::EpiParams epi_params(const GemmProblem& p, const EpilogueArgs& e, const Dims
   ep.out_f32 = p.out.dtype() == DType::f32;
   ep.out = p.out.data_ptr();
   ep.ldo = d.ldo, ep.out_bstride = d.so;
+  ep.pair_stores = reinterpret_cast<uintptr_t>(ep.out) % 8 == 0 && d.ldo % 2 == 0 && d.so % 2 == 0;
   ep.bias = e.kind == Epilogue::bias ? e.bias.data_ptr() : nullptr;
   if (e.kind == Epilogue::residual) {
     ep.res = e.residual.data_ptr();
@@ -142,12 +147,13 @@ bool supported(const GemmProblem& p, const Dims& d, std::string* why) {
   return true;
 }
 
-sm::Launch make_launch(const GemmProblem& p, const EpilogueArgs& e, const Dims& d) {
+sm::Launch make_launch(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, int tile_n) {
   const DeviceContext& ctx = ::kiln::kernels::cuda::context(p.out.device().index);
   sm::Launch l;
   l.device = ctx.device;
   l.stream = ::kiln::kernels::cuda::stream(ctx.device);
   l.sm_count = std::max(ctx.sm_count, 1);
+  l.tile_n = tile_n;
   l.m = d.m, l.n = d.n, l.k = d.k, l.batch = d.batch;
   // A: K-major (a [M, K]) unless trans_a (a [K, M]); B: K-major when trans_b (b [N, K]).
   l.a = {p.a.data_ptr(), p.trans_a ? d.k : d.m, p.trans_a ? d.m : d.k, d.lda, d.sa, !p.trans_a};
@@ -156,10 +162,11 @@ sm::Launch make_launch(const GemmProblem& p, const EpilogueArgs& e, const Dims& 
   return l;
 }
 
-void run_kiln(const GemmProblem& p, const EpilogueArgs& e, const Dims& d) {
+void run_kiln(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, int tile_n) {
   std::string why;
   KILN_CHECK(supported(p, d, &why), "gemm: kiln's kernel does not apply: ", why, " (use backend auto or cublaslt)");
-  const sm::Launch l = make_launch(p, e, d);
+  KILN_CHECK(tile_n == 0 || tile_n == 128 || tile_n == 256, "gemm: tile_n ", tile_n, " is not 0, 128 or 256");
+  const sm::Launch l = make_launch(p, e, d, tile_n);
   const bool ok = p.a.dtype() == DType::bf16 ? sm::launch_bf16(l) : sm::launch_f16(l);
   KILN_CHECK(ok, "gemm: no TMA tensor map describes the operands (strides, alignment or driver)");
 }
@@ -315,7 +322,7 @@ double median_ms(const std::function<void()>& f, int device) {
   return t[t.size() / 2];
 }
 
-Choice measure(const GemmProblem& p, const EpilogueArgs& e, const Dims& d) {
+Choice measure(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, int tile_n) {
   // Scratch outputs, so the caller's out (accumulate reads it) is left alone.
   GemmProblem q = p;
   q.out = Tensor::empty(p.out.shape(), p.out.dtype(), p.out.device());
@@ -326,7 +333,7 @@ Choice measure(const GemmProblem& p, const EpilogueArgs& e, const Dims& d) {
   const Dims dq = check_problem(q, f);
   const int dev = p.out.device().index;
   Choice c;
-  c.kiln_ms = median_ms([&] { run_kiln(q, f, dq); }, dev);
+  c.kiln_ms = median_ms([&] { run_kiln(q, f, dq, tile_n); }, dev);
   c.cublaslt_ms = median_ms([&] { run_cublaslt(q, f, dq); }, dev);
   c.kiln = c.kiln_ms < c.cublaslt_ms;
   return c;
@@ -338,7 +345,7 @@ Backend choose(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, const
   ChoiceCache& cache = choice_cache(p.out.device().index);
   const std::string key = problem_key(p, e);
   if (auto c = cache.lookup(key)) return c->kiln ? Backend::kiln : Backend::cublaslt;
-  const Choice c = measure(p, e, d);
+  const Choice c = measure(p, e, d, o.tile_n);
   cache.store(key, c);
   return c.kiln ? Backend::kiln : Backend::cublaslt;
 }
@@ -350,7 +357,7 @@ void gemm(const GemmProblem& p, const EpilogueArgs& e, const GemmOptions& o) {
   if (d.batch == 0 || d.m == 0 || d.out_cols == 0) return;
   if (choose(p, e, d, o) == Backend::kiln) {
     KILN_CHECK(d.k > 0, "gemm: kiln's kernel needs K > 0 (use backend auto or cublaslt)");
-    run_kiln(p, e, d);
+    run_kiln(p, e, d, o.tile_n);
   } else {
     run_cublaslt(p, e, d);
   }

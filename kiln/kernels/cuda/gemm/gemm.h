@@ -3,8 +3,9 @@
 // warpgroups; kernels/cuda/gemm/sm90_gemm.cuh) or by cuBLASLt followed by the same epilogue as a
 // separate pass (the reference, and the fallback where kiln's kernel does not apply), chosen by
 // the backend selection: KILN_GEMM_BACKEND=auto|cublaslt|kiln, GemmOptions::backend, or
-// set_default_backend. `auto` takes kiln's kernel where a one-time measurement per (shape,
-// layout, dtype, epilogue) chose it; the choices are cached on disk (autotune_cache.h).
+// set_default_backend (unset: cuBLASLt for now, options.h). `auto` takes kiln's kernel where a
+// one-time measurement per (shape, layout, dtype, epilogue) chose it; the choices are cached on
+// disk (autotune_cache.h).
 // Plain C++ (no CUDA types): tests, benchmarks and ops include it in every build; without CUDA
 // the entry points say "built without CUDA".
 #pragma once
@@ -49,6 +50,7 @@ struct GemmProblem {
 
 struct GemmOptions {
   Backend backend = default_backend();
+  int tile_n = 0;  // kiln's kernel: 128 or 256 output columns a tile; 0 chooses (N and the SM count)
 };
 
 // Runs the product with its epilogue on the device's current stream. Backend kiln where kiln's

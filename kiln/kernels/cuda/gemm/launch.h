@@ -23,6 +23,7 @@ struct Launch {
   int device = 0;
   cudaStream_t stream = nullptr;
   int sm_count = 1;
+  int tile_n = 0;  // 128 or 256 output columns a tile; 0: chosen (sm90_launch.cuh)
   int64_t m = 0, n = 0, k = 0, batch = 1;
   Operand a, b;
   EpiParams epi{};

@@ -1,6 +1,6 @@
 // The GEMM backend selection and epilogue names (gemm.h): Backend, Epilogue, their names and
 // parsing, and the process default backend (set_default_backend, else KILN_GEMM_BACKEND, else
-// auto). Plain C++, header-only: every build has them, with or without CUDA.
+// kUnsetDefaultBackend). Plain C++, header-only: every build has them, with or without CUDA.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -39,18 +39,24 @@ inline std::atomic<int>& default_backend_override() {
 }
 }  // namespace detail
 
+// The default when neither set_default_backend nor KILN_GEMM_BACKEND says: cuBLASLt until kiln's
+// kernel has passed its tests on the GPU (tests/cuda/gemm_test.cpp); then auto.
+inline constexpr Backend kUnsetDefaultBackend = Backend::cublaslt;
+
 // The process default: set_default_backend's, else KILN_GEMM_BACKEND's (a bad value is an error
-// naming the variable), else auto.
+// naming the variable), else kUnsetDefaultBackend.
 inline Backend default_backend() {
   const int o = detail::default_backend_override().load(std::memory_order_relaxed);
   if (o >= 0) return static_cast<Backend>(o);
   const char* e = std::getenv("KILN_GEMM_BACKEND");
-  if (e == nullptr || *e == '\0') return Backend::automatic;
+  if (e == nullptr || *e == '\0') return kUnsetDefaultBackend;
   return parse_backend(e, "KILN_GEMM_BACKEND");
 }
 inline void set_default_backend(Backend b) {
   detail::default_backend_override().store(static_cast<int>(b), std::memory_order_relaxed);
 }
+// Forgets set_default_backend's choice (KILN_GEMM_BACKEND, or the unset default, applies again).
+inline void clear_default_backend() { detail::default_backend_override().store(-1, std::memory_order_relaxed); }
 
 // The epilogues: gemm.h says what each computes.
 enum class Epilogue : uint8_t { none, bias, residual, swiglu, accumulate, row_lse, row_sumsq };

@@ -1,6 +1,7 @@
 // The launcher template of kiln's Hopper GEMM (launch.h): tensor maps of A and B in the
-// orientation the kernel reads (NOTE [kiln sm90 gemm]), the persistent grid, the shared-memory
-// opt-in, and the four layout instantiations of sm90_gemm_kernel with the run-time epilogue.
+// orientation the kernel reads (NOTE [kiln sm90 gemm]), the tile width, the persistent grid, the
+// shared-memory opt-in, and the 2 × 4 (tile width × layout) instantiations of sm90_gemm_kernel
+// with the run-time epilogue.
 // Included by one .cu file per input dtype (sm90_bf16.cu, sm90_f16.cu: they compile in parallel).
 #pragma once
 #include <algorithm>
@@ -13,16 +14,25 @@
 namespace kiln::kernels::cuda::gemm_sm90 {
 
 // The map of one operand: [batch (1 when broadcast), 1, rows, cols], boxes of 64 columns ×
-// 128 rows (K-major: 64 K × 128 M/N) or 64 rows (MN-major: 64 M/N × 64 K).
-inline bool encode_operand(CUtensorMap* map, bool is_bf16, const Operand& o, int64_t batch) {
+// `tile_rows` rows (K-major: 64 K × the tile's M or N) or 64 rows (MN-major: 64 M/N × 64 K).
+inline bool encode_operand(CUtensorMap* map, bool is_bf16, const Operand& o, int64_t batch, int tile_rows) {
   const bool batched = o.bstride != 0 && batch > 1;
   return wgmma::encode_tensor_map_16bit(map, is_bf16, o.ptr, batched ? batch : 1, 1, o.rows, o.cols,
-                                        batched ? o.bstride : 0, 0, o.ld, o.k_major ? 128 : 64);
+                                        batched ? o.bstride : 0, 0, o.ld, o.k_major ? tile_rows : 64);
 }
 
-template <class T, bool kAK, bool kBK>
+// The tile width: 256 where N has it and the 128 × 256 tiles still give every SM one, else 128
+// (Launch::tile_n > 0 fixes it).
+inline int choose_tile_n(const Launch& l) {
+  if (l.tile_n == 128 || l.tile_n == 256) return l.tile_n;
+  const int64_t tiles256 = l.batch * ((l.m + kBM - 1) / kBM) * ((l.n + 255) / 256);
+  return l.n >= 256 && tiles256 >= l.sm_count ? 256 : 128;
+}
+
+template <class T, int BN, bool kAK, bool kBK>
 void launch_layout(const Launch& l, const CUtensorMap& ma, const CUtensorMap& mb, const Sm90Problem& p) {
-  auto kernel = sm90_gemm_kernel<T, kAK, kBK, RtEpilogue<T>>;
+  auto kernel = sm90_gemm_kernel<T, BN, kAK, kBK, RtEpilogue<T>>;
+  constexpr int kSmemBytes = Smem<BN>::kBytes;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const int64_t tiles = static_cast<int64_t>(p.batch) * p.tiles_m * p.tiles_n;
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, l.sm_count)));
@@ -31,21 +41,26 @@ void launch_layout(const Launch& l, const CUtensorMap& ma, const CUtensorMap& mb
   KILN_CUDA_CHECK_LAUNCH("kiln gemm (sm90)");
 }
 
-template <class T>
-bool launch_impl(const Launch& l, bool is_bf16) {
+template <class T, int BN>
+bool launch_tile(const Launch& l, bool is_bf16) {
   CUtensorMap ma, mb;
-  if (!encode_operand(&ma, is_bf16, l.a, l.batch) || !encode_operand(&mb, is_bf16, l.b, l.batch)) return false;
+  if (!encode_operand(&ma, is_bf16, l.a, l.batch, kBM) || !encode_operand(&mb, is_bf16, l.b, l.batch, BN)) return false;
   Sm90Problem p{};
   p.m = static_cast<int>(l.m), p.n = static_cast<int>(l.n), p.k = static_cast<int>(l.k);
   p.batch = static_cast<int>(l.batch);
-  p.tiles_m = static_cast<int>((l.m + kBM - 1) / kBM), p.tiles_n = static_cast<int>((l.n + kBN - 1) / kBN);
+  p.tiles_m = static_cast<int>((l.m + kBM - 1) / kBM), p.tiles_n = static_cast<int>((l.n + BN - 1) / BN);
   p.k_blocks = static_cast<int>((l.k + kBK - 1) / kBK);
   p.a_batched = l.a.bstride != 0 && l.batch > 1, p.b_batched = l.b.bstride != 0 && l.batch > 1;
-  if (l.a.k_major && l.b.k_major) launch_layout<T, true, true>(l, ma, mb, p);
-  else if (l.a.k_major) launch_layout<T, true, false>(l, ma, mb, p);
-  else if (l.b.k_major) launch_layout<T, false, true>(l, ma, mb, p);
-  else launch_layout<T, false, false>(l, ma, mb, p);
+  if (l.a.k_major && l.b.k_major) launch_layout<T, BN, true, true>(l, ma, mb, p);
+  else if (l.a.k_major) launch_layout<T, BN, true, false>(l, ma, mb, p);
+  else if (l.b.k_major) launch_layout<T, BN, false, true>(l, ma, mb, p);
+  else launch_layout<T, BN, false, false>(l, ma, mb, p);
   return true;
+}
+
+template <class T>
+bool launch_impl(const Launch& l, bool is_bf16) {
+  return choose_tile_n(l) == 256 ? launch_tile<T, 256>(l, is_bf16) : launch_tile<T, 128>(l, is_bf16);
 }
 
 }  // namespace kiln::kernels::cuda::gemm_sm90
