@@ -8,10 +8,7 @@
 #include <cstdio>
 
 #include "kiln/core/error.h"
-
-#ifdef KILN_CUDA
-#include "kiln/kernels/timing.h"
-#endif
+#include "kiln/core/stream.h"
 
 namespace kiln::cli {
 namespace {
@@ -36,9 +33,15 @@ void print_bench_usage() {
 }  // namespace
 
 double bench_time_ms(const Device& device, const std::function<void()>& f) {
-#ifdef KILN_CUDA
-  if (device.is_cuda()) return kernels::cuda::time_ms(device.index, f);
-#endif
+  if (!device.is_cpu()) {  // device time: timing events around f on the current stream
+    const Stream s = current_stream(device);
+    Event start(/*timing=*/true), stop(/*timing=*/true);
+    start.record(s);
+    f();
+    stop.record(s);
+    stop.synchronize();
+    return start.elapsed_ms(stop);
+  }
   auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

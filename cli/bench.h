@@ -15,7 +15,7 @@ int run_bench_lce(const Args& args);
 int run_bench_attention(const Args& args);
 int run_bench_comms(const Args& args);
 
-// Milliseconds of one call of f on `device` (CPU: steady_clock; CUDA: events on its stream).
+// Milliseconds of one call of f on `device` (CPU: steady_clock; CUDA: timing events on its current stream).
 double bench_time_ms(const Device& device, const std::function<void()>& f);
 double median(std::vector<double> v);
 // Prints one JSON record on stdout (one line), flushing.

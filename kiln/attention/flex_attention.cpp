@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include "kiln/kernels/flex_files.h"
+
 namespace kiln::attention {
 namespace detail {
 
@@ -306,27 +308,23 @@ MaskSpec parse_mask_spec(const std::string& text, int64_t seq_len, Device device
 }
 
 namespace {
-#ifdef KILN_CUDA
 // The CUDA instantiation files register their bodies when the program starts and nothing else
-// names them: these references keep them in a static link (KILN_FLEX_CUDA_FILE).
-extern "C" void kiln_flex_cuda_file_masks_dense();
-extern "C" void kiln_flex_cuda_file_masks_document();
-extern "C" void kiln_flex_cuda_file_masks_window();
-extern "C" void kiln_flex_cuda_file_mods_alibi();
-extern "C" void kiln_flex_cuda_file_mods_relative_bias();
-extern "C" void kiln_flex_cuda_file_mods_softcap();
-[[gnu::used]] void (*const kFlexCudaFiles[])() = {
-    kiln_flex_cuda_file_masks_dense,  kiln_flex_cuda_file_masks_document,     kiln_flex_cuda_file_masks_window,
-    kiln_flex_cuda_file_mods_alibi, kiln_flex_cuda_file_mods_relative_bias, kiln_flex_cuda_file_mods_softcap};
-// The GPU builder: tile classes computed on the device, index lists derived from them.
+// names them: this reference keeps them in a static link (kernels/flex_files.h).
+[[gnu::used]] int (*const kFlexCudaFiles)() = kernels::cuda::flex_builtin_files;
+// The GPU builder: tile classes computed on the device by the registered classifier of MM,
+// index lists derived from them.
 template <class MM>
 BlockLayout build_on_gpu(const MM& mm, int64_t L, int64_t S, int64_t bs, Device device) {
+  const KernelKey key = kernels::flex_key<NoScoreMod, MM>(kernels::kFlexClassifyFamily, "cuda");
+  const auto e = KernelRegistry::global().find(key);
+  KILN_CHECK(e.has_value(), "create_block_mask: no GPU BlockMask builder for ", key.mods, " on ", device.str(),
+             " (", kernels::cuda::flex_builtin_files() == 0 ? "kiln was built without CUDA" : "not instantiated",
+             ")");
   const int64_t nq = (L + bs - 1) / bs, nk = (S + bs - 1) / bs;
   Tensor cls = Tensor::empty({1, 1, nq, nk}, DType::u8, device);
-  kernels::cuda::classify_tiles(mm, 1, 1, L, S, bs, bs, static_cast<uint8_t*>(cls.data_ptr()));
+  reinterpret_cast<kernels::FlexClassifyEntry>(e->fn)(&mm, 1, 1, L, S, bs, bs, static_cast<uint8_t*>(cls.data_ptr()));
   return layout_from_class_tensor(cls, L, S, bs, bs);
 }
-#endif
 }  // namespace
 
 AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_len, Device device) {
@@ -341,7 +339,6 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
     KILN_CHECK(spec.window >= 1 && spec.window < (int64_t{1} << 31),
                "sliding window: window must be in [1, 2^31), got ", spec.window);
   AnyBlockMask m;
-#ifdef KILN_CUDA
   if (device.is_cuda()) {
     m.spec = spec;
     const int64_t bs = spec.block_size;
@@ -354,7 +351,6 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
       case MaskSpec::Kind::document: break;  // below (needs the host ids as well)
     }
   }
-#endif
   m.spec = spec;
   const int64_t bs = spec.block_size;
   switch (spec.kind) {
@@ -379,13 +375,11 @@ AnyBlockMask create_block_mask(const MaskSpec& spec, int64_t q_len, int64_t kv_l
       m.document_ids_cpu = host_ids.to(DType::i32).contiguous();
       m.spec.document_ids = ids_in.to(DType::i32).to(device).contiguous();
       const int32_t* ids = m.document_ids_cpu.data<int32_t>();
-#ifdef KILN_CUDA
       if (device.is_cuda()) {
         const int32_t* dids = m.spec.document_ids.data<int32_t>();
         m.layout = build_on_gpu(DocumentCausal{Causal{}, Document{dids, dids}}, q_len, kv_len, bs, device);
         return m;
       }
-#endif
       m.layout = create_block_mask(DocumentCausal{Causal{}, Document{ids, ids}}, 1, 1, q_len, kv_len, bs, bs).layout;
       break;
     }

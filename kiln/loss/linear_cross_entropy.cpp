@@ -179,12 +179,10 @@ Tensor to_dtype(const Tensor& t, DType d) { return !t.defined() || t.dtype() == 
 // t *= go (grad_output, a scalar) in place. CUDA: on the device, a no-op when go is 1, without
 // a host sync; CPU: reads go directly.
 void scale_by(Tensor& t, const Tensor& go) {
-#ifdef KILN_CUDA
   if (t.device().is_cuda()) {
     kernels::cuda::lce_scale(t, go.reshape({}).to(DType::f32).contiguous());
     return;
   }
-#endif
   const double x = go.item();
   if (x != 1.0) mul_(t, x);
 }

@@ -56,17 +56,13 @@ Tensor Tensor::to(Device target) const {
   check_device_available(target, "to");
   Tensor src = contiguous();
   Tensor out = Tensor::empty(shape(), dtype(), target);
-  if (numel() > 0) {
-#ifdef KILN_CUDA
+  if (numel() > 0) {  // CUDA's own entry points (kernels/copy.h; a build without CUDA never gets here)
     profile::Scope ps(device().is_cpu() ? "copy_host_to_device" : target.is_cpu() ? "copy_device_to_host"
                                                                                    : "copy_device_to_device",
                       device().is_cpu() ? target : device());
     if (device().is_cpu()) kernels::cuda::copy_host_to_device(out.data_ptr(), src.data_ptr(), nbytes(), target.index);
     else if (target.is_cpu()) kernels::cuda::copy_device_to_host(out.data_ptr(), src.data_ptr(), nbytes(), device().index);
     else kernels::cuda::copy_device_to_device(out.data_ptr(), target.index, src.data_ptr(), device().index, nbytes());
-#else
-    fail("to: cannot move a tensor from ", device().str(), " to ", target.str(), ": built without CUDA");
-#endif
   }
   Device source = device();
   record("to_device", {*this}, out, [source](const std::vector<Tensor>& g) {

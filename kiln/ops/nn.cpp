@@ -28,13 +28,11 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op, const c
 
 void detail::check_index_range(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore, const std::string& what,
                                const std::string& tail) {
-#ifdef KILN_CUDA
-  if (ids.device().is_cuda()) {
+  if (ids.device().is_cuda()) {  // CUDA only: no host synchronisation (kernels/nn.h)
     profile::Scope ps("defer_range_check", ids.device());
     kernels::cuda::defer_range_check(ids, lo, hi, ignore, what, tail);
     return;
   }
-#endif
   int64_t bad = KILN_DEVICE_CALL(ids.device(), first_out_of_range, ids, lo, hi, ignore);
   // The value read as an integer (item() goes through a double: 2^62 + 1 printed as 2^62, and
   // INT64_MAX's cast back was undefined).

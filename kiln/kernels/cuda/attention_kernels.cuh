@@ -30,6 +30,7 @@
 #include "kiln/core/half.h"
 #include "kiln/core/kernel_registry.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/flex_files.h"
 #include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_bwd_wgmma.cuh"
@@ -150,6 +151,13 @@ void classify_tiles(const MM& mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, 
   KILN_CUDA_CHECK_LAUNCH("classify_tiles_kernel");
 }
 
+// classify_tiles with the mask passed by address (kernels::FlexClassifyEntry).
+template <class MM>
+void classify_tiles_erased(const void* mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, int64_t qb, int64_t kb,
+                           uint8_t* classes) {
+  classify_tiles<MM>(*static_cast<const MM*>(mm), Bm, Hm, L, S, qb, kb, classes);
+}
+
 // The explicit instantiations of one (score_mod, mask_mod) pair, registered in the KernelRegistry
 // (kernels/attention.h: flex_key, FlexEntry) when the program starts.
 #define KILN_FLEX_CUDA_CAT2(a, b) a##b
@@ -164,14 +172,17 @@ void classify_tiles(const MM& mm, int64_t Bm, int64_t Hm, int64_t L, int64_t S, 
       ::kiln::kernels::flex_key<SM, MM>("flex_backward", "cuda"),                                            \
       reinterpret_cast<const void*>(&::kiln::kernels::flex_erased<SM, MM, false>), "built in (" __FILE__ ")"};
 // Each instantiation file names itself once: nothing else refers to a file whose kernels only
-// register themselves, so a static link would leave it out; the front end refers to this symbol
-// (attention/flex_attention.cpp) to keep the file in.
+// register themselves, so a static link would leave it out; flex_builtin_files
+// (kernels/cuda/flex_files.cpp, which the front end refers to) names every such symbol.
 #define KILN_FLEX_CUDA_FILE(name) \
   extern "C" void kiln_flex_cuda_file_##name() {}
-// A library mask: its kernels without a score_mod and its GPU BlockMask builder
-// (create_block_mask from a MaskSpec on a CUDA device).
-#define KILN_FLEX_CUDA_INSTANTIATE_MASK(MM)                  \
-  KILN_FLEX_CUDA_INSTANTIATE(::kiln::attention::NoScoreMod, MM) \
-  template void classify_tiles<MM>(const MM&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+// A library mask: its kernels without a score_mod and its GPU BlockMask builder (create_block_mask
+// from a MaskSpec on a CUDA device), registered under kFlexClassifyFamily (kernels/flex_files.h).
+#define KILN_FLEX_CUDA_INSTANTIATE_MASK(MM)                                                                    \
+  KILN_FLEX_CUDA_INSTANTIATE(::kiln::attention::NoScoreMod, MM)                                               \
+  template void classify_tiles<MM>(const MM&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint8_t*);  \
+  static const ::kiln::KernelRegistrar KILN_FLEX_CUDA_CAT(flex_registrar_, __COUNTER__){                       \
+      ::kiln::kernels::flex_key<::kiln::attention::NoScoreMod, MM>(::kiln::kernels::kFlexClassifyFamily, "cuda"), \
+      reinterpret_cast<const void*>(&::kiln::kernels::cuda::classify_tiles_erased<MM>), "built in (" __FILE__ ")"};
 
 }  // namespace kiln::kernels::cuda

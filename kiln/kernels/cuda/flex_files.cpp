@@ -1,0 +1,21 @@
+// flex_builtin_files (kernels/flex_files.h): names each CUDA FlexAttention instantiation file
+// (the symbol KILN_FLEX_CUDA_FILE defines in it), so that a static link keeps them all.
+#include "kiln/kernels/flex_files.h"
+
+extern "C" void kiln_flex_cuda_file_masks_dense();
+extern "C" void kiln_flex_cuda_file_masks_document();
+extern "C" void kiln_flex_cuda_file_masks_window();
+extern "C" void kiln_flex_cuda_file_mods_alibi();
+extern "C" void kiln_flex_cuda_file_mods_relative_bias();
+extern "C" void kiln_flex_cuda_file_mods_softcap();
+
+namespace kiln::kernels::cuda {
+
+int flex_builtin_files() {
+  static void (*const files[])() = {kiln_flex_cuda_file_masks_dense,    kiln_flex_cuda_file_masks_document,
+                                    kiln_flex_cuda_file_masks_window,    kiln_flex_cuda_file_mods_alibi,
+                                    kiln_flex_cuda_file_mods_relative_bias, kiln_flex_cuda_file_mods_softcap};
+  return static_cast<int>(sizeof files / sizeof files[0]);
+}
+
+}  // namespace kiln::kernels::cuda
