@@ -6,7 +6,8 @@
 #   BACKEND=nccl: one GPU per rank, bf16 at 1 MiB, 64 MiB and 1 GiB, 2 ranks; torch's peer uses
 #     all_gather_into_tensor / reduce_scatter_tensor on the NCCL backend. Target (issue 33): kiln
 #     >= 0.97 x torch's busbw at every size >= 64 MiB ("meets_target" in the summary).
-#   NPS="2 4 8" sets the world sizes, DTYPE, BYTES, OPS, ITERS the rest.
+#   NPS="2 4 8" sets the world sizes, DTYPE, BYTES, OPS, ITERS the rest; RUN_TIMEOUT (seconds,
+#   default 600) bounds each kiln or torch run.
 # Writes under $OUT (default build/bench_comms): kiln_<backend>_np<N>.jsonl,
 # torch_<backend>_np<N>.jsonl (one JSON line per op and size), *.log (each run's output) and
 # summary.json (kiln's busbw over torch's per case). Needs a built kiln (KILN, default
@@ -42,7 +43,7 @@ for np in ${NPS//,/ }; do
   rm -f "$kj" "$tj"
   for op in ${OPS//,/ }; do
     log=$OUT/kiln_${BACKEND}_np${np}_$op.log
-    timeout 600 "$KILN" launch --nproc-per-node "$np" --master-port 0 -- \
+    timeout -k 10 "${RUN_TIMEOUT:-600}" "$KILN" launch --nproc-per-node "$np" --master-port 0 -- \
       "$KILN" bench comms --backend "$BACKEND" --op "$op" --bytes "$BYTES" --dtype "$DTYPE" --iters "$ITERS" \
       > "$log" 2>&1
     rc=$?
@@ -51,7 +52,7 @@ for np in ${NPS//,/ }; do
     [ $rc = 0 ] || { echo "bench_comms: kiln $BACKEND $op at $np ranks: exit $rc (see $log)" >&2; status=1; }
   done
   if [ "${PEERS:-1}" != 0 ]; then
-    timeout 600 python3 scripts/bench_comms_peers.py --backend "$BACKEND" --nproc "$np" --dtype "$DTYPE" \
+    timeout -k 10 "${RUN_TIMEOUT:-600}" python3 scripts/bench_comms_peers.py --backend "$BACKEND" --nproc "$np" --dtype "$DTYPE" \
       --ops "$OPS" --bytes "$BYTES" --iters "$ITERS" --out "$tj" > "$OUT/torch_${BACKEND}_np$np.log" 2>&1
     rc=$?
     cat "$OUT/torch_${BACKEND}_np$np.log" >&2
