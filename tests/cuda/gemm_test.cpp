@@ -281,28 +281,34 @@ TEST(Gemm, RowStatsCombineToTheWholeRow) {
   Generator gen(36);
   const int64_t m = 33, n = 1000, k = 64;
   Tensor a = randn({m, k}, gen, DType::bf16, gpu()), b = randn({n, k}, gen, DType::bf16, gpu());
-  for (kg::Epilogue epi : {kg::Epilogue::row_lse, kg::Epilogue::row_sumsq}) {
-    kg::GemmProblem p{a, b, zeros({m, n}, DType::f32, gpu()), false, true};
-    kg::EpilogueArgs e;
-    e.kind = epi;
-    e.row_stats = zeros({1, m, kg::row_stat_tiles(n)}, DType::f32, gpu());
-    kg::gemm(p, e);
-    Tensor whole = zeros({1, m}, DType::f32, gpu());
-    kg::combine_row_stats(whole, e.row_stats, epi);
-    const std::vector<double> o = p.out.to(kCPU).to(DType::f64).to_vector<double>();
-    std::vector<double> w(m);
-    for (int64_t r = 0; r < m; ++r) {
-      double mx = -INFINITY, acc = 0;
-      for (int64_t c = 0; c < n; ++c) mx = std::max(mx, o[r * n + c]);
-      for (int64_t c = 0; c < n; ++c) {
-        const double v = o[r * n + c];
-        acc += epi == kg::Epilogue::row_lse ? std::exp(v - mx) : v * v;
+  const bool have_kiln = kiln_kernel_available();
+  for (kg::Backend be : {kg::Backend::kiln, kg::Backend::cublaslt})
+    for (kg::Epilogue epi : {kg::Epilogue::row_lse, kg::Epilogue::row_sumsq}) {
+      if (be == kg::Backend::kiln && !have_kiln) continue;
+      kg::GemmProblem p{a, b, zeros({m, n}, DType::f32, gpu()), false, true};
+      kg::EpilogueArgs e;
+      e.kind = epi;
+      e.row_stats = zeros({1, m, kg::row_stat_tiles(n)}, DType::f32, gpu());
+      kg::GemmOptions opt;
+      opt.backend = be;
+      kg::gemm(p, e, opt);
+      Tensor whole = zeros({1, m}, DType::f32, gpu());
+      kg::combine_row_stats(whole, e.row_stats, epi);
+      const std::vector<double> o = p.out.to(kCPU).to(DType::f64).to_vector<double>();
+      std::vector<double> w(m);
+      for (int64_t r = 0; r < m; ++r) {
+        double mx = -INFINITY, acc = 0;
+        for (int64_t c = 0; c < n; ++c) mx = std::max(mx, o[r * n + c]);
+        for (int64_t c = 0; c < n; ++c) {
+          const double v = o[r * n + c];
+          acc += epi == kg::Epilogue::row_lse ? std::exp(v - mx) : v * v;
+        }
+        w[r] = epi == kg::Epilogue::row_lse ? mx + std::log(acc) : acc;
       }
-      w[r] = epi == kg::Epilogue::row_lse ? mx + std::log(acc) : acc;
+      Tensor want = from_vector<double>(w, {1, m});
+      expect_close(want.to(DType::f32), whole, 1e-5, 1e-4,
+                   std::string(kg::epilogue_name(epi)) + " " + kg::backend_name(be));
     }
-    Tensor want = from_vector<double>(w, {1, m});
-    expect_close(want.to(DType::f32), whole, 1e-5, 1e-4, kg::epilogue_name(epi));
-  }
 }
 
 TEST(Gemm, MatmulOpTakesTheSelectedBackend) {
