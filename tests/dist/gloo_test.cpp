@@ -3,6 +3,13 @@
 // all_to_all, in place), several operations in flight on two communicators, split, and bad
 // input. The ranks are DistWorker.Run (comm_worker.cpp) of this same test program.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "kiln/dist/backends.h"
+#include "kiln/dist/store.h"
 
 #include "tests/dist/dist_test_util.h"
 
@@ -28,4 +35,41 @@ TEST(Gloo, BadInputNamesOpAndValuesAndCommunicatorStaysUsable) {
   KILN_SKIP_WITHOUT_GLOO();
   const auto r = run_ranks(2, "bad_input");
   EXPECT_EQ(r.status, 0) << r.output;
+}
+
+// Gloo's TCP pairs write without MSG_NOSIGNAL: a survivor writing to a killed peer must get EPIPE
+// (and fail the op with a message), not die of SIGPIPE. Creating a Gloo communicator makes a
+// default SIGPIPE ignored; a handler the program installed stays.
+TEST(Gloo, ACommunicatorTurnsTheDefaultSigpipeIntoEpipe) {
+  KILN_SKIP_WITHOUT_GLOO();
+  auto sigpipe_handler = [] {
+    struct sigaction now {};
+    sigaction(SIGPIPE, nullptr, &now);
+    return now.sa_handler;
+  };
+  auto one_rank_world = [] {
+    kiln::dist::StoreServerOptions o;
+    o.token = "sigpipe-test";
+    o.quiet = true;
+    kiln::dist::StoreServer server(o);
+    auto store = std::make_shared<kiln::dist::TcpStore>("127.0.0.1", server.port(), "sigpipe-test");
+    auto comm = kiln::dist::new_gloo_communicator(store, 0, 1, "sigpipe");
+    comm->barrier()->wait();
+  };
+  signal(SIGPIPE, SIG_DFL);
+  one_rank_world();
+  EXPECT_EQ(sigpipe_handler(), SIG_IGN);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  close(fds[0]);
+  const char byte = 0;
+  EXPECT_EQ(write(fds[1], &byte, 1), -1);  // the process is still here to see it
+  EXPECT_EQ(errno, EPIPE);
+  close(fds[1]);
+
+  static void (*const mine)(int) = [](int) {};
+  signal(SIGPIPE, mine);
+  one_rank_world();
+  EXPECT_EQ(sigpipe_handler(), mine);
+  signal(SIGPIPE, SIG_DFL);
 }

@@ -16,6 +16,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -684,11 +685,27 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<Watchdog> watchdog_;
 };
 
+// Gloo's TCP pairs write without MSG_NOSIGNAL: a write to a peer that just died would kill this
+// process with SIGPIPE before the failure could be reported (seen: the survivor of a killed
+// rank dying of signal 13). A process that left SIGPIPE at its default ignores it from here on,
+// as Python does, so the write fails with EPIPE and the op fails with Gloo's message; a handler
+// the program installed is left alone.
+void ignore_default_sigpipe() {
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO)) {
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGPIPE, &ign, nullptr);
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Communicator> new_gloo_communicator(std::shared_ptr<Store> store, int rank, int size,
                                                     const std::string& name, CommOptions options) {
   KILN_CHECK(!name.empty(), "gloo communicator: the name is empty");
+  ignore_default_sigpipe();
   return std::make_shared<GlooCommunicator>(std::move(store), rank, size, name, options, 0,
                                             "kiln/comm/" + name + "/g0");
 }
