@@ -23,6 +23,7 @@ constexpr BenchCase kBenchCases[] = {
     {"lce", "fused linear + cross-entropy vs the unfused reference (forward + backward)", run_bench_lce},
     {"attention", "flex_attention vs the dense reference (forward, or forward + backward)", run_bench_attention},
     {"comms", "collective bandwidth under kiln launch (algbw / busbw as nccl-tests)", run_bench_comms},
+    {"gemm", "kiln's Hopper GEMM vs cuBLASLt on one shape, layout and epilogue", run_bench_gemm},
 };
 
 void print_bench_usage() {

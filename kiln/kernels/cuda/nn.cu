@@ -12,6 +12,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/cuda/indexing.cuh"
+#include "kiln/kernels/cuda/rmsnorm.h"
 #include "kiln/kernels/elementwise.h"
 #include "kiln/kernels/nn.h"
 #include "kiln/kernels/timing.h"
@@ -497,6 +498,7 @@ unsigned row_warp_blocks(int64_t rows) {
 void rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight, double eps) {
   const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
   if (rows == 0) return;
+  if (rmsnorm::forward(out, rstd, x, weight, eps)) return;  // the fast kernels where they apply
   cudaStream_t s = stream_of(x);
   dispatch_floating(x.dtype(), "rms_norm", [&]<class T>() {
     with_row_pack<T>(d, {out.data_ptr(), x.data_ptr(), weight.data_ptr()}, [&]<int P>() {
@@ -512,6 +514,7 @@ void rms_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy
                        const Tensor& weight, const Tensor& rstd) {
   const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
   if (rows == 0) return;
+  if (rmsnorm::backward(dx, dweight, dy, x, weight, rstd)) return;  // the fast kernels where they apply
   cudaStream_t s = stream_of(x);
   // The number of row groups depends only on the shape, so the dweight summation order is fixed.
   const int64_t groups = std::min<int64_t>(rows, 512);
