@@ -276,7 +276,7 @@ std::string log_dir(const std::string& name, int n) {
 RunResult run_nccl_ranks(int n, const std::string& worker, const std::string& env, const std::string& flags,
                          int deadline_s = 180) {
   const std::string seed = std::to_string(std::random_device{}() % 1000003);
-  return run_command("env NCCL_NVLS_ENABLE=0 KILN_TEST_BACKEND=" + backend() + " KILN_TEST_SEED=" + seed +
+  return run_command("env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 KILN_TEST_BACKEND=" + backend() + " KILN_TEST_SEED=" + seed +
                          " KILN_TEST_NCCL_WORKER=" + worker + " " + env +
                          " " + kiln_cli() +
                          " launch --nproc-per-node " + std::to_string(n) + " --master-port 0 --term-grace 2 " + flags +
