@@ -17,6 +17,7 @@
 #endif
 #if __has_include("kiln/attention/flex_attention.h")
 #include "kiln/attention/flex_attention.h"
+#include "kiln/attention/runtime_mods_setup.h"
 #define KILN_NN_HAVE_FLEX 1
 #endif
 
@@ -50,6 +51,8 @@ void LlamaConfig::validate() const {
              " must be >= 0 (0: off)");
   KILN_CHECK(checkpoint_activations == "none" || checkpoint_activations == "block" || checkpoint_activations == "mlp",
              "config: checkpoint_activations='", checkpoint_activations, "' is not one of: none, block, mlp");
+  KILN_CHECK(!runtime_mods || attention_backend == "flex", "config: run-time attention mods need attention_backend=flex, "
+             "got '", attention_backend, "'");
 }
 
 json::Value LlamaConfig::to_json() const {
@@ -199,7 +202,11 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
   if (!masks.flex.empty()) {
 #ifdef KILN_NN_HAVE_FLEX
     auto mask_of = [&](size_t i) { return *static_cast<const attention::AnyBlockMask*>(masks.flex[i].get()); };
-    if (masks.flex.size() == 1) {
+    if (config.runtime_mods) {  // one run-time block mask for every row (LlamaModel::masks)
+      out = attention::flex_attention(q, k, v, config.runtime_mods->score_mod,
+                                      *static_cast<const attention::RuntimeBlockMask*>(masks.flex[0].get()))
+                .out;
+    } else if (masks.flex.size() == 1) {
       out = attention::flex_attention(q, k, v, mask_of(0)).out;
     } else {  // one block mask per batch row (documents)
       KILN_CHECK(static_cast<int64_t>(masks.flex.size()) == B, "LlamaAttention: ", masks.flex.size(),
@@ -310,6 +317,16 @@ AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tenso
   KILN_CHECK(past == 0, "LlamaModel: the flex attention path does not decode with a KV cache");
   using attention::AnyBlockMask;
   using attention::MaskSpec;
+  if (config.runtime_mods) {  // the run-time mask_mod's block mask, reused while T is the same
+    KILN_CHECK(d.empty(), "LlamaModel: run-time attention mods have no document mask (document ids were given)");
+    if (!flex_shared_ || flex_shared_len_ != T) {
+      flex_shared_ = std::make_shared<const attention::RuntimeBlockMask>(attention::create_block_mask(
+          config.runtime_mods->mask_mod, 1, 1, T, T, attention::kDefaultBlockSize, attention::kDefaultBlockSize, device));
+      flex_shared_len_ = T;
+    }
+    m.flex.push_back(flex_shared_);
+    return m;
+  }
   if (d.empty()) {  // causal or sliding window: one block mask for every row, reused while T is the same
     if (!flex_shared_ || flex_shared_len_ != T) {
       MaskSpec spec;

@@ -20,6 +20,10 @@
 #include "kiln/io/json.h"
 #include "kiln/nn/module.h"
 
+namespace kiln::attention {
+struct RuntimeMods;  // attention/runtime_mods_setup.h
+}
+
 namespace kiln::nn {
 
 struct LlamaConfig {
@@ -44,6 +48,11 @@ struct LlamaConfig {
   // kiln-only, training (not in config.json): "block" or "mlp" recompute a decoder block's (or
   // only its MLP's) activations in the backward instead of keeping them (nn/checkpoint.h).
   std::string checkpoint_activations = "none";
+  // kiln-only, training (not in config.json): run-time FlexAttention mods (a score_mod and a
+  // mask_mod compiled by the JIT, attention/runtime_mods_setup.h) that replace the causal /
+  // sliding-window mask on the flex path; null: none. KV-cache decoding (the reference path)
+  // does not apply them.
+  std::shared_ptr<const attention::RuntimeMods> runtime_mods;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Throws kiln::Error naming the field and value that is wrong.
