@@ -72,6 +72,17 @@ bool TrainConfig::document_mask() const {
   return attention_mask == "document" || (attention_mask == "auto" && sample == "packed");
 }
 
+bool TrainConfig::mask_is_expression() const {
+  return attention_mask != "auto" && attention_mask != "causal" && attention_mask != "document" &&
+         attention_mask.rfind("window:", 0) != 0;
+}
+
+std::string TrainConfig::mask_expression() const {
+  if (mask_is_expression()) return attention_mask;
+  if (attention_mask.rfind("window:", 0) == 0) return "q_idx >= kv_idx && q_idx - kv_idx < " + attention_mask.substr(7);
+  return "q_idx >= kv_idx";
+}
+
 void TrainConfig::validate() const {
   auto pos = [](const char* k, int64_t v) { KILN_CHECK(v > 0, "config: ", k, "=", v, " must be positive"); };
   pos("steps", steps);
@@ -108,7 +119,9 @@ void TrainConfig::validate() const {
   // The run's settings are stored as JSON (config.json, trainer_state.json), which is UTF-8: a
   // prompt or path with other bytes made a run that could never be resumed.
   for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"data", &data}, {"tokenizer", &tokenizer},
-                                   {"prompt", &prompt}, {"out", &out}, {"resume", &resume}})
+                                   {"prompt", &prompt}, {"out", &out}, {"resume", &resume},
+                                   {"attention_mask", &attention_mask}, {"score_mod", &score_mod},
+                                   {"score_mod_derivative", &score_mod_derivative}, {"captures", &captures}})
     json::check_utf8(*value, std::string("config: ") + key, "kiln stores a run's settings as JSON, which needs UTF-8");
   KILN_CHECK(attention == "auto" || attention == "reference" || attention == "flex", "config: attention='", attention,
              "' is not one of: auto, reference, flex");
@@ -118,9 +131,19 @@ void TrainConfig::validate() const {
                    std::stoll(w) >= 1,
                "config: attention_mask='", attention_mask, "': the window must be a positive integer (window:256)");
   } else {
-    KILN_CHECK(attention_mask == "auto" || attention_mask == "causal" || attention_mask == "document",
-               "config: attention_mask='", attention_mask, "' is not one of: auto, causal, window:W, document");
+    // anything else is a mask_mod expression, checked when it compiles (at the start of the run)
+    KILN_CHECK(!attention_mask.empty(), "config: attention_mask is empty: give auto, causal, window:W, document or a "
+               "mask_mod expression");
   }
+  if (runtime_mods()) {
+    KILN_CHECK(attention_backend(false) == "flex", "config: run-time attention mods (--score-mod, --attention-mask "
+               "EXPR) run on the flex backend; attention='", attention, "'");
+    KILN_CHECK(!document_mask(), "config: run-time attention mods have no document mask (attention_mask='",
+               attention_mask, "', sample='", sample, "'); use --attention-mask causal, window:W or an expression");
+  }
+  KILN_CHECK(score_mod_derivative.empty() || !score_mod.empty(), "config: score_mod_derivative without a score_mod");
+  KILN_CHECK(captures.empty() || runtime_mods(), "config: captures '", captures, "' without a --score-mod or an "
+             "--attention-mask expression to read them");
   KILN_CHECK(attention_mask != "document" || sample == "packed", "config: attention_mask=document needs sample=packed "
              "(per-token document ids come from packed documents), got sample='", sample, "'");
   model_config(256).validate();

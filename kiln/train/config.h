@@ -36,7 +36,13 @@ struct TrainConfig {
   // auto (document with sample=packed, else causal) | causal | window:W (causal, W tokens back,
   // the query included) | document (causal within the packed documents of the data loader's
   // per-token document ids; needs sample=packed)
+  // Any other value is a run-time mask_mod: a C++ expression over b, h, q_idx, kv_idx (docs/jit.md),
+  // compiled at the start of the run; it replaces the causal mask (write q_idx >= kv_idx into it).
   std::string attention_mask = "auto";
+  // A run-time score_mod: a C++ expression over score, b, h, q_idx, kv_idx ("" none), on the mask
+  // above (causal or window:W as expressions; not document). Its derivative: automatic, or given.
+  std::string score_mod, score_mod_derivative;
+  std::string captures;  // safetensors file of the tensors the expressions name ("" none)
   bool fused_loss = false;
   std::string checkpoint_activations = "none";  // none | block | mlp (recomputed in the backward)
   // optimisation
@@ -64,6 +70,12 @@ struct TrainConfig {
   std::string attention_backend(bool cuda) const;
   // True when the model is given the batch's document ids (attention_mask document, or auto + packed).
   bool document_mask() const;
+  // True when attention_mask is a run-time expression (not auto, causal, window:W or document).
+  bool mask_is_expression() const;
+  // True when the run compiles run-time mods (a mask expression or a score_mod).
+  bool runtime_mods() const { return mask_is_expression() || !score_mod.empty(); }
+  // The mask_mod expression of a run with runtime_mods(): the expression, or causal / window:W spelt as one.
+  std::string mask_expression() const;
   void validate() const;
   json::Value to_json() const;
 };

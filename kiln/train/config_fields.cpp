@@ -61,7 +61,15 @@ std::vector<ConfigField> make_fields() {
       row("attention", &C::attention, "BACKEND", "attention backend: auto (= flex), reference (ops) or flex"),
       row("attention_mask", &C::attention_mask, "MASK", "auto (document with --sample-mode packed, else causal), "
           "causal, window:W (sliding window of W tokens) or document (causal within packed documents; needs "
-          "--sample-mode packed)"),
+          "--sample-mode packed), or a run-time mask_mod: a C++ expression over b, h, q_idx, kv_idx (docs/jit.md; "
+          "it replaces the causal mask: 'q_idx >= kv_idx && q_idx - kv_idx < 1024'), compiled before the first step"),
+      row("score_mod", &C::score_mod, "EXPR", "a run-time score_mod: a C++ expression over score, b, h, q_idx, kv_idx "
+          "(docs/jit.md), e.g. 'score + slopes[h] * (kv_idx - q_idx)', on the causal or window mask or a mask_mod "
+          "expression; compiled before the first step"),
+      row("score_mod_derivative", &C::score_mod_derivative, "EXPR", "the score_mod's derivative by score (default: "
+          "automatic)"),
+      row("captures", &C::captures, "FILE", "safetensors file of the tensors the --score-mod / --attention-mask "
+          "expressions name (slopes, bias, ...)"),
       row("fused_loss", &C::fused_loss, "", "use the fused linear + cross-entropy loss"),
       row("checkpoint_activations", &C::checkpoint_activations, "WHAT", "none, block (recompute each decoder "
           "block's activations in the backward) or mlp (only each MLP's): less memory, more compute"),

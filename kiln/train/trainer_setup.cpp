@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "kiln/attention/runtime_mods_setup.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/token_file.h"
@@ -76,9 +77,35 @@ void Trainer::State::load_data() {
   data_checksum = hex;
 }
 
+// --score-mod / --attention-mask EXPR: the run-time mods, every kernel of the run compiled now
+// (all at once in the JIT's pool, with a line saying so), so an expression that does not compile
+// stops the run before its first step and before the run folder is written.
+std::shared_ptr<const attention::RuntimeMods> Trainer::State::compile_runtime_mods(const nn::LlamaConfig& mcfg) {
+  const std::string what = (cfg.score_mod.empty() ? "" : "--score-mod '" + cfg.score_mod + "'") +
+                           (cfg.score_mod.empty() || !cfg.mask_is_expression() ? "" : ", ") +
+                           (cfg.mask_is_expression() ? "--attention-mask '" + cfg.attention_mask + "'" : "");
+  auto mods = std::make_shared<attention::RuntimeMods>(attention::runtime_mods(
+      cfg.score_mod, cfg.mask_expression(), cfg.captures, dev, cfg.score_mod_derivative, "train: " + what));
+  progress->message("compiling the kernels of " + what + " (forward, backward, mask) before the first step...");
+  attention::PrecompileReport r;
+  try {
+    r = attention::precompile_runtime_mods(*mods, {bf16 ? DType::bf16 : DType::f32}, dev, /*backward=*/true,
+                                           mcfg.head_dim());
+  } catch (const Error& e) {
+    fail("train: ", what, " does not compile", cfg.mask_is_expression() && cfg.attention_mask.find_first_of("=<>&|!()")
+         == std::string::npos ? " (an --attention-mask other than auto, causal, window:W or document is a mask_mod "
+                                "expression)" : "", ": ", e.what());
+  }
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%zu kernels ready in %.1f s", r.kernels, r.seconds);
+  progress->message(buf);
+  return mods;
+}
+
 void Trainer::State::build_model() {
   nn::LlamaConfig mcfg = cfg.model_config(vocab);
   check_memory_fits(cfg, mcfg, bf16, dev, available_memory(dev));  // refused, not OOM-killed
+  if (cfg.runtime_mods()) mcfg.runtime_mods = compile_runtime_mods(mcfg);
   model = std::make_unique<nn::LlamaForCausalLM>(mcfg, cfg.seed, dev);
   cast = std::make_unique<ParamCast>(*model, bf16 ? DType::bf16 : DType::f32);
   optim::NamedTensors named;
@@ -143,6 +170,9 @@ void Trainer::State::open_run() {
   if (saved_steps >= 0 && saved_steps != cfg.steps)
     progress->message("note: --steps " + std::to_string(cfg.steps) + " (the run had " + std::to_string(saved_steps) +
                       "): the learning rate now decays to step " + std::to_string(cfg.steps) + " from here");
+  if (cfg.runtime_mods() && tok && cfg.sample_tokens > 0)
+    progress->message("note: the sample at the end is generated with causal attention (KV-cache decoding does not "
+                      "apply run-time mods)");
   if (!tok && cfg.sample_tokens > 0)
     progress->message("note: no tokenizer for these token ids (no sidecar names one; pass --tokenizer): no sample at "
                       "the end, none saved with the checkpoint");

@@ -67,6 +67,7 @@ struct Trainer::State {
   void prepare_run_folder();
   void load_data();
   void build_model();
+  std::shared_ptr<const attention::RuntimeMods> compile_runtime_mods(const nn::LlamaConfig& mcfg);
   void load_resume_state();
   void open_run();
   double seconds() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
