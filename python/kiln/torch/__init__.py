@@ -119,6 +119,16 @@ def linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100
         loss, z = torch.ops.kiln.linear_cross_entropy(hidden, weight, target, bias, class_weight, **opts)
         return (loss, z) if return_z_loss else loss
     extras = ("z",) * bool(return_z_loss) + ("lse",) * bool(return_lse)
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or
+                                         (bias is not None and bias.requires_grad))):
+        # Nothing to differentiate: the kernel call alone, without an autograd.Function (whose
+        # apply costs more than a small call's kernel).
+        with _scope(hidden):
+            loss, z, lse, _ = _C.linear_cross_entropy(_k(hidden), _k(weight), _k(target), bias=_k(bias),
+                                                      class_weight=_k(class_weight), return_lse=return_lse, **opts)
+            if not extras:
+                return _t(loss)
+            return (_t(loss),) + tuple(_t(z) if e == "z" else _t(lse) for e in extras)
     return _LinearCrossEntropyFunction.apply(hidden, weight, target, bias, class_weight, opts, extras)
 
 
@@ -164,7 +174,8 @@ class BlockMask:
 
     def __init__(self, mask_mod, q_len, kv_len, block_size, device, native, traced=None):
         self.mask_mod, self.q_len, self.kv_len = mask_mod, q_len, kv_len
-        self.BLOCK_SIZE, self.device, self._native = block_size, torch.device(device), native
+        # the device as the mask's tensors name it ("cuda:0" for "cuda"), compared with the inputs' per call
+        self.BLOCK_SIZE, self.device, self._native = block_size, torch.device(native.device), native
         self._traced = traced  # (expression, capture names, capture tensors) of a Python mask_mod
 
     @property
@@ -320,8 +331,8 @@ def _runtime_flex(query, key, value, score_mod, block_mask, scale):
             mexpr, mnames, mcaps = _library_mask_expr(block_mask.mask_mod)
             mcaps = [c.to(query.device) for c in mcaps]
             native = _C.library_mask_as_runtime(block_mask._native, mexpr, mnames, [_k(c) for c in mcaps])
-        if torch.device(native.device) != query.device:
-            raise ValueError(f"{op}: block_mask is on {native.device}, the inputs on {query.device}")
+        if block_mask.device != query.device:
+            raise ValueError(f"{op}: block_mask is on {block_mask.device}, the inputs on {query.device}")
     caps = [c if c.device == query.device else c.to(query.device) for c in caps]
     learn = [bool(c.requires_grad) for c in caps]
     return _RuntimeFlexFunction.apply(query, key, value, native, expr, names, learn, scale, *caps)
@@ -362,9 +373,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                                                  slopes, scale)
     else:
         native = block_mask._native if block_mask is not None else None
-        if native is not None and torch.device(native.device) != query.device:
-            raise ValueError(f"{op}: block_mask is on {native.device}, the inputs on {query.device}")
-        out, lse = _FlexAttentionFunction.apply(query, key, value, native, kind, cap, slopes, scale)
+        if native is not None and block_mask.device != query.device:
+            raise ValueError(f"{op}: block_mask is on {block_mask.device}, the inputs on {query.device}")
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            out, lse = _FlexAttentionFunction.apply(query, key, value, native, kind, cap, slopes, scale)
+        else:  # nothing to differentiate: the kernel call alone, without an autograd.Function
+            with _scope(query):
+                out, lse, _ = _C.flex_attention(_k(query), _k(key), _k(value), native, score_mod=kind, softcap=cap,
+                                                alibi_slopes=_k(slopes), scale=scale, return_lse=return_lse)
+                out, lse = _t(out), _t(lse)
     return (out, lse) if return_lse else out
 
 
