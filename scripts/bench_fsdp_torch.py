@@ -49,8 +49,7 @@ def build_model(a, device):
                       num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate, vocab_size=a.vocab,
                       max_position_embeddings=a.seq, rope_theta=a.rope_theta, rms_norm_eps=1e-5,
                       tie_word_embeddings=False, hidden_act="silu", attention_bias=False, mlp_bias=False,
-                      initializer_range=0.02, use_cache=False)
-    cfg._attn_implementation = "sdpa"
+                      initializer_range=0.02, use_cache=False, attn_implementation="sdpa")
     torch.manual_seed(a.seed)  # the same initial weights on every rank before sharding
     with torch.device(device):
         model = LlamaForCausalLM(cfg)
@@ -134,7 +133,7 @@ def worker(rank, a, port):
                "step_ms_median": statistics.median(t.tolist()) * 1e3, "first_loss": losses[0],
                "final_loss": losses[-1], "fused_adamw": fused, "separate_reduce_scatter_group": separate,
                "param_dtype": "bf16", "reduce_dtype": "f32",
-               "attn_implementation": getattr(cfg, "_attn_implementation", None)}
+               "attn_implementation": getattr(model.config, "_attn_implementation", None)}
         if cuda:
             rec["peak_bytes"] = int(peak.item())
             rec["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
