@@ -206,6 +206,8 @@ void FsdpModule::reset_peak_stats() {
   FsdpStats& s = *group_->stats;
   s.peak_gathered_bytes = s.gathered_bytes;
   s.peak_gathered_groups = s.gathered_groups;
+  s.peak_all_gather_buffers = s.all_gather_buffers;
+  s.peak_reduce_scatter_buffers = s.reduce_scatter_buffers;
 }
 
 const std::shared_ptr<dist::Communicator>& FsdpModule::communicator() const { return group_->comm; }

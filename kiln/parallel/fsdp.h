@@ -39,7 +39,8 @@
 // buffer of the same size in reduce_dtype. Padding is never read or stored.
 //
 // Between steps the module's parameters keep their shapes but hold no memory (their storage is
-// empty): read parameters through named_shards() or full_tensor(), not through the module.
+// empty): read parameters through named_shards() or full_tensor(), not through the module, and
+// do not move, cast or replace them (Module::to) once sharded.
 // Prefetch: a group's pre-forward starts the all-gather of the next group in forward order (so
 // at most two groups besides the root are gathered at once in the forward); its pre-backward
 // starts the previous group's. The root's parameters stay gathered from its forward to the end
@@ -84,6 +85,10 @@ struct FsdpStats {
   int64_t all_gathers = 0, reduce_scatters = 0;
   int64_t gathered_groups = 0, peak_gathered_groups = 0;  // groups other than the root gathered now / at most
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;    // bytes of gathered parameters, every group
+  // Flat buffers alive now / at most: all-gather outputs (freed at the copy-out, before the next
+  // group's gather starts) and reduce-scatter inputs (one in flight at a time).
+  int64_t all_gather_buffers = 0, peak_all_gather_buffers = 0;
+  int64_t reduce_scatter_buffers = 0, peak_reduce_scatter_buffers = 0;
   double all_gather_wait_s = 0, reduce_scatter_wait_s = 0;  // time spent waiting for them (exposed)
 };
 

@@ -58,6 +58,11 @@ void copy_rows(const Tensor& flat2d, const FsdpParam& p, const Tensor& param2d, 
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+void count(int64_t& now, int64_t& peak, int64_t delta) {
+  now += delta;
+  peak = std::max(peak, now);
+}
+
 }  // namespace
 
 FsdpGroup::~FsdpGroup() = default;
@@ -118,6 +123,7 @@ void FsdpGroup::start_all_gather() {
       mine.narrow(0, p.offset, p.local_rows * p.inner).copy_(p.shard.detach().view({p.local_rows * p.inner}));
   ag_work_ = comm->all_gather_single(ag_buffer_, mine);
   stats->all_gathers++;
+  count(stats->all_gather_buffers, stats->peak_all_gather_buffers, +1);
   state = GroupState::gathering;
 }
 
@@ -134,6 +140,7 @@ void FsdpGroup::finish_all_gather() {
     copy_rows(flat2d, p, p.full.detach().view({p.rows, p.inner}), true);
   }
   ag_buffer_ = Tensor();
+  count(stats->all_gather_buffers, stats->peak_all_gather_buffers, -1);
   state = GroupState::unsharded;
   count_gathered(+1);
 }
@@ -166,6 +173,8 @@ void FsdpGroup::setup_reduce_scatter_comm() {
 void FsdpGroup::pre_forward() {
   // The root's first forward: every rank is here, in the same order, so it may split.
   if (is_root() && !rs_ready_) setup_reduce_scatter_comm();
+  // A backward that failed (an exception) never ran its end callback: start clean.
+  if (is_root() && backward_queued_ && !in_backward()) reset_pass(true);
   unshard();
   // The recomputation of activation checkpointing runs inside the backward: no prefetch then.
   if (in_backward()) return;
@@ -228,8 +237,20 @@ void FsdpGroup::finish_backward() {
   for (FsdpGroup* g : groups)
     if (g->in_pass_ && !g->post_backward_done_) g->post_backward();
   if (pending_rs_) pending_rs_->finish_reduce_scatter();
+  reset_pass(false);
+}
+
+void FsdpGroup::reset_pass(bool failed) {
   pending_rs_ = nullptr;
-  for (FsdpGroup* g : groups) {
+  for (FsdpGroup* g : all_groups()) {
+    if (failed) {  // what the failed backward left: its gathered gradients and reductions
+      for (auto& p : g->params) p.full.set_grad(Tensor());
+      if (g->rs_work_) {
+        g->rs_work_.reset();
+        g->rs_input_ = g->rs_output_ = Tensor();
+        count(stats->reduce_scatter_buffers, stats->peak_reduce_scatter_buffers, -1);
+      }
+    }
     g->reshard();
     g->post_backward_done_ = false;
     g->in_pass_ = false;
@@ -264,6 +285,7 @@ void FsdpGroup::start_reduce_scatter() {
   rs_output_ = Tensor::empty({slice_numel}, reduce_dtype, device);
   rs_work_ = rs_comm->reduce_scatter_single(rs_output_, rs_input_, dist::ReduceOp::sum);
   stats->reduce_scatters++;
+  count(stats->reduce_scatter_buffers, stats->peak_reduce_scatter_buffers, +1);
   r.pending_rs_ = this;
 }
 
@@ -275,6 +297,7 @@ void FsdpGroup::finish_reduce_scatter() {
   w->wait();
   stats->reduce_scatter_wait_s += seconds_since(t0);
   rs_input_ = Tensor();
+  count(stats->reduce_scatter_buffers, stats->peak_reduce_scatter_buffers, -1);
   for (auto& p : params) {
     if (!p.trainable) continue;
     Tensor g = rs_output_.narrow(0, p.offset, p.local_rows * p.inner).view(p.shard.shape());

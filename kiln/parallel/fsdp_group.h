@@ -49,6 +49,9 @@ class FsdpGroup final : public nn::ModuleState {
   void pre_backward();
   void on_grad(size_t param);
   void finish_backward();  // root: the end-of-backward callback
+  // Root: every group sharded, counters ready for the next backward; `failed`: a backward ended
+  // by an exception, whose gathered gradients and pending reductions are dropped.
+  void reset_pass(bool failed);
 
   // ---- gathering and freeing ----
   void start_all_gather();

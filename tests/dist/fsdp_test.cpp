@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/node.h"
 #include "kiln/core/allocator.h"
 #include "kiln/io/file.h"
 #include "kiln/dist/store.h"
@@ -131,6 +132,34 @@ TEST(Fsdp, ActivationCheckpointingRecomputesWithTheGatheredParametersBitwise) {
   }
 }
 
+TEST(Fsdp, ABackwardThatFailsLeavesNothingBehind) {
+  KILN_SKIP_WITHOUT_GLOO();
+  LocalWorld w;
+  ShardedRun run = make_sharded(w.comm);
+  // A node after block 0 whose backward throws: the backward ends after block 1's gradients
+  // were gathered and reduced, before block 0's.
+  auto& layer = *run.model->model->layers[0];
+  const int id = layer.register_forward_hook([](const nn::Module&, const Tensor& out) {
+    Tensor y = out.detach();
+    record("throws", {out}, y, [](const std::vector<Tensor>&) -> std::vector<Tensor> { fail("injected failure"); });
+    return y;
+  });
+  const Batch b = batch_rows(0, 0, kGlobalBatch, run.model->config.vocab_size);
+  Tensor l = run.model->loss_sum(b.input, b.target, Tensor(), static_cast<double>(count_targets(b.target)));
+  EXPECT_THROW(l.backward(), Error);
+  layer.remove_hook(id);
+  run.opt->zero_grad();
+  // The next step is the plain run's first.
+  const RunResult ref = train_plain(1, 1);
+  const std::vector<double> losses = train_sharded(run, 0, 1, 1);
+  EXPECT_EQ(losses[0], ref.losses[0]);
+  for (const auto& [n, t] : ref.params) expect_bitwise(run.fsdp->full_tensor(n), t, n + " after a failed backward");
+  const FsdpStats st = run.fsdp->stats();
+  EXPECT_EQ(st.gathered_bytes, 0);
+  EXPECT_EQ(st.all_gather_buffers, 0);
+  EXPECT_EQ(st.reduce_scatter_buffers, 0);
+}
+
 TEST(Fsdp, ShardsAreTheRowsOfEachParameterAndTheModuleHoldsNoMemoryBetweenSteps) {
   KILN_SKIP_WITHOUT_GLOO();
   LocalWorld w;
@@ -200,9 +229,13 @@ static io::Metadata train_and_compare(int n, const std::string& name, int steps,
 TEST_P(FsdpWorld, MatchesTheUnshardedRunWithUnevenShards) {
   KILN_SKIP_WITHOUT_GLOO();
   io::Metadata meta = train_and_compare(GetParam(), "world", 5, "");
-  // Forward prefetch: at most two blocks gathered at once (the prefetched one counts once copied out).
+  // Forward prefetch: at most two blocks gathered at once (the prefetched one counts once copied
+  // out); one flat all-gather buffer at a time (a group's is freed at its copy-out, before the
+  // next group's gather is started), one reduce-scatter input.
   EXPECT_LE(std::stoll(meta["peak_gathered_groups"]), 2);
   EXPECT_GE(std::stoll(meta["peak_gathered_groups"]), 1);
+  EXPECT_EQ(meta["peak_all_gather_buffers"], "1");
+  EXPECT_EQ(meta["peak_reduce_scatter_buffers"], "1");
   // Per step: the root once, each block for its forward and again for its backward.
   EXPECT_EQ(meta["all_gathers"], "25");
 }

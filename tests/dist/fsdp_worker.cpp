@@ -86,7 +86,9 @@ TEST(FsdpWorker, Run) {
                       {"peak_gathered_groups", std::to_string(st.peak_gathered_groups)},
                       {"gathered_bytes", std::to_string(st.gathered_bytes)},
                       {"all_gathers", std::to_string(st.all_gathers)},
-                      {"reduce_scatters", std::to_string(st.reduce_scatters)}};
+                      {"reduce_scatters", std::to_string(st.reduce_scatters)},
+                      {"peak_all_gather_buffers", std::to_string(st.peak_all_gather_buffers)},
+                      {"peak_reduce_scatter_buffers", std::to_string(st.peak_reduce_scatter_buffers)}};
     // Every rank's live bytes (rank 0 writes them all).
     Tensor lb = zeros({N}, DType::i64, device);
     lb.narrow(0, world->rank(), 1).fill_(static_cast<double>(live));
