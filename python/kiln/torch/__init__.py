@@ -98,6 +98,9 @@ def _lce_options(ignore_index, reduction, label_smoothing, z_loss, softcap, num_
                 z_loss=float(z_loss), softcap=float(softcap), num_items=float(num_items))
 
 
+_LCE_DEFAULTS = _lce_options(-100, "mean", 0.0, 0.0, 0.0, 0.0)
+
+
 def linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, reduction="mean",
                          label_smoothing=0.0, z_loss=0.0, softcap=0.0, class_weight=None, num_items=0.0,
                          return_z_loss=False, return_lse=False):
@@ -124,8 +127,13 @@ def linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100
         # Nothing to differentiate: the kernel call alone, without an autograd.Function (whose
         # apply costs more than a small call's kernel).
         with _scope(hidden):
-            loss, z, lse, _ = _C.linear_cross_entropy(_k(hidden), _k(weight), _k(target), bias=_k(bias),
-                                                      class_weight=_k(class_weight), return_lse=return_lse, **opts)
+            if opts == _LCE_DEFAULTS and bias is None and class_weight is None and not return_lse:
+                # the defaults: no keyword arguments to convert
+                loss, z, lse, _ = _C.linear_cross_entropy(_k(hidden), _k(weight), _k(target))
+            else:
+                loss, z, lse, _ = _C.linear_cross_entropy(_k(hidden), _k(weight), _k(target), bias=_k(bias),
+                                                          class_weight=_k(class_weight), return_lse=return_lse,
+                                                          **opts)
             if not extras:
                 return _t(loss)
             return (_t(loss),) + tuple(_t(z) if e == "z" else _t(lse) for e in extras)
