@@ -1368,3 +1368,23 @@ TEST(FlexCuda, ScoreModsMatchReference) {
   check_cuda_score_mod(Softcap{2.0f}, Softcap{2.0f}, "softcap");
   check_cuda_score_mod(RelativePositionBias{}, RelativePositionBias{}, "relative bias");
 }
+
+// The GPU BlockMask builder (create_block_mask of a MaskSpec on a CUDA device: the classifier
+// each instantiation file registers in the kernel registry) gives the CPU builder's tiles.
+TEST(FlexCuda, GpuBlockMaskBuilderMatchesTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::parse("cuda:0");
+  for (int64_t L : {1, 127, 300, 1000}) {
+    for (int64_t bs : {64, 128}) {
+      for (const char* text : {"none", "causal", "window:37", "document:50"}) {
+        SCOPED_TRACE(testing::Message() << text << " L=" << L << " block " << bs);
+        MaskSpec on_gpu = parse_mask_spec(text, L, gpu), on_cpu = parse_mask_spec(text, L);
+        on_gpu.block_size = on_cpu.block_size = bs;
+        const Tensor want = create_block_mask(on_cpu, L, L).layout.to_dense();
+        const AnyBlockMask got = create_block_mask(on_gpu, L, L, gpu);
+        ASSERT_TRUE(got.layout.device().is_cuda());
+        EXPECT_EQ(got.layout.to(kCPU).to_dense().to_vector<int32_t>(), want.to_vector<int32_t>());
+      }
+    }
+  }
+}

@@ -8,13 +8,15 @@
 #include "kiln/core/profile.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/stream.h"
+#include "kiln/core/switches.h"
 #include "tests/cuda/cuda_test_util.h"
 
 using namespace kiln;
 using namespace kiln::testing;
 
 namespace {
-// Work that keeps the current stream busy for tens of milliseconds: f32 products of 2048².
+// Work that keeps the current stream busy for milliseconds: f32 products of 4096² (137 GFLOP
+// each).
 Tensor busy_work(const Tensor& x, int rounds) {
   Tensor y = x;
   for (int i = 0; i < rounds; ++i) y = matmul(y, x) * 1e-3;
@@ -26,16 +28,17 @@ TEST(CudaStreams, OpsRunOnTheGuardedStream) {
   KILN_SKIP_WITHOUT_CUDA();
   const Device d = gpu();
   Generator gen(static_cast<uint64_t>(std::random_device{}()));
-  Tensor x = randn({2048, 2048}, gen, DType::f32, d);
+  Tensor x = randn({4096, 4096}, gen, DType::f32, d);
   const Stream compute = get_stream(d, StreamKind::compute);
   const Stream side = get_stream(d, StreamKind::side);
   EXPECT_EQ(current_stream(d), compute);
+  set_deterministic(true);  // the two runs below compare bits
   synchronize(compute);
   Tensor y;
   {
     StreamGuard on(side);
     EXPECT_EQ(current_stream(d), side);
-    y = busy_work(x, 40);
+    y = busy_work(x, 12);
     Event on_side, on_compute;
     on_side.record(side);
     on_compute.record(compute);
@@ -45,7 +48,8 @@ TEST(CudaStreams, OpsRunOnTheGuardedStream) {
   }
   EXPECT_EQ(current_stream(d), compute);
   // The same products on the compute stream give the same bits.
-  Tensor z = busy_work(x, 40);
+  Tensor z = busy_work(x, 12);
+  set_deterministic(false);
   expect_same_bits(z.to(kCPU), y.to(kCPU), "products on the side and the compute stream");
 }
 
@@ -70,7 +74,7 @@ TEST(CudaStreams, BlocksAreReusedOnTheirOwnStreamAndRecordStreamDefersReuse) {
   }
 
   Generator gen(static_cast<uint64_t>(std::random_device{}()));
-  Tensor x = randn({2048, 2048}, gen, DType::f32, d);
+  Tensor x = randn({4096, 4096}, gen, DType::f32, d);
   synchronize(compute);
   Tensor a = Tensor::empty({n}, DType::f32, d);  // the compute stream's block
   void* pa = a.data_ptr();
@@ -78,7 +82,7 @@ TEST(CudaStreams, BlocksAreReusedOnTheirOwnStreamAndRecordStreamDefersReuse) {
   {
     StreamGuard on(side);
     wait_stream(side, compute);
-    y = busy_work(x, 40);
+    y = busy_work(x, 12);
     a.storage()->record_stream(side);  // the side stream's queued work uses a (as if it read it)
   }
   const int64_t pending_before = memory_stats(d).current_bytes;
@@ -95,7 +99,7 @@ TEST(CudaStreams, TheProfilerTimesWorkOnTheCurrentStream) {
   KILN_SKIP_WITHOUT_CUDA();
   const Device d = gpu();
   Generator gen(static_cast<uint64_t>(std::random_device{}()));
-  Tensor x = randn({2048, 2048}, gen, DType::f32, d);
+  Tensor x = randn({4096, 4096}, gen, DType::f32, d);
   const Stream side = get_stream(d, StreamKind::side);
   profile::Profiler prof;
   {
@@ -112,7 +116,7 @@ TEST(CudaStreams, TheProfilerTimesWorkOnTheCurrentStream) {
     matmuls += e.count;
   }
   EXPECT_GE(matmuls, 10) << prof.table();
-  // Ten f32 products of 2048³ (172 GFLOP) take well over a millisecond on any GPU; events
+  // Ten f32 products of 4096³ (1.4 TFLOP) take well over a millisecond on any GPU; events
   // recorded on a stream the work did not run on would time (almost) nothing.
   EXPECT_GT(matmul_ms, 1.0) << prof.table();
 }
