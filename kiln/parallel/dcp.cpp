@@ -243,10 +243,30 @@ Plan read_plan(const std::string& dir) {
 
 // ---- saving ----
 
+namespace {
+void save_sharded_phases(const std::string& dir, const std::string& tmp, dist::Communicator& comm,
+                         const std::vector<ShardedTensor>& tensors, const json::Value& metadata,
+                         const std::function<void(const std::string& tmp)>& rank0_files);
+}  // namespace
+
 void save_sharded(const std::string& dir, dist::Communicator& comm, const std::vector<ShardedTensor>& tensors,
                   const json::Value& metadata, const std::function<void(const std::string& tmp)>& rank0_files) {
   const int N = comm.size(), R = comm.rank();
   const std::string tmp = dir + ".tmp-sharded";
+  try {
+    save_sharded_phases(dir, tmp, comm, tensors, metadata, rank0_files);
+  } catch (...) {
+    std::error_code ec;
+    if (R == 0) fs::remove_all(tmp, ec);  // every rank has stopped writing: the phases agreed
+    throw;
+  }
+}
+
+namespace {
+void save_sharded_phases(const std::string& dir, const std::string& tmp, dist::Communicator& comm,
+                         const std::vector<ShardedTensor>& tensors, const json::Value& metadata,
+                         const std::function<void(const std::string& tmp)>& rank0_files) {
+  const int N = comm.size(), R = comm.rank();
   all_or_nothing(comm, "preparing the folder", [&] {
     if (R != 0) return;
     std::error_code ec;
@@ -336,6 +356,7 @@ void save_sharded(const std::string& dir, dist::Communicator& comm, const std::v
     fsync_path(fs::path(dir).parent_path().empty() ? "." : fs::path(dir).parent_path().string());
   });
 }
+}  // namespace
 
 // ---- loading ----
 

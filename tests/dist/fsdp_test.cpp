@@ -406,6 +406,30 @@ void expect_load_error(const std::string& dir, const std::vector<std::string>& w
 }
 }  // namespace
 
+TEST(FsdpSave, ReplacesAWholeCheckpointOnlyOnceTheNewOneIsComplete) {
+  KILN_SKIP_WITHOUT_GLOO();
+  LocalWorld w;
+  ShardedRun run = make_sharded(w.comm);
+  const std::string dir = fresh_dir("replace") + "/step-1";
+  train_sharded(run, 0, 1, 1);
+  save_checkpoint(dir, *run.fsdp, *run.opt);
+  const auto first = load_full(dir);
+  train_sharded(run, 1, 2, 1);
+  // A save that fails (here: rank 0's extra files) leaves the previous checkpoint, and no temporary.
+  EXPECT_THROW(save_checkpoint(dir, *run.fsdp, *run.opt, [](const std::string&) { fail("disk full"); }), Error);
+  EXPECT_FALSE(fs::exists(dir + ".tmp-sharded"));
+  const auto kept = load_full(dir);
+  ASSERT_EQ(kept.size(), first.size());
+  for (size_t i = 0; i < kept.size(); ++i) expect_bitwise(kept[i].second, first[i].second, kept[i].first);
+  // A save that succeeds replaces it whole, with the extra files.
+  save_checkpoint(dir, *run.fsdp, *run.opt, [](const std::string& tmp) { std::ofstream(tmp + "/config.json") << "{}"; });
+  EXPECT_TRUE(fs::exists(dir + "/config.json"));
+  EXPECT_FALSE(fs::exists(dir + ".old-sharded"));
+  for (const auto& [n, t] : load_full(dir))
+    if (n.find('.') != std::string::npos && n.rfind("exp_avg", 0) != 0)
+      expect_bitwise(t, run.fsdp->full_tensor(n), n + " after the second save");
+}
+
 TEST_F(FsdpCheckpoint, DamagedCheckpointsNameTheFileAndTensorAndChangeNothing) {
   KILN_SKIP_WITHOUT_GLOO();
   ASSERT_TRUE(saved_ok_);
