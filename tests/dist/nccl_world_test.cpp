@@ -290,6 +290,19 @@ RunResult run_nccl_ranks(int n, const std::string& worker, const std::string& en
 
 std::string world_name(const ::testing::TestParamInfo<int>& p) { return "np" + std::to_string(p.param); }
 
+// A fault case at n ranks: the launcher's log folder (fresh) and the job's result.
+struct FaultRun {
+  std::string dir;
+  RunResult r;
+};
+FaultRun run_fault(const std::string& name, int n, const std::string& worker, const std::string& timeout_ms,
+                   const std::string& flags = "") {
+  FaultRun f;
+  f.dir = log_dir(name, n);
+  f.r = run_nccl_ranks(n, worker, "KILN_TEST_TIMEOUT_MS=" + timeout_ms, flags + " --log-dir " + f.dir);
+  return f;
+}
+
 }  // namespace
 
 TEST(NcclRank, Run) {
@@ -329,10 +342,8 @@ class NcclWorldFaults : public ::testing::TestWithParam<int> {};
 
 TEST_P(NcclWorldFaults, SleeperTimesOutNamingOpAndRankAndAnalyzeFindsIt) {
   KILN_SKIP_WITHOUT_GPUS(GetParam());
-  const int n = GetParam();
-  const std::string dir = log_dir("sleeper", n);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto r = run_nccl_ranks(n, "sleeper", "KILN_TEST_TIMEOUT_MS=3000", "--log-dir " + dir);
+  const auto [dir, r] = run_fault("sleeper", GetParam(), "sleeper", "3000");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "all_reduce #4 of 'world' (3 elements of f32) timed out after 3000 ms")) << r.output;
@@ -347,11 +358,9 @@ TEST_P(NcclWorldFaults, SleeperTimesOutNamingOpAndRankAndAnalyzeFindsIt) {
 
 TEST_P(NcclWorldFaults, KilledRankUnderAbortExitsNamingTheOp) {
   KILN_SKIP_WITHOUT_GPUS(GetParam());
-  const int n = GetParam();
-  const std::string dir = log_dir("abort", n);
   // NCCL may see the dead peer only at the timeout: 1.5 s (+ the abort) keeps that inside the 3 s
   // the launcher gives survivors to report before it stops them.
-  const auto r = run_nccl_ranks(n, "killed", "KILN_TEST_TIMEOUT_MS=1500", "--log-dir " + dir);
+  const auto [dir, r] = run_fault("abort", GetParam(), "killed", "1500");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "policy abort: exiting with status 70")) << r.output;
   EXPECT_TRUE(contains(r.output, "signal 9 (SIGKILL)") || contains(r.output, "exit code 70")) << r.output;
@@ -363,8 +372,7 @@ TEST_P(NcclWorldFaults, KilledRankUnderAbortExitsNamingTheOp) {
 TEST_P(NcclWorldFaults, KilledRankUnderShrinkSurvivorsContinue) {
   KILN_SKIP_WITHOUT_GPUS(GetParam());
   const int n = GetParam();
-  const std::string dir = log_dir("shrink", n);
-  const auto r = run_nccl_ranks(n, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--policy shrink --log-dir " + dir);
+  const auto [dir, r] = run_fault("shrink", n, "killed", "5000", "--policy shrink");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "policy shrink: continuing")) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 0] survivor: old rank 0 new rank 0 of " + std::to_string(n - 1) +
