@@ -3,7 +3,8 @@
 # traced mod against the same library mod (the same bits), traced masks with Python's integer
 # semantics against a float64 reference evaluated by the same function on index tensors, a
 # captured tensor's gradient, and the functions that cannot be traced (an error saying why).
-# Needs torch and a C++ compiler for the CPU JIT (else skipped, saying so).
+# Needs torch and a C++ compiler for the CPU JIT (else skipped, saying so); where torch and kiln
+# have CUDA, the traced masks also run on the GPU (NVRTC).
 import shutil
 
 import pytest
@@ -98,17 +99,21 @@ def test_traced_mods_give_the_library_mods_bits(gen):
     assert torch.equal(kt.flex_attention(q, k, v, score_mod=mods.alibi_with(slopes), block_mask=traced_causal), lib)
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and kiln.cuda_built() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["floor_blocks", "modulo_stripes"])
-def test_traced_masks_keep_pythons_integer_semantics(gen, name):
+def test_traced_masks_keep_pythons_integer_semantics(gen, name, device):
     # Negative operands: Python's // and % floor, C++'s truncate; the trace keeps Python's.
     fn = {"floor_blocks": lambda b, h, q, kv: (q - kv) // 5 == (q - 3) // 5 - (kv - 2) // 7,
           "modulo_stripes": lambda b, h, q, kv: ((kv - q) % 3 == 0) | (q == kv)}[name]
     B, H, L, E = 1, 1, 29, 8
     q, k, v = (randn(gen, B, H, L, E) for _ in range(3))
     keep = fn(None, None, torch.arange(L)[:, None], torch.arange(L)[None, :])
-    bm = kt.create_block_mask(fn, 1, 1, L, L, BLOCK_SIZE=8)
-    out = kt.flex_attention(q, k, v, block_mask=bm)
-    torch.testing.assert_close(out.double(), reference(q.double(), k.double(), v.double(), keep), rtol=2e-5,
+    bm = kt.create_block_mask(fn, 1, 1, L, L, device=device, BLOCK_SIZE=8)
+    out = kt.flex_attention(q.to(device), k.to(device), v.to(device), block_mask=bm)  # CUDA: the NVRTC kernels
+    torch.testing.assert_close(out.double().cpu(), reference(q.double(), k.double(), v.double(), keep), rtol=2e-5,
                                atol=2e-5)
 
 

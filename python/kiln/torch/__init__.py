@@ -49,11 +49,17 @@ def _t(k):
 
 def _scope(t):
     """kiln's kernels on `t`'s CUDA device launch on the caller's current stream in this scope."""
-    if not t.is_cuda:
+    return _device_scope(t.device)
+
+
+def _device_scope(device):
+    """kiln's kernels on a CUDA `device` (a torch.device) launch on the caller's current stream."""
+    if device.type != "cuda":
         return contextlib.nullcontext()
     if not _C.has_streams:
         raise KilnError("kiln.torch: this build of kiln cannot run on the caller's CUDA stream (no kiln/core/stream.h)")
-    return _C.StreamScope(f"cuda:{t.device.index}", torch.cuda.current_stream(t.device).cuda_stream)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _C.StreamScope(f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
 
 
 def _check_tensor(name, t, op):
@@ -229,10 +235,12 @@ def create_block_mask(mask_mod, B=None, H=None, Q_LEN=None, KV_LEN=None, device=
         # A Python mask_mod: traced once into an expression, its tiles classified by a JIT kernel.
         expr, names, tensors = trace_mod(mask_mod, "mask_mod")
         tensors = [t.detach().to(device) for t in tensors]
-        native = _C.create_runtime_block_mask(expr, names, [_k(t) for t in tensors], int(Q_LEN), int(KV_LEN),
-                                              block_size=int(BLOCK_SIZE), device=str(device))
+        with _device_scope(device):  # built on the caller's stream, where the attention will read it
+            native = _C.create_runtime_block_mask(expr, names, [_k(t) for t in tensors], int(Q_LEN), int(KV_LEN),
+                                                  block_size=int(BLOCK_SIZE), device=str(device))
         return BlockMask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device, native, (expr, names, tensors))
-    native = _native_mask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device)
+    with _device_scope(device):
+        native = _native_mask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device)
     return BlockMask(mask_mod, int(Q_LEN), int(KV_LEN), int(BLOCK_SIZE), device, native)
 
 
