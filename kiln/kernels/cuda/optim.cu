@@ -73,16 +73,18 @@ __global__ void norm_partials_kernel(const T* __restrict__ g, int64_t n, double 
 // The slots of one launch, passed by value as a __grid_constant__ kernel parameter (read in
 // place from the parameter space, never copied per thread). first[k]: the first block (update)
 // or partial (norm) of slot k; first[count]: all of them. A block finds its slot by binary search.
-template <class Slot>
+// N: the capacity; the per-parameter forms launch a list of one (a parameter buffer of ~100
+// bytes, not ~22 KiB, for each of their launches).
+template <class Slot, int N = kMaxMultiSlots>
 struct SlotList {
   int count = 0;
-  int64_t first[kMaxMultiSlots + 1];
-  Slot slot[kMaxMultiSlots];
+  int64_t first[N + 1];
+  Slot slot[N];
 };
 static_assert(sizeof(SlotList<AdamWSlot>) + 2 * sizeof(void*) <= 32764, "CUDA 12.1's kernel parameter limit");
 
-template <class Slot>
-__device__ int find_slot(const SlotList<Slot>& L, int64_t block) {
+template <class Slot, int N>
+__device__ int find_slot(const SlotList<Slot, N>& L, int64_t block) {
   int lo = 0, hi = L.count;  // L.first[lo] <= block < L.first[hi]
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
@@ -136,7 +138,8 @@ __device__ void adamw_block(const AdamWSlot& sl, int64_t base, float scale) {
   }
 }
 
-__global__ void adamw_multi_kernel(const __grid_constant__ SlotList<AdamWSlot> L, const double* __restrict__ clip) {
+template <int N>
+__global__ void adamw_multi_kernel(const __grid_constant__ SlotList<AdamWSlot, N> L, const double* __restrict__ clip) {
   float scale;
   if (!clip_scale_of(clip, scale)) return;
   const int k = find_slot(L, blockIdx.x);
@@ -173,7 +176,8 @@ __device__ void sgd_block(const SgdSlot& sl, int64_t base, float scale) {
   }
 }
 
-__global__ void sgd_multi_kernel(const __grid_constant__ SlotList<SgdSlot> L, const double* __restrict__ clip) {
+template <int N>
+__global__ void sgd_multi_kernel(const __grid_constant__ SlotList<SgdSlot, N> L, const double* __restrict__ clip) {
   float scale;
   if (!clip_scale_of(clip, scale)) return;
   const int k = find_slot(L, blockIdx.x);
@@ -231,12 +235,12 @@ namespace {
 
 // Launches `launch(list, blocks, first_block)` once per kMaxMultiSlots slots; blocks_of(slot) is
 // the slot's block count.
-template <class Slot, class Blocks, class Launch>
+template <int N = kMaxMultiSlots, class Slot, class Blocks, class Launch>
 void for_each_launch(const std::vector<Slot>& slots, Blocks&& blocks_of, Launch&& launch) {
   int64_t done = 0;  // blocks of the earlier launches
-  for (size_t s0 = 0; s0 < slots.size(); s0 += kMaxMultiSlots) {
-    SlotList<Slot> L;
-    const size_t s1 = std::min(slots.size(), s0 + kMaxMultiSlots);
+  for (size_t s0 = 0; s0 < slots.size(); s0 += N) {
+    SlotList<Slot, N> L;
+    const size_t s1 = std::min(slots.size(), s0 + N);
     L.count = static_cast<int>(s1 - s0);
     int64_t blocks = 0;
     for (size_t k = s0; k < s1; ++k) {
@@ -259,28 +263,38 @@ bool grad_is_bf16(const Tensor& grad, const char* op) {
   return grad.dtype() == DType::bf16;
 }
 
-}  // namespace
-
-void adamw_multi(Device device, const std::vector<AdamWSlot>& slots, const Tensor& clip) {
+template <int N>
+void launch_adamw(Device device, const std::vector<AdamWSlot>& slots, const Tensor& clip) {
   cudaStream_t st = stream(device.index);
   const double* c = clip_ptr(clip);
-  for_each_launch(
+  for_each_launch<N>(
       slots, [](const AdamWSlot& s) { return (s.n + kBlockElems - 1) / kBlockElems; },
-      [&](const SlotList<AdamWSlot>& L, unsigned blocks, int64_t) {
-        adamw_multi_kernel<<<blocks, kThreads, 0, st>>>(L, c);
+      [&](const SlotList<AdamWSlot, N>& L, unsigned blocks, int64_t) {
+        adamw_multi_kernel<N><<<blocks, kThreads, 0, st>>>(L, c);
         KILN_CUDA_CHECK_LAUNCH("adamw_multi");
       });
 }
 
-void sgd_multi(Device device, const std::vector<SgdSlot>& slots, const Tensor& clip) {
+template <int N>
+void launch_sgd(Device device, const std::vector<SgdSlot>& slots, const Tensor& clip) {
   cudaStream_t st = stream(device.index);
   const double* c = clip_ptr(clip);
-  for_each_launch(
+  for_each_launch<N>(
       slots, [](const SgdSlot& s) { return (s.n + kBlockElems - 1) / kBlockElems; },
-      [&](const SlotList<SgdSlot>& L, unsigned blocks, int64_t) {
-        sgd_multi_kernel<<<blocks, kThreads, 0, st>>>(L, c);
+      [&](const SlotList<SgdSlot, N>& L, unsigned blocks, int64_t) {
+        sgd_multi_kernel<N><<<blocks, kThreads, 0, st>>>(L, c);
         KILN_CUDA_CHECK_LAUNCH("sgd_multi");
       });
+}
+
+}  // namespace
+
+void adamw_multi(Device device, const std::vector<AdamWSlot>& slots, const Tensor& clip) {
+  launch_adamw<kMaxMultiSlots>(device, slots, clip);
+}
+
+void sgd_multi(Device device, const std::vector<SgdSlot>& slots, const Tensor& clip) {
+  launch_sgd<kMaxMultiSlots>(device, slots, clip);
 }
 
 void grad_norm_partials_multi(Device device, const std::vector<NormSlot>& slots, double norm_type,
@@ -308,7 +322,7 @@ void clip_from_partials(const Tensor& partials, double norm_type, double max_nor
   KILN_CUDA_CHECK_LAUNCH("clip_from_partials");
 }
 
-// The per-parameter updates: the multi-tensor kernels over one slot (so both paths run the
+// The per-parameter updates: the multi-tensor kernels over a list of one (so both paths run the
 // same code and give the same bits).
 void adamw(const AdamWStep& s, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
            const Tensor& exp_avg_sq) {
@@ -321,7 +335,7 @@ void adamw(const AdamWStep& s, const Tensor& param, const Tensor& grad, const Te
   sl.n = param.numel();
   sl.s = s;
   sl.grad_bf16 = grad_is_bf16(grad, "adamw");
-  adamw_multi(param.device(), {sl}, Tensor());
+  launch_adamw<1>(param.device(), {sl}, Tensor());
 }
 
 void sgd(const SgdStep& s, const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer) {
@@ -333,7 +347,7 @@ void sgd(const SgdStep& s, const Tensor& param, const Tensor& grad, const Tensor
   sl.n = param.numel();
   sl.s = s;
   sl.grad_bf16 = grad_is_bf16(grad, "sgd");
-  sgd_multi(param.device(), {sl}, Tensor());
+  launch_sgd<1>(param.device(), {sl}, Tensor());
 }
 
 }  // namespace kiln::kernels::cuda
