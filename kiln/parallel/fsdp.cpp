@@ -212,6 +212,10 @@ void FsdpModule::reset_peak_stats() {
 
 const std::shared_ptr<dist::Communicator>& FsdpModule::communicator() const { return group_->comm; }
 
+const std::shared_ptr<dist::Communicator>& FsdpModule::reduce_scatter_communicator() const {
+  return group_->rs_comm;
+}
+
 double global_count(dist::Communicator& comm, int64_t local, Device device) {
   Tensor t = from_vector<int64_t>({local}, {1}, device);
   comm.all_reduce(t, dist::ReduceOp::sum)->wait();

@@ -133,6 +133,9 @@ class FsdpModule {
   FsdpStats stats() const;
   void reset_peak_stats();
   const std::shared_ptr<dist::Communicator>& communicator() const;
+  // The communicator the reduce-scatters run on (communicator() unless separate; split at the
+  // root's first forward).
+  const std::shared_ptr<dist::Communicator>& reduce_scatter_communicator() const;
   FsdpGroup& group() const { return *group_; }
 
  private:

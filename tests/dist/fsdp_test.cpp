@@ -236,6 +236,7 @@ TEST_P(FsdpWorld, MatchesTheUnshardedRunWithUnevenShards) {
   EXPECT_GE(std::stoll(meta["peak_gathered_groups"]), 1);
   EXPECT_EQ(meta["peak_all_gather_buffers"], "1");
   EXPECT_EQ(meta["peak_reduce_scatter_buffers"], "1");
+  EXPECT_EQ(meta["reduce_scatter_comm"], "world.fsdp_reduce_scatter");  // on by default when N > 1
   // Per step: the root once, each block for its forward and again for its backward.
   EXPECT_EQ(meta["all_gathers"], "25");
 }
@@ -253,6 +254,13 @@ TEST_P(FsdpWorld, ParametersKeptGatheredFromForwardToBackward) {
   // No second gather in the backward: each block once per step, the root once.
   EXPECT_EQ(meta["all_gathers"], "9");
   EXPECT_EQ(meta["peak_gathered_groups"], "2");  // both blocks, from the forward to the backward
+}
+
+TEST_P(FsdpWorld, ReduceScattersOnTheWorldCommunicatorToo) {
+  KILN_SKIP_WITHOUT_GLOO();
+  // separate_reduce_scatter_group is on by default when N > 1 (the other cases); off, the same run.
+  io::Metadata meta = train_and_compare(GetParam(), "onecomm", 2, "KILN_FSDP_SEPARATE_RS=0");
+  EXPECT_EQ(meta["reduce_scatter_comm"], "world");
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, FsdpWorld, ::testing::Values(2, 3, 4));

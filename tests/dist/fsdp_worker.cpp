@@ -3,7 +3,8 @@
 // rank 0 writes what the test compares (KILN_FSDP_OUT/<name>.safetensors: the loss of each
 // step and the final whole parameters; optimizer state where the case has it).
 //   train      KILN_FSDP_STEPS steps, KILN_FSDP_ACCUM micro-batches (sync on the last only),
-//              KILN_FSDP_RESHARD=0 keeps parameters gathered from forward to backward;
+//              KILN_FSDP_RESHARD=0 keeps parameters gathered from forward to backward,
+//              KILN_FSDP_SEPARATE_RS=0 reduce-scatters on the world communicator;
 //              also the per-rank memory and the FSDP counters.
 //   save       trains 2 steps, writes a sharded checkpoint to KILN_FSDP_CKPT, trains 2 more.
 //   load       loads KILN_FSDP_CKPT (any world size), writes what it loaded, trains steps 2..4.
@@ -66,6 +67,7 @@ TEST(FsdpWorker, Run) {
   const Device device = backend == "nccl" ? cuda(dist::DistEnv::from_env().local_rank) : kCPU;
   FsdpOptions o;
   o.reshard_after_forward = env_or("KILN_FSDP_RESHARD", "1") == "1";
+  if (std::getenv("KILN_FSDP_SEPARATE_RS")) o.separate_reduce_scatter_group = env_or("KILN_FSDP_SEPARATE_RS", "1") == "1";
   const int accum = std::atoi(env_or("KILN_FSDP_ACCUM", "1").c_str());
   const std::string tag = env_or("KILN_FSDP_TAG", mode.c_str());
   ShardedRun run = make_sharded(world, o, tiny_config(), device);
@@ -88,6 +90,7 @@ TEST(FsdpWorker, Run) {
                       {"all_gathers", std::to_string(st.all_gathers)},
                       {"reduce_scatters", std::to_string(st.reduce_scatters)},
                       {"peak_all_gather_buffers", std::to_string(st.peak_all_gather_buffers)},
+                      {"reduce_scatter_comm", run.fsdp->reduce_scatter_communicator()->name()},
                       {"peak_reduce_scatter_buffers", std::to_string(st.peak_reduce_scatter_buffers)}};
     // Every rank's live bytes (rank 0 writes them all).
     Tensor lb = zeros({N}, DType::i64, device);
