@@ -77,6 +77,13 @@ FlexResult run_mask(const Tensor& q, const Tensor& k, const Tensor& v, const SM&
 
 using FlexOut = std::tuple<PyTensor, std::optional<PyTensor>, std::unique_ptr<Graph>>;
 
+// The keep-all mask of a call given none.
+AnyBlockMask no_mask(const PyTensor& q, const PyTensor& k) {
+  MaskSpec spec;
+  spec.kind = MaskSpec::Kind::none;
+  return create_block_mask(spec, q.t.dim() == 4 ? q.t.size(2) : 0, k.t.dim() == 4 ? k.t.size(2) : 0, q.t.device());
+}
+
 // A detached copy of an input, a leaf that requires grad when its gradient is asked for.
 Tensor leaf(const Tensor& t, bool g) {
   Tensor l = t.detach();
@@ -109,8 +116,7 @@ FlexOut flex(const PyTensor& q, const PyTensor& k, const PyTensor& v, const PyBl
   PyBlockMask none;
   if (!mask) {
     none.kind = "none";
-    none.any = create_block_mask(MaskSpec{MaskSpec::Kind::none}, q.t.dim() == 4 ? q.t.size(2) : 0,
-                                 k.t.dim() == 4 ? k.t.size(2) : 0, q.t.device());
+    none.any = no_mask(q, k);
     mask = &none;
   }
   FlexResult r;
@@ -181,9 +187,7 @@ FlexOut flex_runtime(const PyTensor& q, const PyTensor& k, const PyTensor& v, co
   o.return_lse = true;
   RuntimeBlockMask none;
   if (!mask) {
-    const int64_t L = q.t.dim() == 4 ? q.t.size(2) : 0, S = k.t.dim() == 4 ? k.t.size(2) : 0;
-    none = RuntimeBlockMask{RuntimeMaskMod("true"),
-                            create_block_mask(MaskSpec{MaskSpec::Kind::none}, L, S, q.t.device()).layout};
+    none = RuntimeBlockMask{RuntimeMaskMod("true"), no_mask(q, k).layout};
     mask = &none;
   }
   FlexResult r = flex_attention(lq, lk, lv, sm, *mask, o);
