@@ -17,6 +17,8 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "kiln/data/tokenizer.h"
+#include "kiln/dist/backends.h"
+#include "kiln/dist/launcher.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/config.h"
 #include "kiln/train/report.h"
@@ -78,6 +80,29 @@ std::string prescan(const Args& args, const std::string& name) {
     else if (args[i].rfind(name + "=", 0) == 0) value = args[i].substr(name.size() + 1);
   }
   return value;
+}
+
+// kiln train --nproc N: the same command as N ranks on this machine through kiln/dist's launcher
+// (torchrun's variables, a store on a free port, '[rank N] ' prefixes, the first failure
+// reported), with --nproc dropped and the run folder chosen here passed to every rank.
+int launch_ranks(const Args& args, const train::TrainConfig& c) {
+  dist::LaunchOptions o;
+  o.nproc_per_node = static_cast<int>(c.nproc);
+  o.master_port = 0;  // a free one
+  o.program.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+  o.program.push_back("train");
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--nproc=", 0) == 0) continue;
+    o.program.push_back(args[i]);
+  }
+  o.program.push_back("--out");  // the last --out wins: the folder resolved here (runs/kiln-N)
+  o.program.push_back(c.out);
+  std::fprintf(stderr, "kiln train: starting %lld ranks\n", static_cast<long long>(c.nproc));
+  return dist::launch(o);
 }
 
 }  // namespace
@@ -186,17 +211,32 @@ int run_train(const Args& args) {
       std::fprintf(stderr, "%s holds an earlier run: this one goes to %s\n", base.c_str(), c.out.c_str());
   }
 
+  // --nproc N: this process launches N ranks of the same command (kiln/dist's launcher, as kiln
+  // launch) and waits for them; a rank (WORLD_SIZE set by kiln launch, torchrun or SLURM) joins
+  // the job's world instead.
+  const bool in_job = std::getenv("WORLD_SIZE") != nullptr || std::getenv("SLURM_NTASKS") != nullptr;
+  const dist::DistEnv env = dist::DistEnv::from_env();
+  KILN_CHECK(!in_job || !p.given("--nproc") || c.nproc == env.world_size, "--nproc ", c.nproc, ": this process is ",
+             "a rank of a job of ", env.world_size, " (WORLD_SIZE); leave --nproc out under kiln launch or torchrun");
+  if (c.nproc > 1 && !in_job) return launch_ranks(args, c);
+  train::TrainHooks hooks;
+  if (in_job && env.world_size > 1) {
+    hooks.world = dist::init_world(Device::parse(c.device).is_cuda() ? "nccl" : "gloo");
+    if (hooks.world->rank() != 0) hooks.progress = nullptr;  // rank 0 alone prints the progress and summary
+  }
+  const bool quiet_rank = hooks.world && hooks.world->rank() != 0;
+
   g_stop.store(false);
   g_signal.store(0);
   g_loop_done.store(false);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  train::TrainHooks hooks;
   hooks.stop = &g_stop;
   // The handlers stay until exit: a repeated signal that comes after the loop (timeout's second
   // one, on a fast step) would otherwise kill the process as it prints its summary.
   train::TrainSummary s = train::run_training(c, hooks);
   g_loop_done.store(true);
+  if (quiet_rank) return s.interrupted ? 128 + (g_signal.load() ? g_signal.load() : SIGINT) : 0;
   if (s.already_done) {
     std::fprintf(stderr, "the run in %s is already at its last step, %lld: nothing to train (pass a larger --steps to "
                  "continue it)\n", c.out.c_str(), (long long)s.start_step);

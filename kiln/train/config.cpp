@@ -89,6 +89,8 @@ void TrainConfig::validate() const {
   pos("batch", batch);
   pos("seq", seq);
   pos("accum", accum);
+  pos("nproc", nproc);
+  KILN_CHECK(global_batch >= 0, "config: global_batch=", global_batch, " must be >= 0 (0: batch x accum x ranks)");
   pos("log_every", log_every);
   KILN_CHECK(eval_every >= 0, "config: eval_every=", eval_every, " must be >= 0 (0: never)");
   KILN_CHECK(telemetry_every >= 0, "config: telemetry_every=", telemetry_every, " must be >= 0 (0: never)");

@@ -47,6 +47,10 @@ struct TrainConfig {
   std::string checkpoint_activations = "none";  // none | block | mlp (recomputed in the backward)
   // optimisation
   int64_t steps = 0, batch = 0, seq = 0, accum = 1, warmup = -1;
+  // sequences per optimizer step over every rank and micro-batch (0: batch x accum x ranks);
+  // given, it sets the micro-batches per rank: global_batch / (batch x ranks)
+  int64_t global_batch = 0;
+  int64_t nproc = 1;  // ranks `kiln train` starts on this machine (kiln/dist's launcher; Gloo on CPU)
   double lr = 0, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   // schedule of side work
   int64_t eval_every = 0, eval_batches = 8, ckpt_every = 0, keep_ckpts = 2, log_every = 1, telemetry_every = 50;

@@ -39,7 +39,10 @@ std::vector<ConfigField> make_fields() {
       row("steps", &C::steps, "N", "optimizer steps", changeable),
       row("batch", &C::batch, "N", "sequences per micro-batch"),
       row("seq", &C::seq, "N", "tokens per sequence"),
-      row("accum", &C::accum, "N", "micro-batches accumulated per step"),
+      row("accum", &C::accum, "N", "micro-batches accumulated per step (per rank)"),
+      row("global_batch", &C::global_batch, "G", "sequences per optimizer step over all ranks and micro-batches "
+          "(0: batch x accum x ranks); sets the micro-batches per rank, G / (batch x ranks), and the data order is "
+          "then the same for any number of ranks"),
       row("lr", &C::lr, "LR", "peak learning rate"),
       row("min_lr_ratio", &C::min_lr_ratio, "R", "final lr of the cosine decay, as a fraction of --lr"),
       row("warmup", &C::warmup, "N", "linear warmup steps (-1: 5% of --steps)"),
@@ -89,6 +92,9 @@ std::vector<ConfigField> make_fields() {
       row("overwrite", &C::overwrite, "", "a fresh run into an --out holding an earlier run replaces that run",
           command),
       row("resume", &C::resume, "DIR", "continue from a checkpoint (or a run directory's latest)", command),
+      row("nproc", &C::nproc, "N", "train as N ranks on this machine (FSDP-sharded; Gloo on the CPU, NCCL with "
+          "one GPU per rank on CUDA), started through kiln launch's launcher; under kiln launch or torchrun kiln "
+          "train joins their job instead", command),
       row("device", &C::device, "DEV", "cpu, cuda or cuda:N"),
       row("dtype", &C::dtype, "DT", "auto (bf16 on CUDA, f32 on CPU), f32, or bf16 (f32 master weights)"),
       row("seed", &C::seed, "S", "seed of initialisation and data order"),
@@ -102,7 +108,8 @@ std::vector<ConfigField> make_fields() {
   for (ConfigField& f : t) {
     if (f.key == "sample") f.flag = "--sample-mode";
     // Not the run's: never recorded with it (out is, so a run folder names where it was written).
-    if (f.key == "overwrite" || f.key == "resume" || f.key == "profile" || f.key == "peak_tflops") f.saved = false;
+    if (f.key == "overwrite" || f.key == "resume" || f.key == "profile" || f.key == "peak_tflops" || f.key == "nproc")
+      f.saved = false;
     if (f.key == "resume") f.in_file = false;  // a resumed run takes no config file
   }
   return t;

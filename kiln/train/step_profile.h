@@ -49,6 +49,10 @@ class StepProfile {
     std::chrono::steady_clock::time_point t0_;
   };
   void add_step(double wall_ms);
+  // Host time spent waiting on collectives (FSDP's all-gathers and reduce-scatters).
+  void add_comm(double ms) {
+    if (on()) host_.comm_ms += ms;
+  }
   // Everything since the profiler's last reset (harvests CUDA timings: waits for them).
   PhaseTimes totals() const;
   // Forgets the host times and steps too (the profiler was reset after a warm-up step).

@@ -14,6 +14,7 @@
 #include "kiln/core/profile.h"
 #include "kiln/nn/generate.h"
 #include "kiln/ops/ops.h"
+#include "kiln/parallel/dcp.h"
 #include "kiln/telemetry/telemetry.h"
 #include "kiln/train/trainer_state.h"
 
@@ -45,44 +46,68 @@ StepResult Trainer::step() {
   try {
     StepProfile::Wall data_time(s.step_profile, &PhaseTimes::data_ms);
     profile::Label label("data:", "batch");
-    for (int64_t a = 0; a < cfg.accum; ++a) {
+    // This rank's micro-batches of the global batch; the others' are skipped (trainer_state.h).
+    for (int64_t i = 0; i < s.micro_total; ++i) {
+      if (i < s.micro_first || i >= s.micro_first + s.accum_local) {
+        s.train_sampler->set_position(s.train_sampler->position() + static_cast<uint64_t>(cfg.batch));
+        continue;
+      }
       micro.push_back(s.train_sampler->next(s.dev));
       targets += micro.back().num_targets;
     }
   } catch (const std::bad_alloc&) {
-    fail("train: a step's batch=", cfg.batch, " x seq=", cfg.seq, " x accum=", cfg.accum,
+    fail("train: a step's batch=", cfg.batch, " x seq=", cfg.seq, " x accum=", s.accum_local,
          " tokens cannot be allocated (out of host memory); use a smaller --batch, --seq or --accum");
   }
+  // Sharded: the loss divides by the targets of every rank (so the summed gradient is the global
+  // mean's), each rank runs every micro-batch (its backward's collectives are the others' too),
+  // and the gradients are reduced once, at the last micro-batch (parallel/fsdp.h).
+  const double divide_by = s.world ? parallel::global_count(*s.world, targets, s.dev) : static_cast<double>(targets);
+  const double comm_before = s.fsdp ? s.fsdp->stats().all_gather_wait_s + s.fsdp->stats().reduce_scatter_wait_s : 0;
   // The loss stays on the device until the gradient norm has synchronised the host anyway
   // (reading it before the backward would stall the GPU while the backward is enqueued).
   Tensor loss_dev;
-  for (auto& b : micro) {
-    if (b.num_targets == 0) continue;
+  for (size_t a = 0; a < micro.size(); ++a) {
+    const data::Batch& b = micro[a];
+    if (b.num_targets == 0 && !s.fsdp) continue;
+    if (s.fsdp) s.fsdp->set_requires_gradient_sync(a + 1 == micro.size());
     // This micro-batch's own bf16 parameters (precision.h), kept through its backward: an
     // activation checkpoint's recomputation reads them there.
     ParamCast::Forward cast(*s.cast);
     Tensor ls;
     {
       profile::Label label("forward:", "loss");  // the backward's kernels the engine labels "backward:"
-      // this micro-batch's share of the mean over the whole accumulated batch
-      ls = s.model->loss_sum(b.input, b.target, cfg.document_mask() ? b.doc_ids : Tensor(),
-                             static_cast<double>(targets));
+      // this micro-batch's share of the mean over the whole accumulated (global) batch
+      ls = s.model->loss_sum(b.input, b.target, cfg.document_mask() ? b.doc_ids : Tensor(), std::max(divide_by, 1.0));
     }
     ls.backward();
     loss_dev = loss_dev.defined() ? add(loss_dev, ls.detach()) : ls.detach();
   }
   {
     profile::Label label("optimizer:", "step");
-    // The multi-tensor update with the clip folded in (docs/optim.md): the norm from one
-    // reduction, the clip's scale applied inside the update, no step when the norm is not
-    // finite; --clip 0 measures the norm only (max_norm inf).
-    r.grad_norm = s.opt->clip_and_step(cfg.clip > 0 ? cfg.clip : INFINITY);
-    r.skipped = !std::isfinite(r.grad_norm);
+    if (s.fsdp) {  // the norm over every rank's shards: one all-reduce (parallel/fsdp.h)
+      r.grad_norm = cfg.clip > 0 ? s.fsdp->clip_grad_norm(cfg.clip) : s.fsdp->grad_norm();
+      r.skipped = !std::isfinite(r.grad_norm);
+      if (!r.skipped) s.opt->step();
+    } else {
+      // The multi-tensor update with the clip folded in (docs/optim.md): the norm from one
+      // reduction, the clip's scale applied inside the update, no step when the norm is not
+      // finite; --clip 0 measures the norm only (max_norm inf).
+      r.grad_norm = s.opt->clip_and_step(cfg.clip > 0 ? cfg.clip : INFINITY);
+      r.skipped = !std::isfinite(r.grad_norm);
+    }
     s.opt->zero_grad();
+  }
+  if (s.fsdp) {
+    const parallel::FsdpStats st = s.fsdp->stats();
+    s.step_profile.add_comm(1e3 * (st.all_gather_wait_s + st.reduce_scatter_wait_s - comm_before));
+    if (!loss_dev.defined()) loss_dev = zeros({}, DType::f32, s.dev);
+    loss_dev = loss_dev.to(DType::f32).contiguous();
+    s.world->all_reduce(loss_dev, dist::ReduceOp::sum)->wait();  // the global batch's mean loss
   }
   r.loss = loss_dev.defined() ? loss_dev.item() : 0.0;
   r.step = ++s.step;
-  r.tokens = cfg.batch * cfg.seq * cfg.accum;
+  r.tokens = cfg.batch * cfg.seq * s.micro_total;  // every rank's
   s.tokens_seen += r.tokens;
   s.sum.losses.push_back(r.loss);
   if (s.sum.losses.size() == 1) s.sum.first_loss = r.loss;
@@ -129,15 +154,28 @@ void Trainer::checkpoint(const std::string& why) {
   st["data_checksum"] = s.data_checksum;
   st["config"] = s.cfg.to_json();
   st["optimizer"] = os.scalars;
-  CheckpointData d;
-  d.model = s.model.get();
-  d.tokenizer = s.tok.get();
-  d.optimizer_tensors = os.tensors;
-  d.trainer_state = std::move(st);
   std::string name = "step-" + std::to_string(s.step);
   std::string dir = (fs::path(s.cfg.out) / name).string();
-  save_checkpoint(dir, d, s.hooks.checkpoint_hook);
-  mark_latest(s.cfg.out, name, s.cfg.keep_ckpts);
+  if (s.fsdp) {
+    // Sharded (parallel/dcp.h): every rank writes its shards and their optimizer state, rank 0
+    // the index, config.json and trainer_state.json; loads at any world size (load_checkpoint).
+    st["optimizer"] = json::Value();  // the index's metadata holds the optimizer's scalars
+    nn::LlamaConfig mc = s.model->config;
+    parallel::save_checkpoint(dir, *s.fsdp, *s.opt, [&](const std::string& tmp) {
+      json::Value cj = mc.to_json();
+      cj[kTrainedSeqKey] = s.cfg.seq;
+      std::ofstream(fs::path(tmp) / "config.json") << cj.dump(2) << "\n";
+      std::ofstream(fs::path(tmp) / "trainer_state.json") << st.dump(1) << "\n";
+    });
+  } else {
+    CheckpointData d;
+    d.model = s.model.get();
+    d.tokenizer = s.tok.get();
+    d.optimizer_tensors = os.tensors;
+    d.trainer_state = std::move(st);
+    save_checkpoint(dir, d, s.hooks.checkpoint_hook);
+  }
+  if (s.is_rank0()) mark_latest(s.cfg.out, name, s.cfg.keep_ckpts);
   s.sum.checkpoint = dir;
 }
 
@@ -159,7 +197,7 @@ json::Value mfu_json(const Trainer::State& s, double tokens_per_s) {
   v["peak_tflops"] = s.peak.tflops;
   v["peak_source"] = s.peak.source;
   v["estimate"] = s.peak.estimate;
-  if (s.peak.tflops > 0) v["mfu"] = mfu(s.flops_per_token, tokens_per_s, s.peak.tflops);
+  if (s.peak.tflops > 0) v["mfu"] = mfu(s.flops_per_token, tokens_per_s, s.peak.tflops * s.world_size);
   return v;
 }
 
@@ -178,7 +216,7 @@ std::string phase_table(const PhaseTimes& p, const Trainer::State& s, double tok
   }
   if (s.peak.tflops > 0) {
     std::snprintf(line, sizeof line, "MFU %.2f%% at %.0f tokens/s of these steps; ", 100.0 * mfu(s.flops_per_token,
-                  tokens_per_s, s.peak.tflops), tokens_per_s);
+                  tokens_per_s, s.peak.tflops * s.world_size), tokens_per_s);
     o << line << mfu_basis(s);
   } else {
     o << "MFU: no peak known for " << s.dev.str() << " (pass --peak-tflops T)";
@@ -218,8 +256,8 @@ TrainSummary Trainer::run() {
   const TrainHooks& hooks = s.hooks;
   TrainSummary& sum = s.sum;
   if (s.already_done) return sum;
-  Progress& progress = *s.progress;
-  MetricsLog& metrics = *s.metrics;
+  Progress& progress = *s.progress;  // silent on ranks other than 0 (the CLI gives them none)
+  MetricsLog* metrics = s.metrics.get();  // rank 0's
 
   // ---- the op-level profile (the first step, a warm-up, is excluded when there are more) ----
   std::unique_ptr<profile::Profiler> prof;
@@ -272,7 +310,7 @@ TrainSummary Trainer::run() {
       m["memory_bytes"] = mem;
       if (eval_loss >= 0) m["eval_loss"] = eval_loss;
       if (r.skipped) m["skipped"] = true;
-      if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops);
+      if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops * s.world_size);
       if (s.step_profile.on()) {  // the steps since the last record, by phase (step_profile.h)
         const PhaseTimes now = s.step_profile.totals(), d = now.minus(logged);
         logged = now;
@@ -285,9 +323,11 @@ TrainSummary Trainer::run() {
           // telemetry is informative only: a platform that cannot say is not a training error
         }
       }
-      metrics.write(m);
-      if (const std::string w = metrics.take_warning(); !w.empty()) progress.message(w);
-      if (hooks.on_log) hooks.on_log(m);
+      if (metrics) {
+        metrics->write(m);
+        if (const std::string w = metrics->take_warning(); !w.empty()) progress.message(w);
+        if (hooks.on_log) hooks.on_log(m);
+      }
     }
     const double eta = (cfg.steps - r.step) * run_s / std::max<int64_t>(r.step - sum.start_step, 1);
     progress.update(r.step, r.loss, tps, eta, mem, eval_loss);
@@ -310,9 +350,15 @@ TrainSummary Trainer::run() {
       prof_from = r.step;
     }
     if (hooks.on_step) hooks.on_step(r.step);
-    const bool stop = hooks.stop && hooks.stop->load();
-    const bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
-    const bool log_failed = metrics.stop_at(r.step, cfg.ckpt_every);  // a full disk: stop at a checkpoint
+    bool stop = hooks.stop && hooks.stop->load();
+    bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
+    bool log_failed = metrics && metrics->stop_at(r.step, cfg.ckpt_every);  // a full disk: stop at a checkpoint
+    if (s.world) {  // the ranks stop together (one rank's signal, clock or disk stops all)
+      Tensor flags = from_vector<int32_t>({stop, out_of_time, log_failed}, {3}, s.dev);
+      s.world->all_reduce(flags, dist::ReduceOp::max)->wait();
+      const std::vector<int32_t> f = flags.to_vector<int32_t>();
+      stop = f[0] != 0, out_of_time = f[1] != 0, log_failed = f[2] != 0;
+    }
     if (stop || out_of_time || log_failed) {
       sum.interrupted = stop;
       sum.out_of_time = !stop && out_of_time;
@@ -323,7 +369,9 @@ TrainSummary Trainer::run() {
     if (cfg.ckpt_every > 0 && r.step % cfg.ckpt_every == 0 && r.step < cfg.steps) checkpoint("interval");
   }
   progress.finish();
-  if (prof) {
+  if (prof && !s.is_rank0()) {
+    s.step_profile = StepProfile(nullptr);
+  } else if (prof) {
     const PhaseTimes phases = s.step_profile.totals();
     s.step_profile = StepProfile(nullptr);
     prof_on.reset();
@@ -331,7 +379,7 @@ TrainSummary Trainer::run() {
     pj["steps"] = s.step - prof_from;
     pj["device"] = s.dev.str();
     pj["phases"] = phases.to_json();
-    const double step_tps = phases.step_ms > 0 ? phases.steps * cfg.batch * cfg.seq * cfg.accum / (phases.step_ms / 1e3)
+    const double step_tps = phases.step_ms > 0 ? phases.steps * cfg.batch * cfg.seq * s.micro_total / (phases.step_ms / 1e3)
                                                : 0.0;
     pj["mfu"] = mfu_json(s, step_tps);
     std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";
@@ -342,20 +390,22 @@ TrainSummary Trainer::run() {
   sum.steps_done = s.step;
   sum.seconds = s.seconds();
   sum.tokens_seen = s.tokens_seen;
-  sum.tokens_per_s = sum.seconds > 0 ? (s.step - sum.start_step) * cfg.batch * cfg.seq * cfg.accum / sum.seconds : 0;
+  sum.tokens_per_s = sum.seconds > 0 ? (s.step - sum.start_step) * cfg.batch * cfg.seq * s.micro_total / sum.seconds : 0;
   sum.peak_memory_bytes = memory_stats(s.dev).peak_bytes;
   checkpoint(sum.interrupted ? "interrupted" : "end");
-  {
+  if (metrics) {
     std::ofstream svg(fs::path(cfg.out) / "loss.svg");
-    svg << loss_curve_svg(curves_from_metrics(metrics.path()), "kiln train: " + cfg.preset + " preset");
+    svg << loss_curve_svg(curves_from_metrics(metrics->path()), "kiln train: " + cfg.preset + " preset");
   }
   KILN_CHECK(non_finite_steps == 0, diverged("the last step was not finite; its checkpoint was saved anyway",
                                              sum.final_loss));
   KILN_CHECK(!growth.last_diverged(), growth.message("the loss has grown by orders of magnitude; the last "
                                                      "checkpoint was saved anyway", s.step, cfg.lr));
-  KILN_CHECK(metrics.ok(), "train: ", metrics.error(), "; the run stopped at step ", s.step, " with checkpoint ",
-             sum.checkpoint, ": free space and continue it with --resume ", cfg.out);
-  if (cfg.sample_tokens > 0 && !sum.interrupted && s.tok) {  // token data without a tokenizer: no sample
+  KILN_CHECK(!metrics || metrics->ok(), "train: ", metrics ? metrics->error() : "", "; the run stopped at step ", s.step,
+             " with checkpoint ", sum.checkpoint, ": free space and continue it with --resume ", cfg.out);
+  if (s.fsdp && cfg.sample_tokens > 0) {
+    progress.message("note: no sample at the end of a sharded run (the model's parameters are spread over the ranks)");
+  } else if (cfg.sample_tokens > 0 && !sum.interrupted && s.tok) {  // token data without a tokenizer: no sample
     s.model->eval();
     std::string prompt = cfg.prompt.empty() ? "kiln " : cfg.prompt;
     std::vector<int32_t> ids;

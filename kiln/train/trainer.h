@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/dist/communicator.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/config.h"
 
@@ -28,6 +29,10 @@ struct TrainHooks {
   WriteHook checkpoint_hook;                 // tests inject checkpoint failures
   std::function<void(int64_t step)> on_step;  // after each step (before the stop check)
   std::function<void(const json::Value& record)> on_log;  // each metrics.jsonl record, once written
+  // The job's world (kiln launch, torchrun: dist::init_world): the model is FSDP-sharded over it
+  // (parallel/fsdp.h), rank r takes its slice of each global batch, rank 0 alone writes the
+  // metrics, the loss curve and the run folder's files. Null: one process, unsharded.
+  std::shared_ptr<dist::Communicator> world;
 };
 
 struct TrainSummary {

@@ -8,6 +8,7 @@
 #include "kiln/attention/runtime_mods_setup.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/data/default_corpus.h"
+#include "kiln/dist/backends.h"
 #include "kiln/data/token_file.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/train/memory_estimate.h"
@@ -21,6 +22,8 @@ namespace fs = std::filesystem;
 void Trainer::State::resolve_config(const TrainConfig& cfg_in) {
   cfg = cfg_in;
   if (cfg_in.resume.empty()) return;
+  KILN_CHECK(!world, "train: --resume of a run on several ranks is not supported yet (its checkpoints are sharded: "
+             "kiln/parallel/dcp.h); resume it in one process");
   resume_dir = find_checkpoint(cfg_in.resume);
   KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'", why_no_checkpoint(cfg_in.resume));
   resume_state = read_trainer_state(resume_dir);
@@ -68,6 +71,9 @@ void Trainer::State::load_data() {
   if (split.train_end < stream.size())
     val_sampler = std::make_unique<data::Sampler>(stream, split.train_end, stream.size(), cfg.batch, cfg.seq,
                                                   cfg.seed + 1, mode);
+  eval_batches = cfg.eval_batches;  // at most what the validation split holds (dataset.h)
+  if (val_sampler && cfg.eval_every > 0)
+    eval_note = data::clamp_batches(stream.size() - split.train_end, cfg.batch, cfg.seq, "--eval-batches", eval_batches);
   // The run's data: a resume on other data continues at the sampler's position in it (the docs'
   // bitwise resume no longer holds), which open_run says.
   const uint64_t h = cfg.data.empty() ? data::fnv1a(data::default_corpus(), data::fnv1a(tok->fingerprint()))
@@ -102,14 +108,42 @@ std::shared_ptr<const attention::RuntimeMods> Trainer::State::compile_runtime_mo
   return mods;
 }
 
+// The split of a step's global batch over the ranks and their micro-batches (trainer_state.h).
+void Trainer::State::plan_ranks() {
+  if (world) {
+    rank = world->rank();
+    world_size = world->size();
+  }
+  const int64_t n = world_size;
+  const int64_t global = cfg.global_batch > 0 ? cfg.global_batch : cfg.batch * cfg.accum * n;
+  KILN_CHECK(global % (cfg.batch * n) == 0, "train: --global-batch ", global, " is not a multiple of --batch ",
+             cfg.batch, " x ", n, " rank(s) = ", cfg.batch * n, ": every rank takes the same number of micro-batches "
+             "of --batch sequences");
+  micro_total = global / cfg.batch;
+  accum_local = micro_total / n;
+  micro_first = rank * accum_local;
+  KILN_CHECK(cfg.global_batch == 0 || cfg.accum == 1 || cfg.accum == accum_local, "train: --accum ", cfg.accum,
+             " disagrees with --global-batch ", cfg.global_batch, " / (--batch ", cfg.batch, " x ", n,
+             " rank(s)) = ", accum_local, " micro-batches per rank; give one of them");
+}
+
 void Trainer::State::build_model() {
   nn::LlamaConfig mcfg = cfg.model_config(vocab);
   check_memory_fits(cfg, mcfg, bf16, dev, available_memory(dev));  // refused, not OOM-killed
   if (cfg.runtime_mods()) mcfg.runtime_mods = compile_runtime_mods(mcfg);
-  model = std::make_unique<nn::LlamaForCausalLM>(mcfg, cfg.seed, dev);
-  cast = std::make_unique<ParamCast>(*model, bf16 ? DType::bf16 : DType::f32);
+  model = std::make_unique<nn::LlamaForCausalLM>(mcfg, cfg.seed, dev);  // the same on every rank (seed)
   optim::NamedTensors named;
-  for (auto& [n, p] : model->named_parameters()) named.emplace_back(n, *p);
+  if (world) {  // FSDP: each decoder block a group, then the root; the optimizer steps on the shards
+    parallel::FsdpOptions fo;
+    if (bf16) fo.mixed_precision = parallel::MixedPrecision{DType::bf16, DType::f32};  // FSDP casts, not ParamCast
+    for (auto& layer : model->model->layers) parallel::fully_shard(*layer, world, fo);
+    fsdp = parallel::fully_shard(*model, world, fo);
+    named = fsdp->named_shards();
+    cast = std::make_unique<ParamCast>(*model, DType::f32);
+  } else {
+    cast = std::make_unique<ParamCast>(*model, bf16 ? DType::bf16 : DType::f32);
+    for (auto& [n, p] : model->named_parameters()) named.emplace_back(n, *p);
+  }
   optim::AdamWOptions ao;
   ao.lr = cfg.lr;
   ao.beta1 = cfg.beta1;
@@ -159,9 +193,13 @@ void Trainer::State::open_run() {
     std::snprintf(buf, sizeof buf, "kiln train: %s model, %.2fM parameters, %zu tokens (%s), batch %lld x %lld x %lld, "
                   "%s%s, %s", cfg.preset.c_str(), static_cast<double>(sum.num_parameters) / 1e6, stream.size(),
                   cfg.data.empty() ? "default corpus" : cfg.data.c_str(), (long long)cfg.batch, (long long)cfg.seq,
-                  (long long)cfg.accum, dev.str().c_str(), bf16 ? " bf16" : "", resume_dir.empty() ? "from scratch"
+                  (long long)accum_local, dev.str().c_str(), bf16 ? " bf16" : "", resume_dir.empty() ? "from scratch"
                   : ("resumed at step " + std::to_string(step)).c_str());
     progress->message(buf);
+    if (world)
+      progress->message(std::to_string(world_size) + " ranks (" + world->backend() + ", FSDP-sharded): a global batch of " +
+                        std::to_string(micro_total * cfg.batch) + " sequences per step, " + std::to_string(accum_local) +
+                        " micro-batch(es) of " + std::to_string(cfg.batch) + " per rank");
   }
   if (const json::Value* saved = resume_dir.empty() ? nullptr : resume_state.find("data_checksum");
       saved && saved->is_string() && saved->as_string() != data_checksum)
@@ -178,11 +216,7 @@ void Trainer::State::open_run() {
                       "the end, none saved with the checkpoint");
   if (!stale_note.empty()) progress->message(stale_note);
   for (const std::string& note : stream.notes) progress->message(note);
-  eval_batches = cfg.eval_batches;
-  if (val_sampler && cfg.eval_every > 0)
-    if (const std::string n = data::clamp_batches(stream.size() - split.train_end, cfg.batch, cfg.seq, "--eval-batches",
-                                                  eval_batches); !n.empty())
-      progress->message(n);
+  if (!eval_note.empty()) progress->message(eval_note);
   if (!val_sampler && cfg.eval_every > 0) {  // --eval-every asked for evals that cannot run
     std::ostringstream m;
     m << "note: no validation text (--val-fraction " << cfg.val_fraction << " of this text), so no eval runs: "
@@ -192,11 +226,15 @@ void Trainer::State::open_run() {
 }
 
 void Trainer::State::setup(const TrainConfig& cfg_in) {
+  world = hooks.world;
   resolve_config(cfg_in);
   cfg.validate();
-  prepare_run_folder();
+  plan_ranks();
+  if (is_rank0()) prepare_run_folder();  // the run folder is rank 0's (the others write shards into it)
+  else if (resume_dir.empty() && cfg.warmup < 0) cfg.warmup = std::max<int64_t>(1, cfg.steps / 20);
   set_deterministic(cfg.deterministic);
   dev = Device::parse(cfg.device);
+  if (dev.is_cuda() && world) dev = cuda(dist::DistEnv::from_env().local_rank);  // one GPU per rank
   check_device_available(dev, "train");
   bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && dev.is_cuda());
   progress = std::make_unique<Progress>(hooks.progress, cfg.steps, cfg.log_every);
@@ -210,7 +248,8 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
     sum.steps_done = step;
     return;
   }
-  open_run();
+  if (is_rank0()) open_run();
+  if (world) world->barrier()->wait();  // rank 0's run folder is in place
   t0 = Clock::now();
 }
 

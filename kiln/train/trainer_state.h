@@ -13,6 +13,7 @@
 #include "kiln/nn/llama.h"
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/schedule.h"
+#include "kiln/parallel/fsdp.h"
 #include "kiln/train/mfu.h"
 #include "kiln/train/precision.h"
 #include "kiln/train/report.h"
@@ -45,7 +46,15 @@ struct Trainer::State {
   data::Split split;
   std::unique_ptr<data::Sampler> train_sampler, val_sampler;
   int64_t eval_batches = 0;  // at most what the validation split holds
+  std::string eval_note;     // said when it was clamped
   std::string data_checksum;
+  // ranks: the world (null: one process), this rank, and the micro-batches of a step: a global
+  // batch is `micro_total` micro-batches of cfg.batch sequences, rank r draws `accum_local` of
+  // them from `micro_first` on and skips the others' (the data order does not depend on the ranks)
+  std::shared_ptr<dist::Communicator> world;
+  int rank = 0, world_size = 1;
+  int64_t micro_total = 1, accum_local = 1, micro_first = 0;
+  std::shared_ptr<parallel::FsdpModule> fsdp;  // the root's, when sharded
   // model and optimizer
   std::unique_ptr<nn::LlamaForCausalLM> model;
   std::unique_ptr<ParamCast> cast;
@@ -66,7 +75,9 @@ struct Trainer::State {
   void resolve_config(const TrainConfig& cfg_in);
   void prepare_run_folder();
   void load_data();
+  void plan_ranks();
   void build_model();
+  bool is_rank0() const { return rank == 0; }
   std::shared_ptr<const attention::RuntimeMods> compile_runtime_mods(const nn::LlamaConfig& mcfg);
   void load_resume_state();
   void open_run();
