@@ -55,6 +55,11 @@ class Optimizer {
   // gradients it is closer to exact (clip_grad_norm_ rounds the scaled gradient to bf16). One host
   // synchronisation, after the update was issued, to return the norm.
   double clip_and_step(double max_norm, double norm_type = 2.0);
+  // clip_and_step's update with the total norm computed elsewhere (for example FSDP's norm over
+  // every rank's shards, parallel/fsdp.h): the gradients are scaled by
+  // kernels::clip_scale(total_norm, max_norm) inside the update, as clip_grad_norm_ would have
+  // scaled them. A non-finite total_norm skips the step (nothing changes) and returns false.
+  bool step_with_norm(double total_norm, double max_norm);
   // The multi-tensor path (the default) or one kernel per parameter (the reference the tests
   // compare with; clip_and_step then runs clip_grad_norm_ and the per-parameter updates).
   void set_multi_tensor(bool on) { multi_tensor_ = on; }
@@ -121,10 +126,18 @@ class Optimizer {
   int64_t step_count_ = 0;
   bool multi_tensor_ = true;
 
-  // step() and clip_and_step(): clip false ignores max_norm and norm_type and returns 0.
-  double run_step(bool clip, double max_norm, double norm_type);
-  double run_step_per_parameter(const std::vector<Tensor>& grads, bool clip, double max_norm, double norm_type);
-  double run_step_multi_tensor(const std::vector<Tensor>& grads, bool clip, double max_norm, double norm_type);
+  // What a step clips by: nothing (step()), a norm it computes (clip_and_step) or a norm it is
+  // given (step_with_norm).
+  struct Clip {
+    bool on = false;
+    double max_norm = 0, norm_type = 2.0;
+    bool given = false;
+    double norm = 0;  // when given
+  };
+  // Returns the norm (0 without a clip).
+  double run_step(const Clip& clip);
+  double run_step_per_parameter(const std::vector<Tensor>& grads, const Clip& clip);
+  double run_step_multi_tensor(const std::vector<Tensor>& grads, const Clip& clip);
   void ensure_buffers(size_t i);
 };
 

@@ -1,7 +1,7 @@
 // The Optimizer's step: gradient checks, then either the multi-tensor path (one call per device
 // over every parameter that has a gradient, the clip folded in: NOTE [multi-tensor step] in
 // kernels/optim.h) or the per-parameter reference (clip_grad_norm_, then one update() per
-// parameter).
+// parameter); the clip by a norm computed here (clip_and_step) or given (step_with_norm).
 #include <cmath>
 
 #include "kiln/autograd/grad_mode.h"
@@ -13,14 +13,22 @@
 
 namespace kiln::optim {
 
-void Optimizer::step() { run_step(false, 0.0, 2.0); }
+void Optimizer::step() { run_step(Clip{}); }
 
 double Optimizer::clip_and_step(double max_norm, double norm_type) {
   KILN_CHECK(!std::isnan(max_norm) && max_norm >= 0.0, kind_, " clip_and_step: max_norm=", max_norm,
              " must be >= 0 (or inf)");
   KILN_CHECK(norm_type > 0.0 && !std::isnan(norm_type), kind_, " clip_and_step: norm_type=", norm_type,
              " must be > 0 (or inf)");
-  return run_step(true, max_norm, norm_type);
+  return run_step(Clip{true, max_norm, norm_type, false, 0.0});
+}
+
+bool Optimizer::step_with_norm(double total_norm, double max_norm) {
+  KILN_CHECK(!std::isnan(max_norm) && max_norm >= 0.0, kind_, " step_with_norm: max_norm=", max_norm,
+             " must be >= 0 (or inf)");
+  KILN_CHECK(std::isnan(total_norm) || total_norm >= 0.0, kind_, " step_with_norm: total_norm=", total_norm,
+             " must be >= 0 (or non-finite: the step is skipped)");
+  return std::isfinite(run_step(Clip{true, max_norm, 2.0, true, total_norm}));
 }
 
 void Optimizer::ensure_buffers(size_t i) {
@@ -31,7 +39,7 @@ void Optimizer::ensure_buffers(size_t i) {
   for (size_t k = 0; k < buffer_names_.size(); ++k) st.buffers.push_back(zeros(p.shape(), DType::f32, p.device()));
 }
 
-double Optimizer::run_step(bool clip, double max_norm, double norm_type) {
+double Optimizer::run_step(const Clip& clip) {
   const char* op = kind_.c_str();
   NoGradGuard no_grad;
   // Check every gradient before touching anything, so a bad one leaves all parameters as they were.
@@ -48,17 +56,25 @@ double Optimizer::run_step(bool clip, double max_norm, double norm_type) {
                dtype_name(g.dtype()), " (expected f32 or bf16)");
     grads[i] = g.is_contiguous() ? g.detach() : g.detach().contiguous();
   }
-  return multi_tensor_ ? run_step_multi_tensor(grads, clip, max_norm, norm_type)
-                       : run_step_per_parameter(grads, clip, max_norm, norm_type);
+  return multi_tensor_ ? run_step_multi_tensor(grads, clip) : run_step_per_parameter(grads, clip);
 }
 
-double Optimizer::run_step_per_parameter(const std::vector<Tensor>& checked, bool clip, double max_norm,
-                                         double norm_type) {
+double Optimizer::run_step_per_parameter(const std::vector<Tensor>& checked, const Clip& clip) {
   std::vector<Tensor> grads = checked;
   double norm = 0.0;
-  if (clip) {
-    norm = clip_grad_norm_(params_, max_norm, {norm_type, false});
+  if (clip.on && clip.given) {
+    // As clip_grad_norm_ scales, with the given norm.
+    norm = clip.norm;
     if (!std::isfinite(norm)) return norm;
+    const double scale = kernels::clip_scale(norm, clip.max_norm);
+    if (scale < 1.0)
+      for (auto& [name, p] : params_)
+        if (Tensor g = p.grad(); g.defined()) mul_(g, scale);
+  } else if (clip.on) {
+    norm = clip_grad_norm_(params_, clip.max_norm, {clip.norm_type, false});
+    if (!std::isfinite(norm)) return norm;
+  }
+  if (clip.on) {
     // The clip scaled the gradients in place: contiguous copies taken before it are stale.
     for (size_t i = 0; i < params_.size(); ++i)
       if (grads[i].defined() && !params_[i].second.grad().is_contiguous())
@@ -80,8 +96,7 @@ double Optimizer::run_step_per_parameter(const std::vector<Tensor>& checked, boo
   return norm;
 }
 
-double Optimizer::run_step_multi_tensor(const std::vector<Tensor>& grads, bool clip, double max_norm,
-                                        double norm_type) {
+double Optimizer::run_step_multi_tensor(const std::vector<Tensor>& grads, const Clip& clip) {
   // The parameters with a gradient, by device (devices in order of first appearance).
   std::vector<Device> devices;
   std::vector<std::vector<size_t>> on;
@@ -96,9 +111,10 @@ double Optimizer::run_step_multi_tensor(const std::vector<Tensor>& grads, bool c
     }
     on[k].push_back(i);
   }
+  if (clip.given && !std::isfinite(clip.norm)) return clip.norm;
   if (devices.empty()) {  // no gradients: as clip_grad_norm_ (norm 0) and step()
     ++step_count_;
-    return 0.0;
+    return clip.given ? clip.norm : 0.0;
   }
 
   std::vector<Tensor> work(params_.size());
@@ -112,7 +128,9 @@ double Optimizer::run_step_multi_tensor(const std::vector<Tensor>& grads, bool c
   // The clip tensors ({norm, scale} per device; undefined without a clip).
   std::vector<Tensor> clips(devices.size());
   double norm = 0.0;
-  if (clip && devices.size() == 1) {
+  // Computed on the device when there is one, else on the host (clip_grad_norm_'s sum).
+  const bool on_device = clip.on && !clip.given && devices.size() == 1;
+  if (on_device) {
     const Device d = devices[0];
     std::vector<kernels::NormSlot> slots;
     int64_t total = 0;
@@ -121,18 +139,22 @@ double Optimizer::run_step_multi_tensor(const std::vector<Tensor>& grads, bool c
       total += kernels::norm_partials_count(grads[i].numel());
     }
     Tensor partials = Tensor::empty({total}, DType::f64, d);
-    if (total > 0) KILN_DEVICE_CALL(d, grad_norm_partials_multi, d, slots, norm_type, partials);
+    if (total > 0) KILN_DEVICE_CALL(d, grad_norm_partials_multi, d, slots, clip.norm_type, partials);
     clips[0] = Tensor::empty({2}, DType::f64, d);
-    KILN_DEVICE_CALL(d, clip_from_partials, partials, norm_type, max_norm, clips[0]);
-  } else if (clip) {
-    // Parameters on several devices: the norm on the host (clip_grad_norm_'s sum), its clip
-    // copied to each device.
-    std::vector<Tensor> with_grad;
-    for (const auto& list : on)
-      for (size_t i : list) with_grad.push_back(params_[i].second);
-    norm = grad_norm(with_grad, norm_type);
-    const double scale = std::isfinite(norm) ? kernels::clip_scale(norm, max_norm) : 1.0;
+    KILN_DEVICE_CALL(d, clip_from_partials, partials, clip.norm_type, clip.max_norm, clips[0]);
+  } else if (clip.on) {
+    // A given norm, or parameters on several devices: the norm on the host, its clip copied to
+    // each device.
+    if (clip.given) {
+      norm = clip.norm;
+    } else {
+      std::vector<Tensor> with_grad;
+      for (const auto& list : on)
+        for (size_t i : list) with_grad.push_back(params_[i].second);
+      norm = grad_norm(with_grad, clip.norm_type);
+    }
     if (!std::isfinite(norm)) return norm;
+    const double scale = kernels::clip_scale(norm, clip.max_norm);
     for (size_t k = 0; k < devices.size(); ++k) clips[k] = from_vector<double>({norm, scale}, {2}, devices[k]);
   }
 
@@ -144,8 +166,8 @@ double Optimizer::run_step_multi_tensor(const std::vector<Tensor>& grads, bool c
     update_multi(devices[k], items, clips[k]);
   }
   // Read after the update was issued: the only synchronisation (a skipped step's kernels did nothing).
-  if (clip && devices.size() == 1) norm = clips[0].to_vector<double>()[0];
-  if (clip && !std::isfinite(norm)) return norm;
+  if (on_device) norm = clips[0].to_vector<double>()[0];
+  if (!std::isfinite(norm)) return norm;
 
   for (const auto& list : on)
     for (size_t i : list) {

@@ -403,3 +403,42 @@ TEST(MultiTensor, NoGradientsBadArgumentsAndBadGradients) {
   EXPECT_TRUE(same_bits(before1, ps[1].second));
   EXPECT_EQ(opt.step_count(), 1);
 }
+
+TEST(MultiTensor, StepWithAGivenNormIsClipAndStep) {
+  // FSDP computes the norm over every rank's shards itself; step_with_norm then clips by it
+  // inside the update. Given clip_grad_norm_'s norm it must give clip_and_step's bits, on both
+  // paths.
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::vector<Shape> shapes = {{1}, {7}, {0}, {129, 3}, {100003}};
+  NamedTensors pa = make_params(shapes, seed), pb = clone_params(pa), pc = clone_params(pa);
+  AdamW a(pa, adamw_options()), b(pb, adamw_options()), c(pc, adamw_options());
+  c.set_multi_tensor(false);
+  Generator gen(seed + 1);
+  for (int s = 0; s < 4; ++s) {
+    set_grads(pa, pb, gen, DType::f32, s % 2 ? 10.0 : 0.1, s == 2 ? 1 : shapes.size());
+    for (size_t i = 0; i < pc.size(); ++i)
+      pc[i].second.set_grad(pa[i].second.grad().defined() ? pa[i].second.grad().clone() : Tensor());
+    const double max_norm = 5.0;  // 2-norms ~3 and ~300: the odd steps clip
+    const double n = a.clip_and_step(max_norm);
+    std::vector<Tensor> tb;
+    for (const auto& [name, p] : pb) tb.push_back(p);
+    EXPECT_EQ(bits(grad_norm(tb)), bits(n));
+    EXPECT_TRUE(b.step_with_norm(n, max_norm));
+    EXPECT_TRUE(c.step_with_norm(n, max_norm));
+  }
+  expect_same_state(a, b, pa, pb);
+  expect_same_state(a, c, pa, pc);
+  // A non-finite norm skips the step on both paths.
+  set_grads(pa, pb, gen, DType::f32, 1.0, shapes.size());
+  Tensor before = pb[4].second.detach().clone();
+  EXPECT_FALSE(b.step_with_norm(std::numeric_limits<double>::quiet_NaN(), 1.0));
+  EXPECT_FALSE(b.step_with_norm(INFINITY, 1.0));
+  EXPECT_TRUE(same_bits(before, pb[4].second));
+  EXPECT_EQ(b.step_count(), 4);
+  for (const double bad : {-1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_THROW(b.step_with_norm(1.0, bad), Error);
+  }
+  EXPECT_THROW(b.step_with_norm(-1.0, 1.0), Error);
+  EXPECT_EQ(b.step_count(), 4);
+}
