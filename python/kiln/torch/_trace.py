@@ -341,7 +341,8 @@ _TORCH = {
     torch.logical_not: lambda trace, a: ~_as_bool(_literal(a, trace)),
     torch.Tensor.__getitem__: _getitem,
 }
-_TORCH[torch._C.TensorBase.__getitem__] = _getitem  # what tensor[proxy] dispatches as
+# what tensor[proxy] dispatches as (torch._C.TensorBase; _TensorBase in older torch)
+_TORCH[getattr(torch._C, "TensorBase", getattr(torch._C, "_TensorBase", torch.Tensor)).__getitem__] = _getitem
 for _name, _fn in (("tanh", "tanh"), ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("rsqrt", "rsqrt"),
                    ("sigmoid", "sigmoid"), ("sin", "sin"), ("cos", "cos")):
     _TORCH[getattr(torch.Tensor, _name)] = _unary(_fn)
