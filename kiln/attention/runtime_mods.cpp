@@ -176,7 +176,7 @@ std::vector<uint8_t> classify_on_gpu(const jit::ModSpec& spec, const std::vector
 // kiln/jit/flex_source.h), compiled in the pool and loaded on this thread: fwd {kiln_flex_fwd},
 // bwd {delta, dq, dkdv}.
 std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, const jit::ModSpec& m, int maxd,
-                                                      bool backward, Device device, DType dt) {
+                                                      bool backward, Device device, DType dt, bool learn) {
   const std::string storage = dtype_name(dt);
   const jit::CompileRequest req{std::string(backward ? "flex_backward" : "flex_forward") + " cuda " + storage + " (" +
                                     s.expr + " | " + m.expr + ")",
@@ -190,22 +190,27 @@ std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, con
         .submit(req.name, [&](const jit::CancelToken& tok) { cubin = jit::compile_cuda(req, "sm_90a", &tok); })
         .wait();
     auto f = std::make_shared<jit::CudaFunctions>(jit::load_cuda_functions(
-        cubin, backward ? std::vector<std::string>{"kiln_flex_delta", "kiln_flex_dq", "kiln_flex_dkdv"}
-                        : std::vector<std::string>{"kiln_flex_fwd"}));
+        cubin, !backward ? std::vector<std::string>{"kiln_flex_fwd"}
+               : learn   ? std::vector<std::string>{"kiln_flex_delta", "kiln_flex_dq", "kiln_flex_dkdv",
+                                                  "kiln_flex_dcap_partial", "kiln_flex_dcap_reduce"}
+                         : std::vector<std::string>{"kiln_flex_delta", "kiln_flex_dq", "kiln_flex_dkdv"}));
     return KernelEntry{f.get(), f, "jit cuda " + cubin.key};
   });
   return std::shared_ptr<jit::CudaFunctions>(e.keep, static_cast<jit::CudaFunctions*>(const_cast<void*>(e.fn)));
 }
 
-// Runs the forward or the backward of a run-time pair on CUDA (storage `dt`, no captured
-// gradient), on the thread's current stream of `device`.
+// Runs the forward or the backward of a run-time pair on CUDA (storage `dt`; the backward also
+// gives a learnable capture's gradient when p.dbias is set), on the thread's current stream of
+// `device`.
 void run_cuda_flex(bool backward, const kernels::FlexParams& p, const jit::ModSpec& s, const jit::ModSpec& m,
                    const std::vector<Tensor>& caps, size_t n_score, const Captures& named, Device device, DType dt) {
   KILN_CHECK(p.E <= 256 && p.Ev <= 256, "flex_attention (CUDA, run-time mods): head dims up to 256, got E=", p.E,
              ", Ev=", p.Ev);
   KILN_CHECK(p.nQ < 65536 * 32 && p.Hq < 65536 && p.B < 65536, "flex_attention (CUDA): grid too large");
   const int maxd = p.E <= 128 && p.Ev <= 128 ? 128 : 256;
-  const auto k = cuda_flex_kernels(s, m, maxd, backward, device, dt);
+  bool learn = false;
+  for (const auto& c : s.captures) learn = learn || c.learnable;
+  const auto k = cuda_flex_kernels(s, m, maxd, backward, device, dt, learn);
   const Stream stream = current_stream(device);
   Tensor flags = zeros({std::max<int64_t>(static_cast<int64_t>(caps.size()), 1)}, DType::i32, device);
   std::vector<const void*> data;
@@ -238,17 +243,24 @@ void run_cuda_flex(bool backward, const kernels::FlexParams& p, const jit::ModSp
                      "flex_attention (run-time mods, CUDA dQ)");
     jit::launch_cuda(k->functions[2], static_cast<unsigned>(p.nKV), static_cast<unsigned>(p.Hkv), B, 128, args, stream,
                      "flex_attention (run-time mods, CUDA dK/dV)");
+    if (learn && p.dbias != nullptr) {
+      const int64_t tasks = p.B * p.Hq * p.nQ;
+      KILN_CHECK(tasks < (int64_t{1} << 31) * 128 && p.bias_row < (int64_t{1} << 31) * 256,
+                 "flex_attention (CUDA): the captured gradient's grid is too large");
+      jit::launch_cuda(k->functions[3], static_cast<unsigned>((tasks + 127) / 128), 1, 1, 128, args, stream,
+                       "flex_attention (run-time mods, CUDA captured gradient)");
+      jit::launch_cuda(k->functions[4], static_cast<unsigned>((p.bias_row + 255) / 256), 1, 1, 256, args, stream,
+                       "flex_attention (run-time mods, CUDA captured gradient reduction)");
+    }
   }
   // Only captures can be read out of range: without any, no flag to read back (no host wait).
   if (!caps.empty()) check_flags(flags.to(kCPU).to_vector<int32_t>(), named);
 }
 
-void check_cuda_call(const Tensor& q, int learn_at) {
+void check_cuda_call(const Tensor& q) {
   KILN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16 || q.dtype() == DType::f16,
              "flex_attention: run-time mods on CUDA take f32, bf16 or f16 (the NVRTC SIMT kernels), got ",
              dtype_name(q.dtype()));
-  KILN_CHECK(learn_at < 0, "flex_attention: a captured tensor that requires grad is supported on the CPU only for "
-                           "now (docs/jit.md)");
 }
 
 }  // namespace
@@ -311,7 +323,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
 
   const DType dt = q.dtype();
   const bool on_cuda = q.device().is_cuda();
-  if (on_cuda) check_cuda_call(q, learn_at);
+  if (on_cuda) check_cuda_call(q);
   const size_t n_score = sc.tensors.size();
   const KernelEntry fwd = on_cuda ? KernelEntry{} : jit_entry("flex_forward", dtype_name(dt), flex_request(s, m, dt, false));
   Tensor out = Tensor::empty({p.B, p.Hq, p.L, p.Ev}, dt, q.device());

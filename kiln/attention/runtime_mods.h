@@ -11,8 +11,8 @@
 //
 // The CPU kernels are kiln's own kernel templates instantiated with the expression (the same
 // bits as the library mod it spells: tests/jit). On CUDA the NVRTC path runs the SIMT kernels,
-// f32 / bf16 / f16, without captured gradients (docs/jit.md says what is missing), on the
-// thread's current stream.
+// f32 / bf16 / f16, a learnable capture's gradient included (docs/jit.md says what is missing),
+// on the thread's current stream.
 #pragma once
 #include <string>
 #include <utility>

@@ -306,6 +306,51 @@ std::string flex_cuda_source(const ModSpec& score, const ModSpec& mask, int maxd
       << "  simt::flex_dq_body<" << maxd << ", " << T << ">(p, sm, mm);\n}\n"
       << "extern \"C\" __global__ void kiln_flex_dkdv(FlexParams p, SM sm, MM mm) {\n"
       << "  simt::flex_dkdv_body<" << maxd << ", " << T << ">(p, sm, mm);\n}\n";
+    bool learn = false;
+    for (const auto& c : score.captures) learn = learn || c.learnable;
+    if (learn) {
+      // The learnable capture's gradient, as the CPU kernel computes it (kernels/cpu/attention_impl.h):
+      // the thread of task t = (b, h, q block) adds P (dP - delta) * d score' / d capture (the
+      // generated ScoreMod's capture_grad) into its own partial row of bias_row floats at the
+      // element the expression read; then one thread per element sums the rows over the tasks in
+      // order (deterministic). The mask is evaluated directly, every key in order.
+      s << "extern \"C\" __global__ void kiln_flex_dcap_partial(FlexParams p, SM sm, MM mm) {\n"
+        << "  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
+        << "  if (t >= p.B * p.Hq * p.nQ) return;\n"
+        << "  const int64_t qb = t % p.nQ, h = (t / p.nQ) % p.Hq, b = t / (p.nQ * p.Hq), hk = h / (p.Hq / p.Hkv);\n"
+        << "  float* part = p.dbias_partial + t * p.bias_row;\n"
+        << "  for (int64_t r = 0; r < p.bias_row; ++r) part[r] = 0.0f;\n"
+        << "  const " << T << "* k = static_cast<const " << T << "*>(p.k) + b * p.k_st[0] + hk * p.k_st[1];\n"
+        << "  const " << T << "* v = static_cast<const " << T << "*>(p.v) + b * p.v_st[0] + hk * p.v_st[1];\n"
+        << "  for (int64_t i = qb * p.QB; i < min((qb + 1) * p.QB, p.L); ++i) {\n"
+        << "    const int64_t o = (b * p.Hq + h) * p.L + i;\n"
+        << "    const float lse = p.lse[o], delta = p.delta[o];\n"
+        << "    if (lse == -INFINITY) continue;\n"
+        << "    const " << T << "* qi = static_cast<const " << T
+        << "*>(p.q) + b * p.q_st[0] + h * p.q_st[1] + i * p.q_st[2];\n"
+        << "    const " << T << "* gi = static_cast<const " << T << "*>(p.dout) + o * p.Ev;\n"
+        << "    for (int64_t j = 0; j < p.S; ++j) {\n"
+        << "      if (!mm(int(b), int(h), int(i), int(j))) continue;\n"
+        << "      const " << T << "* kj = k + j * p.k_st[2];\n"
+        << "      const " << T << "* vj = v + j * p.v_st[2];\n"
+        << "      float s = 0.0f, dp = 0.0f;\n"
+        << "      for (int e = 0; e < p.E; ++e) s += static_cast<float>(qi[e]) * static_cast<float>(kj[e]);\n"
+        << "      for (int e = 0; e < p.Ev; ++e) dp += static_cast<float>(gi[e]) * static_cast<float>(vj[e]);\n"
+        << "      const float raw = s * p.scale, x = sm(raw, int(b), int(h), int(i), int(j));\n"
+        << "      if (x == -INFINITY) continue;\n"
+        << "      const float pj = __expf(x - lse);\n"
+        << "      if (pj == 0.0f) continue;\n"
+        << "      int64_t at = -1;\n"
+        << "      const float d = sm.capture_grad(raw, int(b), int(h), int(i), int(j), &at);\n"
+        << "      if (at >= 0 && at < p.bias_row) part[at] += pj * (dp - delta) * d;\n"
+        << "    }\n  }\n}\n"
+        << "extern \"C\" __global__ void kiln_flex_dcap_reduce(FlexParams p) {\n"
+        << "  const int64_t x = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
+        << "  if (x >= p.bias_row) return;\n"
+        << "  float sum = 0.0f;\n"
+        << "  for (int64_t t = 0; t < p.B * p.Hq * p.nQ; ++t) sum += p.dbias_partial[t * p.bias_row + x];\n"
+        << "  p.dbias[x] = sum;\n}\n";
+    }
   }
   return s.str();
 }

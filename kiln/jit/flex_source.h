@@ -46,8 +46,11 @@ std::string classify_cuda_source(const ModSpec& mask);
 // bodies, f32 math on the storage type `storage` ("f32", "bf16" as cuda_bf16.h's __nv_bfloat16,
 // "f16" as cuda_fp16.h's __half: the same 16 bits and round-to-nearest-even conversions as kiln's
 // BFloat16 / Half), row vectors of `maxd` floats): the forward exports extern "C"
-// kiln_flex_fwd; the backward kiln_flex_delta, kiln_flex_dq, kiln_flex_dkdv; each takes
-// (FlexParams, ScoreMod, MaskMod) by value, the functors laid out as functor_bytes() says.
+// kiln_flex_fwd; the backward kiln_flex_delta, kiln_flex_dq, kiln_flex_dkdv, and with a
+// learnable score_mod capture kiln_flex_dcap_partial (one thread per (b, h, q block): its partial
+// row of FlexParams::bias_row floats) and kiln_flex_dcap_reduce(FlexParams) (one thread per
+// element, the rows summed in task order into dbias); each takes (FlexParams, ScoreMod, MaskMod)
+// by value, the functors laid out as functor_bytes() says.
 std::string flex_cuda_source(const ModSpec& score, const ModSpec& mask, int maxd, bool backward,
                              const std::string& storage = "f32");
 // A generated functor's bytes as a kernel argument: int64 q_len, kv_len, then per capture its

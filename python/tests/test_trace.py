@@ -21,6 +21,9 @@ if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
     pytest.skip("no C++ compiler for kiln's CPU JIT", allow_module_level=True)
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and kiln.cuda_built() else [])
+
+
 def randn(gen, *shape, dtype=torch.float32):
     return torch.randn(tuple(shape), generator=gen, dtype=torch.float64).to(dtype)
 
@@ -99,9 +102,6 @@ def test_traced_mods_give_the_library_mods_bits(gen):
     assert torch.equal(kt.flex_attention(q, k, v, score_mod=mods.alibi_with(slopes), block_mask=traced_causal), lib)
 
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and kiln.cuda_built() else [])
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["floor_blocks", "modulo_stripes"])
 def test_traced_masks_keep_pythons_integer_semantics(gen, name, device):
@@ -117,22 +117,23 @@ def test_traced_masks_keep_pythons_integer_semantics(gen, name, device):
                                atol=2e-5)
 
 
-def test_a_captured_tensor_gets_its_gradient(gen):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_captured_tensor_gets_its_gradient(gen, device):
     B, H, L, E = 1, 2, 23, 8
-    q, k, v = (randn(gen, B, H, L, E).requires_grad_() for _ in range(3))
-    bias = (randn(gen, H, 2 * L - 1) * 0.3).requires_grad_()
+    q, k, v = (randn(gen, B, H, L, E).to(device).requires_grad_() for _ in range(3))
+    bias = (randn(gen, H, 2 * L - 1) * 0.3).to(device).requires_grad_()
 
     def rel_bias(score, b, h, q_idx, kv_idx):
         return score + bias[h, kv_idx - q_idx + L - 1]
 
     out = kt.flex_attention(q, k, v, score_mod=rel_bias,
-                            block_mask=kt.create_block_mask(mods.causal, 1, 1, L, L, BLOCK_SIZE=8))
-    dout = randn(gen, *out.shape)
+                            block_mask=kt.create_block_mask(mods.causal, 1, 1, L, L, device=device, BLOCK_SIZE=8))
+    dout = randn(gen, *out.shape).to(device)
     (out * dout).sum().backward()
-    qd, kd, vd, bd = (x.detach().double().requires_grad_() for x in (q, k, v, bias))
+    qd, kd, vd, bd = (x.detach().double().cpu().requires_grad_() for x in (q, k, v, bias))
     i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
     ro = reference(qd, kd, vd, i >= j, lambda s: s + bd[:, j - i + L - 1][None])
-    torch.testing.assert_close(out.double(), ro, rtol=2e-4, atol=2e-4)
-    (ro * dout.double()).sum().backward()
+    torch.testing.assert_close(out.double().cpu(), ro, rtol=2e-4, atol=2e-4)
+    (ro * dout.double().cpu()).sum().backward()
     for got, want in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad), (bias.grad, bd.grad)):
-        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(got.double().cpu(), want, rtol=1e-3, atol=1e-3)

@@ -62,6 +62,17 @@ extern "C" __global__ void probe(kiln::kernels::FlexParams p, float* out, unsign
           << src;
     }
   EXPECT_THROW(jit::flex_cuda_source(alibi, mask, 128, false, "f64"), Error);
+  // A learnable capture adds the captured-gradient kernels to the backward.
+  const jit::ModSpec learnable{"score_mod", "score + bias[h][kv_idx - q_idx + q_len - 1]", "",
+                               {{"bias", false, 2, true}}};
+  for (const char* storage : {"f32", "bf16"}) {
+    const std::string src = jit::flex_cuda_source(learnable, mask, 128, true, storage);
+    EXPECT_NE(src.find("kiln_flex_dcap_partial"), std::string::npos);
+    EXPECT_NE(src.find("kiln_flex_dcap_reduce"), std::string::npos);
+    EXPECT_GT(jit::compile_cuda({std::string("flex learnable ") + storage, src, {"score_mod", "mask_mod"}}).image.size(),
+              1000u);
+  }
+  EXPECT_EQ(jit::flex_cuda_source(alibi, mask, 128, true).find("kiln_flex_dcap"), std::string::npos);
   // A syntax error: NVRTC's message points into the expression; nothing cached.
   const jit::ModSpec bad{"mask_mod", "q_idx >= kv_idx kv_idx", "", {}};
   try {
@@ -112,6 +123,34 @@ TEST(JitNvrtc, RuntimeModsOnTheGpuMatchTheCpu) {
   const auto c = run(kCPU, sm_cpu), g = run(cuda(0), sm_gpu);
   const char* names[] = {"out", "lse", "dq", "dk", "dv"};
   for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(test::all_close(g[i], c[i], {2e-5, 2e-4}, names[i]));
+}
+
+// A learnable captured table on the GPU (the generated dcap kernels) against the CPU's run-time
+// kernels: the same output and gradients, the table's included, within f32 rounding.
+TEST(JitNvrtc, CapturedGradientOnTheGpuMatchesTheCpu) {
+  if (cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device (the lead runs this on the H200: ctest -R JitNvrtc)";
+  test::use_shared_jit_cache();
+  KILN_TEST_GENERATOR(gen);
+  const int64_t B = 2, H = 2, L = 53, E = 16;
+  const Tensor bias0 = mul(randn({H, 2 * L - 1}, gen), 0.3);
+  const attention::RuntimeMaskMod mm{"q_idx >= kv_idx"};
+  Tensor q = randn({B, H, L, E}, gen), k = randn({B, H, L, E}, gen), v = randn({B, H, L, E}, gen),
+         dout = randn({B, H, L, E}, gen);
+  auto run = [&](Device d) {
+    Tensor bias = bias0.to(d).requires_grad_(true);
+    const attention::RuntimeScoreMod sm{"score + bias[h][kv_idx - q_idx + q_len - 1]", {{"bias", bias}}};
+    Tensor qd = q.to(d).requires_grad_(true), kd = k.to(d).requires_grad_(true), vd = v.to(d).requires_grad_(true);
+    auto r = attention::flex_attention(qd, kd, vd, sm, attention::create_block_mask(mm, 1, 1, L, L, 16, 16, d));
+    r.out.backward(dout.to(d));
+    return std::vector<Tensor>{r.out.to(kCPU), qd.grad().to(kCPU), kd.grad().to(kCPU), vd.grad().to(kCPU),
+                               bias.grad().to(kCPU)};
+  };
+  const auto c = run(kCPU), g = run(cuda(0));
+  const char* names[] = {"out", "dq", "dk", "dv", "dbias"};
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(test::all_close(g[i], c[i], {3e-5, 3e-4}, names[i]));
+  // deterministic: a second run gives the same bits
+  test::expect_same_bits(run(cuda(0))[4], g[4], "dbias run to run");
 }
 
 // The same pair on 16-bit storage (the NVRTC kernels on __nv_bfloat16 / __half, f32 math), on a
