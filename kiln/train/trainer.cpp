@@ -159,7 +159,6 @@ void Trainer::checkpoint(const std::string& why) {
   if (s.fsdp) {
     // Sharded (parallel/dcp.h): every rank writes its shards and their optimizer state, rank 0
     // the index, config.json and trainer_state.json; loads at any world size (load_checkpoint).
-    st["optimizer"] = json::Value();  // the index's metadata holds the optimizer's scalars
     nn::LlamaConfig mc = s.model->config;
     parallel::save_checkpoint(dir, *s.fsdp, *s.opt, [&](const std::string& tmp) {
       json::Value cj = mc.to_json();

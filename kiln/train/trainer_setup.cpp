@@ -11,6 +11,7 @@
 #include "kiln/dist/backends.h"
 #include "kiln/data/token_file.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/parallel/dcp.h"
 #include "kiln/train/memory_estimate.h"
 #include "kiln/train/trainer_state.h"
 
@@ -22,8 +23,6 @@ namespace fs = std::filesystem;
 void Trainer::State::resolve_config(const TrainConfig& cfg_in) {
   cfg = cfg_in;
   if (cfg_in.resume.empty()) return;
-  KILN_CHECK(!world, "train: --resume of a run on several ranks is not supported yet (its checkpoints are sharded: "
-             "kiln/parallel/dcp.h); resume it in one process");
   resume_dir = find_checkpoint(cfg_in.resume);
   KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'", why_no_checkpoint(cfg_in.resume));
   resume_state = read_trainer_state(resume_dir);
@@ -164,12 +163,33 @@ void Trainer::State::build_model() {
 
 void Trainer::State::load_resume_state() {
   if (resume_dir.empty()) return;
-  load_model_state(*model, load_weights(resume_dir));
-  optim::OptimizerState st;
-  fs::path of = fs::path(resume_dir) / "optimizer.safetensors";
-  if (fs::exists(of)) st.tensors = io::load_safetensors(of.string());
-  st.scalars = *resume_state.find("optimizer");
-  opt->load_state_dict(st);
+  const fs::path index = fs::path(resume_dir) / parallel::kShardedIndexFile;
+  if (fsdp) {  // this rank's rows of every tensor, from a sharded checkpoint of any world size or a whole one
+    parallel::load_checkpoint(resume_dir, *fsdp, *opt);
+  } else if (fs::exists(index)) {  // a sharded checkpoint, consolidated into one process
+    std::vector<std::pair<std::string, Tensor>> weights, buffers;
+    const auto params = model->named_parameters();
+    for (auto& [name, t] : parallel::load_full(resume_dir)) {
+      bool is_param = false;
+      for (const auto& [pn, p] : params) is_param = is_param || pn == name;
+      (is_param ? weights : buffers).emplace_back(name, t);
+    }
+    load_model_state(*model, weights);
+    optim::OptimizerState st;
+    st.tensors = buffers;
+    const json::Value idx = read_json_file(index.string());
+    const json::Value* meta = idx.find("metadata");
+    KILN_CHECK(meta && meta->find("optimizer"), "resume: ", index.string(), " has no optimizer state in its metadata");
+    st.scalars = *meta->find("optimizer");
+    opt->load_state_dict(st);
+  } else {
+    load_model_state(*model, load_weights(resume_dir));
+    optim::OptimizerState st;
+    fs::path of = fs::path(resume_dir) / "optimizer.safetensors";
+    if (fs::exists(of)) st.tensors = io::load_safetensors(of.string());
+    st.scalars = *resume_state.find("optimizer");
+    opt->load_state_dict(st);
+  }
   step = resume_state.find("step")->as_int("step");
   train_sampler->set_position(static_cast<uint64_t>(resume_state.find("sampler_position")->as_int()));
   tokens_seen = resume_state.find("tokens_seen")->as_int();

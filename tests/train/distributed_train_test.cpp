@@ -2,8 +2,8 @@
 // through kiln/dist's launcher (Gloo on the CPU, 127.0.0.1), FSDP-sharded, and with the same
 // --global-batch its losses are those of one process within 1e-5 (relative) at every step (the
 // same sequences per step: rank r takes its slice of each global batch; only the order of the
-// sums differs); rank 0 alone writes metrics.jsonl; the checkpoint is sharded; bad splits and
-// --nproc 0 are errors naming the numbers.
+// sums differs); rank 0 alone writes metrics.jsonl; the checkpoint is sharded and resumes on 2
+// ranks (bitwise) and in one process; bad splits and --nproc 0 are errors naming the numbers.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,7 +29,7 @@ std::vector<json::Value> metrics_of(const fs::path& run) {
 
 std::string tiny_flags(const fs::path& out) {
   return "train --preset tiny --hidden 32 --heads 4 --kv-heads 2 --intermediate 64 --layers 2 --seq 32 --batch 2 "
-         "--global-batch 8 --steps 4 --eval-every 0 --sample-tokens 0 --deterministic --seed 91 --out " +
+         "--global-batch 8 --steps 4 --eval-every 0 --ckpt-every 2 --sample-tokens 0 --deterministic --seed 91 --out " +
          out.string();
 }
 
@@ -61,6 +61,26 @@ TEST(TrainRanks, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
   EXPECT_TRUE(fs::exists(ck / "config.json"));
   const auto whole = parallel::load_full(ck.string());
   EXPECT_FALSE(whole.empty());
+  // resumed from the sharded step-2 checkpoint, on 2 ranks and in one process: the last two
+  // steps of the uninterrupted runs
+  const std::string from = (d / "ws2" / "step-2").string();
+  const test::CliOutcome r2 =
+      test::run_kiln("train --resume " + from + " --steps 4 --sample-tokens 0 --nproc 2 --out " + (d / "r2").string());
+  ASSERT_EQ(r2.status, 0) << r2.output;
+  const test::CliOutcome r1 =
+      test::run_kiln("train --resume " + from + " --steps 4 --sample-tokens 0 --out " + (d / "r1").string());
+  ASSERT_EQ(r1.status, 0) << r1.output;
+  for (const auto& [run, want] : {std::pair{d / "r2", b}, std::pair{d / "r1", a}}) {
+    const std::vector<json::Value> m = metrics_of(run);
+    ASSERT_EQ(m.size(), 2u) << run;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(m[i].find("step")->as_int(), static_cast<int64_t>(i) + 3);
+      const double l = m[i].find("loss")->as_double(), w = want[i + 2].find("loss")->as_double();
+      EXPECT_NEAR(l, w, 1e-5 * std::abs(w)) << run << " step " << i + 3;
+    }
+  }
+  // two ranks resumed on two ranks: bitwise (the shards and the optimizer state are exact)
+  EXPECT_EQ(metrics_of(d / "r2")[1].find("loss")->dump(), b[3].find("loss")->dump());
   fs::remove_all(d);
 }
 
