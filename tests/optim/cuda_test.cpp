@@ -191,7 +191,10 @@ void compare_multi(const Options& o, DType gd, double clip) {
     if (clip < 0) {
       EXPECT_TRUE(same_bits(g1[i].second, gp[i].second)) << "multi vs per-parameter " << n;
     } else {
-      expect_close(as_f64(g1[i].second), as_f64(gp[i].second), 1e-6, 1e-6, "multi vs per-parameter " + n);
+      // bf16 gradients: the per-parameter clip rounds g * scale to bf16, the fused one does not
+      // (the bound of MultiTensor.Bf16GradientsBitwiseWithoutClipAndBoundedWithIt).
+      const double tol = gd == DType::bf16 ? 1e-3 : 1e-6;
+      expect_close(as_f64(g1[i].second), as_f64(gp[i].second), tol, tol, "multi vs per-parameter " + n);
     }
     expect_close(as_f64(g1[i].second), as_f64(c[i].second), 1e-5, 1e-5, "cuda vs cpu " + n);
   }
