@@ -183,9 +183,10 @@ namespace {
 // "MFU against 989.4 TFLOP/s (NVIDIA H200 (bf16 dense, data sheet)), 9.84 GFLOP per token".
 std::string mfu_basis(const Trainer::State& s) {
   char buf[320];
-  std::snprintf(buf, sizeof buf, "MFU against %.4g TFLOP/s (%s)%s, %.4g GFLOP per token (6 x parameters + 12 x "
-                "layers x hidden x seq)", s.peak.tflops, s.peak.source.c_str(), s.peak.estimate ? ", an estimate" : "",
-                s.flops_per_token / 1e9);
+  const std::string ranks = s.world_size > 1 ? std::to_string(s.world_size) + " ranks x " : "";
+  std::snprintf(buf, sizeof buf, "MFU against %s%.4g TFLOP/s (%s)%s, %.4g GFLOP per token (6 x parameters + 12 x "
+                "layers x hidden x seq)", ranks.c_str(), s.peak.tflops, s.peak.source.c_str(),
+                s.peak.estimate ? ", an estimate" : "", s.flops_per_token / 1e9);
   return buf;
 }
 

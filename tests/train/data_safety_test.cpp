@@ -36,15 +36,7 @@ using test::tiny_run;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 std::string read_text(const fs::path& p) {
   std::ifstream f(p);

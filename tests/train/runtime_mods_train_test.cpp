@@ -22,6 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::error_of;
+
 std::vector<uint64_t> bits(const std::vector<double>& v) {
   std::vector<uint64_t> b(v.size());
   std::memcpy(b.data(), v.data(), v.size() * sizeof(double));
@@ -34,16 +36,6 @@ train::TrainConfig mods_run(const fs::path& out, uint64_t seed) {
   c.eval_every = 3;
   c.attention = "flex";
   return c;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

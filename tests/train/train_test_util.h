@@ -45,6 +45,17 @@ inline train::TrainConfig tiny_run(const std::filesystem::path& out, int64_t ste
   return c;
 }
 
+// The message of the kiln::Error `f` throws, or "(no error)".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 // Hooks that print nothing (and optionally stop when *stop becomes true).
 inline train::TrainHooks quiet() {
   train::TrainHooks h;
