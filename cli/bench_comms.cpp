@@ -95,9 +95,10 @@ int run_bench_comms(const Args& args) {
       once();
       secs[static_cast<size_t>(i)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    Tensor times = from_vector<double>(secs, {iters});
-    comm->all_reduce(times, dist::ReduceOp::max)->wait();  // the slowest rank's time per iteration
-    const double t = median(times.to_vector<double>());
+    // The slowest rank's time per iteration (on the backend's device: NCCL takes no CPU tensor).
+    Tensor times = from_vector<double>(secs, {iters}).to(dev);
+    comm->all_reduce(times, dist::ReduceOp::max)->wait();
+    const double t = median(times.to(kCPU).to_vector<double>());
     const double data = static_cast<double>(elems) * static_cast<double>(item);
     const double algbw = data / t / 1e9;
     const double factor = op == "all_reduce" ? 2.0 * (n - 1) / n : op == "broadcast" ? 1.0 : double(n - 1) / n;

@@ -55,6 +55,15 @@ struct InFlight {
 
 }  // namespace
 
+// What a Work's wait() calls to end the operations the device has finished, so that a waiter
+// returns when its operation ends rather than at the watchdog's next tick (1 s by default).
+// Works hold it weakly; the communicator's destructor detaches it before Parts goes.
+struct NcclReaper {
+  std::mutex mu;
+  NcclCommunicator::Parts* parts = nullptr;  // null once detached
+  void reap();
+};
+
 struct NcclCommunicator::Parts {
   std::shared_ptr<NcclApi> nccl;
   std::shared_ptr<CudaApi> cuda;
@@ -79,6 +88,7 @@ struct NcclCommunicator::Parts {
   bool pending_timed_out = false;
   Tensor barrier_buf;
   std::unique_ptr<Watchdog> watchdog;
+  std::shared_ptr<NcclReaper> reaper = std::make_shared<NcclReaper>();
 
   std::string nccl_error(NcclResult r) const {
     std::string s = std::string(nccl->error_string(r));
@@ -174,6 +184,7 @@ std::shared_ptr<NcclCommunicator> new_nccl_communicator(std::shared_ptr<NcclApi>
 }
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Parts> parts) : p_(std::move(parts)) {
+  p_->reaper->parts = p_.get();
   p_->progress = std::make_unique<ProgressBoard>(p_->scoped, p_->rank, p_->size);
   FlightRecorder::install_sigusr1();
   if (p_->backend.start_watchdog)
@@ -182,6 +193,10 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Parts> parts) : p_(std::move(
 
 NcclCommunicator::~NcclCommunicator() {
   p_->watchdog.reset();
+  {
+    std::lock_guard<std::mutex> detach(p_->reaper->mu);
+    p_->reaper->parts = nullptr;
+  }
   std::lock_guard<std::mutex> lock(p_->mu);
   for (auto& f : p_->inflight) {
     f.work->fail(WorkState::error, std::make_exception_ptr(Error(f.what + ": the communicator was destroyed")));
@@ -272,6 +287,36 @@ static void fail_comm(NcclCommunicator::Parts& p, const InFlight* first, const s
   p.inflight.clear();
 }
 
+// Starts the clock of the operations at the front that the device has begun and completes those
+// it has finished, in order (p.mu held).
+static void reap_finished(NcclCommunicator::Parts& p, Clock::time_point now) {
+  while (!p.inflight.empty()) {
+    InFlight& f = p.inflight.front();
+    if (!f.started) {
+      if (!p.cuda->event_query(f.start)) return;  // its clock starts when the device starts it
+      f.started = now;
+      f.work->start();
+      FlightRecorder::instance().started(f.fr_id);
+      p.progress->started(f.seq);
+    }
+    if (!p.cuda->event_query(f.end)) return;
+    FlightRecorder::instance().finished(f.fr_id, "completed");
+    p.progress->completed(f.seq);
+    f.work->complete();
+    p.cuda->event_destroy(f.start);
+    p.cuda->event_destroy(f.end);
+    p.inflight.pop_front();
+  }
+}
+
+void NcclReaper::reap() {
+  std::lock_guard<std::mutex> detach(mu);
+  if (!parts) return;
+  std::lock_guard<std::mutex> lock(parts->mu);
+  if (!parts->broken.empty() || !parts->comm || !parts->pending_failure.empty()) return;  // the watchdog's
+  reap_finished(*parts, Clock::now());
+}
+
 void NcclCommunicator::watchdog_tick() {
   std::shared_ptr<Communicator> next;
   {
@@ -298,30 +343,14 @@ void NcclCommunicator::watchdog_tick() {
       culprit = &p_->inflight.back();
     }
     const auto now = Clock::now();
-    while (!failed && !p_->inflight.empty()) {
-      InFlight& f = p_->inflight.front();
-      if (!f.started) {
-        if (!p_->cuda->event_query(f.start)) break;  // its clock starts when the device starts it
-        f.started = now;
-        f.work->start();
-        FlightRecorder::instance().started(f.fr_id);
-        p_->progress->started(f.seq);
-      }
-      if (p_->cuda->event_query(f.end)) {
-        FlightRecorder::instance().finished(f.fr_id, "completed");
-        p_->progress->completed(f.seq);
-        f.work->complete();
-        p_->cuda->event_destroy(f.start);
-        p_->cuda->event_destroy(f.end);
-        p_->inflight.pop_front();
-        continue;
-      }
-      if (now - *f.started > f.work->timeout()) {
+    if (!failed) {
+      reap_finished(*p_, now);
+      InFlight* f = p_->inflight.empty() ? nullptr : &p_->inflight.front();
+      if (f && f->started && now - *f->started > f->work->timeout()) {
         failed = timed_out = true;
-        culprit = &f;
+        culprit = f;
         cause = "the operation did not complete on the device";
       }
-      break;
     }
     if (!failed) return;
     if (p_->options.policy == FailurePolicy::shrink) {
@@ -426,6 +455,9 @@ WorkPtr enqueue(NcclCommunicator::Parts& p, const char* op, const Tensor& in, co
   const int64_t seq = ++p.seq;
   OpRecord rec = describe_op(p.name, p.rank, p.size, seq, op, in, out, peer, tmo);
   auto work = std::make_shared<Work>(rec.what, tmo);
+  work->set_progress([reaper = std::weak_ptr<NcclReaper>(p.reaper)] {
+    if (auto r = reaper.lock()) r->reap();
+  });
   InFlight f{work, FlightRecorder::instance().record(rec.entry), seq, op, rec.what};
   const int dev = p.backend.device;
   CudaStreamHandle stream = p.cuda->comm_stream(dev);

@@ -94,7 +94,15 @@ void Work::wait() {
                                         timeout_.count(), " ms (+10 s grace) of ",
                                         started_ ? "starting" : "being queued", "; its backend did not end it"));
     }
-    cv_.wait_for(lock, Millis(100));
+    if (progress_) {
+      lock.unlock();
+      progress_();  // may complete this Work (and others) under the backend's lock
+      lock.lock();
+      if (state_ != WorkState::not_started && state_ != WorkState::in_progress) break;
+      cv_.wait_for(lock, std::chrono::microseconds(50));
+    } else {
+      cv_.wait_for(lock, Millis(100));
+    }
   }
   if (state_ != WorkState::completed) std::rethrow_exception(error_);
 }

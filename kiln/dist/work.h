@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,6 +77,9 @@ class Work {
   Millis timeout() const { return timeout_; }
 
   // Backend side.
+  // Called by wait() between short sleeps (without the Work's lock) so the backend can end
+  // finished operations at once; without it wait() sleeps until the backend's own thread ends it.
+  void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
   void start();
   void complete();
   void fail(WorkState state, std::exception_ptr error);
@@ -90,6 +94,7 @@ class Work {
   Millis timeout_;
   Clock::time_point created_;
   std::optional<Clock::time_point> started_;
+  std::function<void()> progress_;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -371,3 +371,36 @@ TEST(NcclMock, BadInputNamesTheProblemAndLeavesTheCommunicatorUsable) {
   c2->watchdog_tick();
   EXPECT_TRUE(w->is_completed());
 }
+
+// wait() ends a finished operation itself (its events queried from the waiting thread), in
+// order, instead of sleeping until the watchdog's next tick; one the device has not finished
+// keeps it waiting, and it returns once the device finishes (no tick in between).
+TEST(NcclMock, WaitReturnsWhenTheDeviceFinishesNotAtTheWatchdogsTick) {
+  FakeWorld s;
+  s.opt.timeout = std::chrono::milliseconds(5000);
+  auto c = s.make();  // no watchdog thread: only wait() can end the Work
+  auto first = c->all_reduce(ones(4), ReduceOp::sum), second = c->all_reduce(ones(4), ReduceOp::sum);
+  const auto t0 = std::chrono::steady_clock::now();
+  second->wait();
+  EXPECT_TRUE(first->is_completed());  // the one ahead of it was ended first
+  EXPECT_TRUE(second->is_completed());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  EXPECT_EQ(c->in_flight(), 0u);
+
+  {
+    std::lock_guard<std::mutex> lock(s.cuda->mu);
+    s.cuda->hold_end = true;
+  }
+  auto held = c->all_reduce(ones(4), ReduceOp::sum);
+  std::thread device([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    s.cuda->release_all();
+  });
+  const auto t1 = std::chrono::steady_clock::now();
+  held->wait();
+  const auto waited = std::chrono::steady_clock::now() - t1;
+  device.join();
+  EXPECT_TRUE(held->is_completed());
+  EXPECT_GE(waited, std::chrono::milliseconds(250));
+  EXPECT_LT(waited, std::chrono::milliseconds(1500));
+}
