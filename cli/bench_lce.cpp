@@ -57,11 +57,15 @@ bool env_profile() {
 }
 
 // a * b and a + b, saturating (an absurd --tokens must not wrap around to a small estimate)
+// (both clamp at INT64_MAX / 4, so a sum of clamped terms cannot overflow either)
 int64_t sat_mul(int64_t a, int64_t b) {
   int64_t r = 0;
-  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX / 4 : r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX / 4 : std::min(r, INT64_MAX / 4);
 }
-int64_t sat_add(int64_t a, int64_t b) { return std::min(a + b, INT64_MAX / 4); }
+int64_t sat_add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? INT64_MAX / 4 : std::min(r, INT64_MAX / 4);
+}
 
 // What one impl's step holds at once, at the least (allocator slack and small temporaries
 // left out, so a shape it refuses cannot fit): the inputs, the gradients (d_hidden, d_weight) and

@@ -46,7 +46,7 @@ inline std::vector<double> as_f64(const Tensor& t) { return t.to(DType::f64).to_
 inline bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
   std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
-  return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  return x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;  // no memcmp of null
 }
 
 // What a checkpoint does: the JSON goes through text, the tensors are copied (as if written
