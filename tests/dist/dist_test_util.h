@@ -1,5 +1,6 @@
 // Helpers of the multi-process tests: run a command line with a hard deadline (coreutils
-// timeout, so no test can hang) and capture its combined output and exit status.
+// timeout, so no test can hang) and capture its combined output and exit status; a local store
+// for one-process worlds.
 #pragma once
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,8 +11,23 @@
 #include <string>
 
 #include "kiln/dist/backends.h"
+#include "kiln/dist/store.h"
 
 namespace kiln::dist::test {
+
+// A store server on 127.0.0.1 (an ephemeral port) and a client of it, for communicators made in
+// this process (world size 1).
+struct LocalStore {
+  std::unique_ptr<StoreServer> server;
+  std::shared_ptr<TcpStore> store;
+  explicit LocalStore(const std::string& token) {
+    StoreServerOptions o;
+    o.token = token;
+    o.quiet = true;
+    server = std::make_unique<StoreServer>(o);
+    store = std::make_shared<TcpStore>("127.0.0.1", server->port(), token);
+  }
+};
 
 struct RunResult {
   int status = -1;  // exit status, or 128 + signal

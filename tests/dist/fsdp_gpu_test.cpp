@@ -22,18 +22,13 @@ using namespace kiln::parallel::test;
 #ifdef KILN_CUDA
 namespace {
 struct NcclWorldOfOne {
-  std::unique_ptr<dist::StoreServer> server;
+  dist::test::LocalStore local{"fsdp-gpu"};
   std::shared_ptr<dist::Communicator> comm;
   NcclWorldOfOne() {
-    dist::StoreServerOptions so;
-    so.token = "fsdp-gpu";
-    so.quiet = true;
-    server = std::make_unique<dist::StoreServer>(so);
-    auto store = std::make_shared<dist::TcpStore>("127.0.0.1", server->port(), "fsdp-gpu");
     dist::CommOptions opt;
     opt.timeout = std::chrono::seconds(60);
     opt.abort_process = false;
-    comm = dist::new_nccl_world(store, dist::DistEnv{}, "fsdp_gpu", opt);
+    comm = dist::new_nccl_world(local.store, dist::DistEnv{}, "fsdp_gpu", opt);
   }
 };
 }  // namespace

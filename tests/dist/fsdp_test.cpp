@@ -32,20 +32,13 @@ namespace {
 
 // A one-rank Gloo world in this process.
 struct LocalWorld {
-  std::unique_ptr<dist::StoreServer> server;
-  std::shared_ptr<dist::Communicator> comm;
-  LocalWorld() {
-    dist::StoreServerOptions o;
-    o.token = "fsdp-test";
-    o.quiet = true;
-    server = std::make_unique<dist::StoreServer>(o);
-    auto store = std::make_shared<dist::TcpStore>("127.0.0.1", server->port(), "fsdp-test");
-    comm = dist::new_gloo_communicator(store, 0, 1, "local");
-  }
+  dist::test::LocalStore local{"fsdp-test"};
+  std::shared_ptr<dist::Communicator> comm = dist::new_gloo_communicator(local.store, 0, 1, "local");
 };
 
+// One folder per test process: ctest runs the FsdpCheckpoint cases (one fixture, one name) at once.
 std::string fresh_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "kiln_fsdp_" + name;
+  const std::string d = ::testing::TempDir() + "kiln_fsdp_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

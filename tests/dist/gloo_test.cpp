@@ -8,9 +8,6 @@
 
 #include <cerrno>
 
-#include "kiln/dist/backends.h"
-#include "kiln/dist/store.h"
-
 #include "tests/dist/dist_test_util.h"
 
 using namespace kiln::dist::test;
@@ -48,13 +45,8 @@ TEST(Gloo, ACommunicatorTurnsTheDefaultSigpipeIntoEpipe) {
     return now.sa_handler;
   };
   auto one_rank_world = [] {
-    kiln::dist::StoreServerOptions o;
-    o.token = "sigpipe-test";
-    o.quiet = true;
-    kiln::dist::StoreServer server(o);
-    auto store = std::make_shared<kiln::dist::TcpStore>("127.0.0.1", server.port(), "sigpipe-test");
-    auto comm = kiln::dist::new_gloo_communicator(store, 0, 1, "sigpipe");
-    comm->barrier()->wait();
+    LocalStore local("sigpipe-test");
+    kiln::dist::new_gloo_communicator(local.store, 0, 1, "sigpipe")->barrier()->wait();
   };
   signal(SIGPIPE, SIG_DFL);
   one_rank_world();
