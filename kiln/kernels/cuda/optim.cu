@@ -109,7 +109,7 @@ __device__ inline bool clip_scale_of(const double* clip, float& scale) {
 }
 
 template <class G>
-__device__ void adamw_block(const AdamWSlot& sl, int64_t base, float scale) {
+__device__ void update_block(const AdamWSlot& sl, int64_t base, float scale) {
   const AdamWStep s = sl.s;
   const G* __restrict__ g = static_cast<const G*>(sl.g);
   float* __restrict__ p = sl.p;
@@ -138,19 +138,8 @@ __device__ void adamw_block(const AdamWSlot& sl, int64_t base, float scale) {
   }
 }
 
-template <int N>
-__global__ void adamw_multi_kernel(const __grid_constant__ SlotList<AdamWSlot, N> L, const double* __restrict__ clip) {
-  float scale;
-  if (!clip_scale_of(clip, scale)) return;
-  const int k = find_slot(L, blockIdx.x);
-  const AdamWSlot& sl = L.slot[k];
-  const int64_t base = (static_cast<int64_t>(blockIdx.x) - L.first[k]) * kBlockElems;
-  if (sl.grad_bf16) adamw_block<BFloat16>(sl, base, scale);
-  else adamw_block<float>(sl, base, scale);
-}
-
 template <class G>
-__device__ void sgd_block(const SgdSlot& sl, int64_t base, float scale) {
+__device__ void update_block(const SgdSlot& sl, int64_t base, float scale) {
   const SgdStep s = sl.s;
   const G* __restrict__ g = static_cast<const G*>(sl.g);
   float* __restrict__ p = sl.p;
@@ -176,15 +165,17 @@ __device__ void sgd_block(const SgdSlot& sl, int64_t base, float scale) {
   }
 }
 
-template <int N>
-__global__ void sgd_multi_kernel(const __grid_constant__ SlotList<SgdSlot, N> L, const double* __restrict__ clip) {
+// One block per kBlockElems of every slot's parameter: the update of the slot's kind (AdamW or SGD),
+// its gradient scaled by the folded clip's scale (nothing when the norm was not finite).
+template <class Slot, int N>
+__global__ void update_multi_kernel(const __grid_constant__ SlotList<Slot, N> L, const double* __restrict__ clip) {
   float scale;
   if (!clip_scale_of(clip, scale)) return;
   const int k = find_slot(L, blockIdx.x);
-  const SgdSlot& sl = L.slot[k];
+  const Slot& sl = L.slot[k];
   const int64_t base = (static_cast<int64_t>(blockIdx.x) - L.first[k]) * kBlockElems;
-  if (sl.grad_bf16) sgd_block<BFloat16>(sl, base, scale);
-  else sgd_block<float>(sl, base, scale);
+  if (sl.grad_bf16) update_block<BFloat16>(sl, base, scale);
+  else update_block<float>(sl, base, scale);
 }
 
 // One block per chunk of every slot; out: this launch's first partial.
@@ -270,7 +261,7 @@ void launch_adamw(Device device, const std::vector<AdamWSlot>& slots, const Tens
   for_each_launch<N>(
       slots, [](const AdamWSlot& s) { return (s.n + kBlockElems - 1) / kBlockElems; },
       [&](const SlotList<AdamWSlot, N>& L, unsigned blocks, int64_t) {
-        adamw_multi_kernel<N><<<blocks, kThreads, 0, st>>>(L, c);
+        update_multi_kernel<AdamWSlot, N><<<blocks, kThreads, 0, st>>>(L, c);
         KILN_CUDA_CHECK_LAUNCH("adamw_multi");
       });
 }
@@ -282,7 +273,7 @@ void launch_sgd(Device device, const std::vector<SgdSlot>& slots, const Tensor& 
   for_each_launch<N>(
       slots, [](const SgdSlot& s) { return (s.n + kBlockElems - 1) / kBlockElems; },
       [&](const SlotList<SgdSlot, N>& L, unsigned blocks, int64_t) {
-        sgd_multi_kernel<N><<<blocks, kThreads, 0, st>>>(L, c);
+        update_multi_kernel<SgdSlot, N><<<blocks, kThreads, 0, st>>>(L, c);
         KILN_CUDA_CHECK_LAUNCH("sgd_multi");
       });
 }
