@@ -112,7 +112,8 @@ TEST(JitNvrtc, RuntimeModsOnTheGpuMatchTheCpu) {
   Tensor q = randn({B, H, L, E}, gen), k = randn({B, H, L, E}, gen), v = randn({B, H, L, E}, gen),
          dout = randn({B, H, L, E}, gen);
   auto run = [&](Device d, const attention::RuntimeScoreMod& sm) {
-    Tensor qd = q.to(d).requires_grad_(true), kd = k.to(d).requires_grad_(true), vd = v.to(d).requires_grad_(true);
+    Tensor qd = q.to(d).detach().requires_grad_(true), kd = k.to(d).detach().requires_grad_(true),
+           vd = v.to(d).detach().requires_grad_(true);
     attention::FlexOptions opt;
     opt.return_lse = true;
     auto r = attention::flex_attention(qd, kd, vd, sm, attention::create_block_mask(mm, 1, 1, L, L, 32, 32, d), opt);
@@ -138,9 +139,10 @@ TEST(JitNvrtc, CapturedGradientOnTheGpuMatchesTheCpu) {
   Tensor q = randn({B, H, L, E}, gen), k = randn({B, H, L, E}, gen), v = randn({B, H, L, E}, gen),
          dout = randn({B, H, L, E}, gen);
   auto run = [&](Device d) {
-    Tensor bias = bias0.to(d).requires_grad_(true);
+    Tensor bias = bias0.to(d).detach().requires_grad_(true);
     const attention::RuntimeScoreMod sm{"score + bias[h][kv_idx - q_idx + q_len - 1]", {{"bias", bias}}};
-    Tensor qd = q.to(d).requires_grad_(true), kd = k.to(d).requires_grad_(true), vd = v.to(d).requires_grad_(true);
+    Tensor qd = q.to(d).detach().requires_grad_(true), kd = k.to(d).detach().requires_grad_(true),
+           vd = v.to(d).detach().requires_grad_(true);
     auto r = attention::flex_attention(qd, kd, vd, sm, attention::create_block_mask(mm, 1, 1, L, L, 16, 16, d));
     r.out.backward(dout.to(d));
     return std::vector<Tensor>{r.out.to(kCPU), qd.grad().to(kCPU), kd.grad().to(kCPU), vd.grad().to(kCPU),
@@ -171,7 +173,9 @@ TEST(JitNvrtc, RuntimeModsOn16BitStorageOnTheCurrentStreamMatchTheCpu) {
            v = randn({B, Hkv, L, E}, gen).to(dt), dout = randn({B, Hq, L, E}, gen).to(dt);
     auto run = [&](Device d) {
       const attention::RuntimeScoreMod sm{expr, {{"slopes", slopes.to(d)}}};
-      Tensor qd = q.to(d).requires_grad_(true), kd = k.to(d).requires_grad_(true), vd = v.to(d).requires_grad_(true);
+      // detach: on the CPU, to() returns the tensor itself, which the first run then leaves with a grad
+      Tensor qd = q.to(d).detach().requires_grad_(true), kd = k.to(d).detach().requires_grad_(true),
+             vd = v.to(d).detach().requires_grad_(true);
       attention::FlexOptions opt;
       opt.return_lse = true;
       auto r = attention::flex_attention(qd, kd, vd, sm, attention::create_block_mask(mm, 1, 1, L, L, 32, 32, d), opt);
