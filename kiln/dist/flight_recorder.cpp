@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -20,7 +21,35 @@ size_t buffer_size_from_env() {
   const long n = std::atol(v);
   return n >= 1 && n <= 10000000 ? static_cast<size_t>(n) : 2000;
 }
+
+// RANK / WORLD_SIZE (SLURM_PROCID / SLURM_NTASKS under SLURM); -1 when unset or not a number.
+int env_rank_var(const char* name, const char* slurm) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) v = std::getenv(slurm);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return end && *end == 0 && n >= 0 && n < (1L << 30) ? static_cast<int>(n) : -1;
+}
 }  // namespace
+
+std::vector<int> root_members(int rank, int size) {
+  const int env_rank = env_rank_var("RANK", "SLURM_PROCID");
+  const int env_size = env_rank_var("WORLD_SIZE", "SLURM_NTASKS");
+  std::vector<int> m(static_cast<size_t>(std::max(size, 0)), -1);
+  const bool whole_job = (env_rank < 0 || env_rank == rank) && (env_size < 0 || env_size == size);
+  for (int r = 0; r < size; ++r)
+    if (whole_job) m[static_cast<size_t>(r)] = r;
+  if (!whole_job && rank >= 0 && rank < size && env_rank >= 0) m[static_cast<size_t>(rank)] = env_rank;
+  return m;
+}
+
+std::vector<int> split_members(const std::vector<int>& parent, const std::vector<int>& ranks) {
+  std::vector<int> m;
+  m.reserve(ranks.size());
+  for (int r : ranks) m.push_back(r >= 0 && r < static_cast<int>(parent.size()) ? parent[static_cast<size_t>(r)] : -1);
+  return m;
+}
 
 FlightRecorder& FlightRecorder::instance() {
   static FlightRecorder fr;
@@ -60,21 +89,53 @@ void FlightRecorder::finished(int64_t id, const std::string& state) {
   }
 }
 
+void FlightRecorder::joined(FrComm c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& k : comms_)
+    if (k.name == c.name && k.generation == c.generation && k.rank == c.rank) {
+      k = std::move(c);
+      return;
+    }
+  if (comms_.size() >= kMaxComms) comms_.erase(comms_.begin());
+  comms_.push_back(std::move(c));
+}
+
 void FlightRecorder::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   ring_.clear();
+  comms_.clear();
   next_id_ = 0;
 }
 
 json::Value FlightRecorder::to_json(const std::string& reason) const {
   std::lock_guard<std::mutex> lock(mu_);
   json::Value out = json::Value::object();
-  const char* rank = std::getenv("RANK");
-  out["version"] = 1;
-  out["rank"] = static_cast<int64_t>(rank ? std::atoll(rank) : 0);
+  const int rank = env_rank_var("RANK", "SLURM_PROCID");
+  int world = env_rank_var("WORLD_SIZE", "SLURM_NTASKS");
+  if (world < 1) {  // not launched: the largest rank any communicator names, plus one
+    world = 1;
+    for (const auto& c : comms_)
+      for (int m : c.members) world = std::max(world, m + 1);
+  }
+  out["version"] = 2;
+  out["rank"] = static_cast<int64_t>(rank >= 0 ? rank : 0);
+  out["world_size"] = static_cast<int64_t>(world);
   out["pid"] = static_cast<int64_t>(getpid());
   out["reason"] = reason;
   out["time"] = unix_seconds();
+  json::Value comms = json::Value::array();
+  for (const auto& c : comms_) {
+    json::Value j = json::Value::object();
+    j["comm"] = c.name;
+    j["generation"] = c.generation;
+    j["rank"] = c.rank;
+    j["size"] = c.size;
+    json::Value m = json::Value::array();
+    for (int r : c.members) m.push_back(static_cast<int64_t>(r));
+    j["ranks"] = std::move(m);
+    comms.push_back(std::move(j));
+  }
+  out["comms"] = std::move(comms);
   json::Value entries = json::Value::array();
   const int64_t first = std::max<int64_t>(0, next_id_ - static_cast<int64_t>(capacity_));
   for (int64_t id = first; id < next_id_; ++id) {
@@ -82,6 +143,7 @@ json::Value FlightRecorder::to_json(const std::string& reason) const {
     json::Value j = json::Value::object();
     j["record_id"] = e.id;
     j["comm"] = e.comm;
+    if (e.generation) j["generation"] = e.generation;
     j["comm_rank"] = e.comm_rank;
     j["comm_size"] = e.comm_size;
     j["seq"] = e.seq;

@@ -71,6 +71,7 @@ struct NcclCommunicator::Parts {
   std::shared_ptr<PrefixStore> scoped;     // kiln/nccl/<name>/g<generation>
   std::string root;                        // kiln/nccl/<name> (or a split's)
   int rank = 0, size = 1, generation = 0;
+  std::vector<int> members;  // the job's rank of each rank (flight_recorder.h); empty: root_members
   std::string name;
   CommOptions options;
   NcclBackendOptions backend;
@@ -186,6 +187,8 @@ std::shared_ptr<NcclCommunicator> new_nccl_communicator(std::shared_ptr<NcclApi>
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Parts> parts) : p_(std::move(parts)) {
   p_->reaper->parts = p_.get();
   p_->progress = std::make_unique<ProgressBoard>(p_->scoped, p_->rank, p_->size);
+  if (p_->members.empty()) p_->members = root_members(p_->rank, p_->size);
+  FlightRecorder::instance().joined({p_->name, p_->generation, p_->rank, p_->size, p_->members});
   FlightRecorder::install_sigusr1();
   if (p_->backend.start_watchdog)
     p_->watchdog = std::make_unique<Watchdog>(p_->options.watchdog_interval, [this] { watchdog_tick(); });
@@ -374,6 +377,7 @@ void NcclCommunicator::watchdog_tick() {
         np->rank = d.new_rank;
         np->size = static_cast<int>(d.members.size());
         np->generation = p_->generation + 1;
+        np->members = split_members(p_->members, d.members);
         np->name = p_->name;
         np->options = p_->options;
         np->backend = p_->backend;
@@ -454,6 +458,7 @@ WorkPtr enqueue(NcclCommunicator::Parts& p, const char* op, const Tensor& in, co
   KILN_CHECK(tmo.count() > 0, op, ": timeout ", tmo.count(), " ms must be positive");
   const int64_t seq = ++p.seq;
   OpRecord rec = describe_op(p.name, p.rank, p.size, seq, op, in, out, peer, tmo);
+  rec.entry.generation = p.generation;
   auto work = std::make_shared<Work>(rec.what, tmo);
   work->set_progress([reaper = std::weak_ptr<NcclReaper>(p.reaper)] {
     if (auto r = reaper.lock()) r->reap();
@@ -619,6 +624,8 @@ std::shared_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ra
                                          p_->root + "/g" + std::to_string(p_->generation) + "/split/" + std::to_string(n),
                                          p_->store),
                                      new_rank, static_cast<int>(ranks.size()), name, p_->options, p_->backend);
+  child->p_->members = split_members(p_->members, ranks);  // the child noted root_members: correct it
+  FlightRecorder::instance().joined({name, child->p_->generation, new_rank, child->p_->size, child->p_->members});
   json::Value ev = json::Value::object();
   ev["event"] = "split";
   ev["comm"] = p_->name;

@@ -3,8 +3,10 @@
 // (non-zero exit) on any mismatch. Inputs are small integers (exact in every dtype, so every
 // summation order gives the same bits) generated from (rank, op, size), so each rank computes
 // the serial float64 reference of all ranks itself.
+#include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -213,30 +215,93 @@ void run_in_flight(Communicator& world) {
   world.barrier()->wait();
 }
 
-// Bad input: each error names the op and the values, and the communicator stays usable.
+// Bad input: each error names the op, the argument and the values, and the communicator stays
+// usable: a correct all_reduce (and, every few errors, an all_gather) runs after every refusal.
 void run_bad_input(Communicator& c) {
   const int W = c.size();
-  auto expect_error = [](auto&& f, const std::string& what) {
+  const std::string w = std::to_string(W);
+  int checked = 0;
+  auto expect_error = [&](auto&& f, const std::string& what) {
     try {
       f();
       ADD_FAILURE() << "no error; expected one containing: " << what;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
+    Tensor ok = make({1.0, 2.0}, DType::f32);
+    c.all_reduce(ok, ReduceOp::sum)->wait();
+    expect_close(ok, {1.0 * W, 2.0 * W}, DType::f32, "usable after the error '" + what + "'");
+    if (++checked % 4 == 0) {
+      Tensor out = Tensor::empty({W}, DType::i64);
+      c.all_gather_single(out, make({static_cast<double>(c.rank())}, DType::i64))->wait();
+      std::vector<double> want;
+      for (int r = 0; r < W; ++r) want.push_back(r);
+      expect_close(out, want, DType::i64, "all_gather after the error '" + what + "'");
+    }
   };
   Tensor i16 = Tensor::empty({4}, DType::i16);
-  expect_error([&] { c.all_reduce(i16, ReduceOp::sum); }, "all_reduce: dtype i16 cannot be reduced");
-  expect_error([&] { c.all_reduce(Tensor::empty({4}, DType::i32), ReduceOp::avg); }, "avg of dtype i32");
+  expect_error([&] { c.all_reduce(i16, ReduceOp::sum); },
+               "all_reduce: dtype i16 cannot be reduced (expected f32, bf16, f16, f64, i32, i64 or u8)");
+  expect_error([&] { c.reduce_scatter_single(Tensor::empty({1}, DType::boolean), Tensor::empty({W}, DType::boolean),
+                                             ReduceOp::max); },
+               "reduce_scatter_single: dtype bool cannot be reduced");
+  expect_error([&] { c.all_reduce(Tensor::empty({4}, DType::i32), ReduceOp::avg); },
+               "all_reduce: avg of dtype i32 (avg needs a floating dtype");
+  // Sizes that do not divide: the op, the argument, both counts and the world size.
   expect_error([&] { c.reduce_scatter_single(Tensor::empty({2}), Tensor::empty({2 * W + 1}), ReduceOp::sum); },
-               "reduce_scatter_single: input has " + std::to_string(2 * W + 1) + " elements");
-  expect_error([&] { c.all_gather_single(Tensor::empty({W}), Tensor::empty({2})); }, "all_gather_single: output has");
-  expect_error([&] { c.all_reduce(Tensor::empty({2, 3}).t(), ReduceOp::sum); }, "not contiguous");
-  expect_error([&] { c.broadcast(Tensor::empty({2}), W); }, "broadcast: root=" + std::to_string(W));
-  expect_error([&] { c.all_reduce(Tensor::empty({2}), ReduceOp::sum, CallOptions{Millis(0)}); }, "timeout 0 ms");
-  if (W > 1) expect_error([&] { c.send(Tensor::empty({2}), c.rank()); }, "is this rank");
-  Tensor ok = make({1.0, 2.0}, DType::f32);
-  c.all_reduce(ok, ReduceOp::sum)->wait();
-  expect_close(ok, {1.0 * W, 2.0 * W}, DType::f32, "usable after bad input");
+               "reduce_scatter_single: input has " + std::to_string(2 * W + 1) + " elements; expected world size " + w +
+                   " x output's 2" + (W > 1 ? " (the input does not divide by the world size)" : ""));
+  expect_error([&] { c.all_gather_single(Tensor::empty({W + 1}), Tensor::empty({1})); },
+               "all_gather_single: output has " + std::to_string(W + 1) + " elements; expected world size " + w +
+                   " x input's 1");
+  expect_error([&] { c.all_gather_single(Tensor::empty({W}, DType::bf16), Tensor::empty({1})); },
+               "all_gather_single: output dtype bf16 differs from input dtype f32");
+  if (W > 1)
+    expect_error([&] { c.all_to_all_single(Tensor::empty({W}), Tensor::empty({W + 1})); },
+                 "all_to_all_single: input has " + std::to_string(W + 1) + " elements, not divisible by the world size " + w);
+  expect_error([&] { c.all_to_all_single(Tensor::empty({W}), Tensor::empty({W}), {}, std::vector<int64_t>(W + 1, 1)); },
+               "all_to_all_single: input splits has " + std::to_string(W + 1) + " entries (expected the world size " +
+                   w + ")");
+  expect_error([&] { c.all_reduce(Tensor::empty({2, 3}).t(), ReduceOp::sum); },
+               "all_reduce: tensor of shape [3, 2] is not contiguous");
+  expect_error([&] { c.all_reduce(Tensor(), ReduceOp::sum); }, "all_reduce: tensor is an undefined tensor");
+  expect_error([&] { c.broadcast(Tensor::empty({2}), W); }, "broadcast: root=" + w + " out of range [0, " + w + ")");
+  expect_error([&] { c.recv(Tensor::empty({2}), -1); }, "recv: src=-1 out of range [0, " + w + ")");
+  expect_error([&] { c.all_reduce(Tensor::empty({2}), ReduceOp::sum, CallOptions{Millis(0)}); },
+               "all_reduce: timeout 0 ms must be positive");
+  expect_error([&] { c.split({c.rank(), c.rank()}, "twice"); }, "appears twice");
+  if (W > 1) expect_error([&] { c.send(Tensor::empty({2}), c.rank()); }, "send: dst=" + std::to_string(c.rank()) + " is this rank");
+  // A tensor on the wrong device for the backend (only where a CUDA device exists).
+  if (cuda_device_count() > 0)
+    expect_error([&] { c.all_reduce(Tensor::empty({2}, DType::f32, cuda(0)), ReduceOp::sum); },
+                 "all_reduce: tensor is on cuda:0; the gloo backend takes CPU tensors");
+}
+
+// Rank 1 dies by SIGKILL while the others wait in all_reduce #3 with a 20 s timeout: its TCP
+// connections close at once, so each survivor's op must fail (not time out) within 2 s; the
+// victim prints when it dies and the survivors when they saw it (Unix seconds, one clock). abort_process is off (the Work raises) so they can.
+void run_dead_peer(Communicator& world) {
+  for (int i = 1; i <= 3; ++i) {
+    if (world.rank() == 1 && i == 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting in #3
+      std::printf("killed at %.3f\n", std::chrono::duration<double>(
+                                           std::chrono::system_clock::now().time_since_epoch()).count());
+      std::fflush(stdout);
+      kill(getpid(), SIGKILL);
+    }
+    Tensor t = make({1.0, 2.0, 3.0}, DType::f32);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      world.all_reduce(t, ReduceOp::sum)->wait();
+    } catch (const Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::printf("dead peer detected at %.3f, %.3f s into op %d: %s\n", at, s, i, e.what());
+      std::fflush(stdout);
+      return;
+    }
+  }
+  ADD_FAILURE() << "no op failed although rank 1 was killed";
 }
 
 }  // namespace
@@ -248,10 +313,12 @@ TEST(DistWorker, Run) {
   CommOptions o;
   o.timeout = Millis(std::atoi(std::getenv("KILN_TEST_TIMEOUT_MS") ? std::getenv("KILN_TEST_TIMEOUT_MS") : "20000"));
   o.shrink_window = Millis(1500);
+  if (mode == "dead_peer") o.abort_process = false;
   auto world = init_world("gloo", "world", o);
   if (mode == "collectives") run_collectives(*world);
   else if (mode == "in_flight") run_in_flight(*world);
   else if (mode == "bad_input") run_bad_input(*world);
+  else if (mode == "dead_peer") run_dead_peer(*world);
   else if (mode == "sleeper" || mode == "killed") {
     // Rank 1 sleeps past the timeout (or dies by SIGKILL) at the third all_reduce.
     for (int i = 1; i <= 3; ++i) {

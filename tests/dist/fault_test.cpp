@@ -1,9 +1,12 @@
 // Faults with real processes: a rank that sleeps past a short timeout (the others report a
 // timeout naming the op and the rank that never joined, within timeout + 2 s, with a flight-
-// recorder dump and a JSON-lines event); a rank killed with SIGKILL mid-job under abort (the
-// survivors exit non-zero naming the op) and under shrink (the survivors go on as a smaller
-// communicator whose collectives are correct).
+// recorder dump and a JSON-lines event; the launcher stops the sleeper, which leaves no dump, and
+// kiln comms analyze on the folder names it); a dead TCP peer (a rank killed while the others
+// wait, with a long timeout) detected by every survivor within 2 s; a rank killed with SIGKILL
+// mid-job under abort (the survivors exit non-zero naming the op, within timeout + 2 s) and under
+// shrink (the survivors go on as a smaller communicator whose collectives are correct).
 #include <chrono>
+#include <cstdlib>
 #include <regex>
 
 #include <gtest/gtest.h>
@@ -41,11 +44,59 @@ TEST(Faults, SleeperTimesOutNamingOpAndRankWithDump) {
   EXPECT_TRUE(contains(events, "\"event\":\"init\"")) << events;
 }
 
+TEST(Faults, AnalyzerNamesTheSleeperThatLeftNoDump) {
+  KILN_SKIP_WITHOUT_GLOO();
+  // Ranks 0 and 2 time out in all_reduce #3 and dump; the launcher then stops rank 1, still
+  // asleep, which leaves no dump. The analyzer learns from the others' dumps that the job has 3
+  // ranks and names rank 1 and the op they waited in.
+  const std::string dir = fresh_dir("kiln_fault_analyze");
+  const auto r = run_ranks(3, "sleeper", "KILN_TEST_TIMEOUT_MS=1000", "--log-dir " + dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_FALSE(contains(run_command("ls " + dir).output, "kiln_fr_rank1.json")) << run_command("ls " + dir).output;
+  const auto a = run_command(kiln_cli() + " comms analyze " + dir, 20);
+  EXPECT_EQ(a.status, 1) << a.output;
+  EXPECT_TRUE(contains(a.output, "comm 'world' (3 ranks, ops #1 to #3): rank 1 never joined all_reduce #3 of 'world' "
+                                 "(it left no dump; "))
+      << a.output;
+  EXPECT_TRUE(contains(a.output, "last completed: rank 0 #2, rank 1: no dump, rank 2 #2")) << a.output;
+  EXPECT_TRUE(contains(a.output, "rank 1 left no dump (never joined / died?)")) << a.output;
+  EXPECT_FALSE(contains(a.output, "every rank joined")) << a.output;
+  const auto j = run_command(kiln_cli() + " comms analyze " + dir + " --json", 20);
+  EXPECT_TRUE(contains(j.output, "\"world_size\": 3")) << j.output;
+  EXPECT_TRUE(std::regex_search(j.output, std::regex("\"ranks_without_dump\": \\[\\s*1\\s*\\]"))) << j.output;
+}
+
+TEST(Faults, DeadTcpPeerDetectedWithinTwoSeconds) {
+  KILN_SKIP_WITHOUT_GLOO();
+  // A 20 s timeout: only the closed connections can end the survivors' all_reduce in time.
+  const auto t0 = Clock::now();
+  const auto r = run_ranks(3, "dead_peer", "KILN_TEST_TIMEOUT_MS=20000");
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_TRUE(contains(r.output, "failed first: signal 9 (SIGKILL)")) << r.output;
+  std::smatch k;
+  ASSERT_TRUE(std::regex_search(r.output, k, std::regex("\\[rank 1\\] killed at ([0-9.]+)"))) << r.output;
+  const double killed = std::atof(k[1].str().c_str());
+  for (int rank : {0, 2}) {
+    std::smatch m;
+    const std::regex re("\\[rank " + std::to_string(rank) +
+                        "\\] dead peer detected at ([0-9.]+), [0-9.]+ s into op ([23]): (.*)");
+    ASSERT_TRUE(std::regex_search(r.output, m, re)) << r.output;
+    EXPECT_LT(std::atof(m[1].str().c_str()) - killed, 2.0) << m[0];
+    EXPECT_TRUE(contains(m[3].str(), "all_reduce #" + m[2].str() + " of 'world' (3 elements of f32) failed")) << m[0];
+    EXPECT_FALSE(contains(m[3].str(), "timed out")) << m[0];
+  }
+  EXPECT_LT(secs, 15) << r.output;  // far inside the 20 s timeout, start-up included
+}
+
 TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
   KILN_SKIP_WITHOUT_GLOO();
   const std::string dir = fresh_dir("kiln_fault_abort");
+  const auto t0 = Clock::now();
   const auto r = run_ranks(3, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--log-dir " + dir);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(r.status, 1) << r.output;
+  // Within the timeout + 2 s of the kill (start-up and the launcher's stop included, generously).
+  EXPECT_LT(secs, 5 + 2 + 4) << r.output;
   // The launcher reports whichever it reaps first: the killed rank or a survivor exiting 70.
   EXPECT_TRUE(contains(r.output, "signal 9 (SIGKILL)") || contains(r.output, "exit code 70")) << r.output;
   // #3 normally; #2 when rank 1 died while a peer still finished its part of #2.

@@ -137,9 +137,9 @@ struct Context {
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<Store> store, int rank, int size, std::string name, CommOptions options,
-                   int generation, std::string prefix)
+                   int generation, std::string prefix, std::vector<int> members)
       : store_(std::move(store)), rank_(rank), size_(size), name_(std::move(name)), options_(options),
-        generation_(generation), prefix_(std::move(prefix)) {
+        generation_(generation), prefix_(std::move(prefix)), members_(std::move(members)) {
     KILN_CHECK(store_ != nullptr, "gloo communicator '", name_, "': the store is null");
     KILN_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, "gloo communicator '", name_, "': rank ", rank_,
                " out of range [0, ", size_, ")");
@@ -173,6 +173,7 @@ class GlooCommunicator : public Communicator {
     ev["generation"] = generation_;
     ev["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
     rank_event(ev);
+    FlightRecorder::instance().joined({name_, generation_, rank_, size_, members_});
     FlightRecorder::install_sigusr1();
     worker_ = std::thread([this] { work_loop(); });
     watchdog_ = std::make_unique<Watchdog>(options_.watchdog_interval, [this] { tick(); });
@@ -357,7 +358,8 @@ class GlooCommunicator : public Communicator {
     for (int r : ranks) key += "," + std::to_string(r);
     const int n = split_count_[key]++;
     auto child = std::make_shared<GlooCommunicator>(store_, new_rank, static_cast<int>(ranks.size()), name, options_,
-                                                    0, prefix_ + "/split/" + name + "/" + std::to_string(n) + "/g0");
+                                                    0, prefix_ + "/split/" + name + "/" + std::to_string(n) + "/g0",
+                                                    split_members(members_, ranks));
     json::Value ev = json::Value::object();
     ev["event"] = "split";
     ev["comm"] = name_;
@@ -402,6 +404,7 @@ class GlooCommunicator : public Communicator {
     KILN_CHECK(tmo.count() > 0, op, ": timeout ", tmo.count(), " ms must be positive");
     const int64_t seq = ++seq_;
     OpRecord rec = describe_op(name_, rank_, size_, seq, op, in, out, peer, tmo);
+    rec.entry.generation = generation_;
     auto work = std::make_shared<Work>(rec.what, tmo);
     const int64_t fr = FlightRecorder::instance().record(rec.entry);
     {
@@ -421,6 +424,7 @@ class GlooCommunicator : public Communicator {
     KILN_CHECK(tmo.count() > 0, op, ": timeout ", tmo.count(), " ms must be positive");
     const int64_t seq = ++seq_;
     OpRecord rec = describe_op(name_, rank_, size_, seq, op, t, t, peer, tmo);
+    rec.entry.generation = generation_;
     const std::string what = rec.what;
     auto work = std::make_shared<Work>(what, tmo);
     const int64_t fr = FlightRecorder::instance().record(rec.entry);
@@ -549,7 +553,13 @@ class GlooCommunicator : public Communicator {
       publish_progress();
     } catch (...) {
     }
-    const std::string who = progress_->not_joined(p.seq, options_.watchdog_interval + Millis(100));
+    // Live peers publish their progress when they fail too: after a timeout they may still be
+    // inside the op (wait a watchdog tick for their word); after an error (a peer's connection
+    // closed, and this rank's context with it) every live peer fails at once, so a short wait
+    // suffices and the failure is reported within ~0.3 s of the peer's death.
+    const Millis settle = timed_out ? options_.watchdog_interval + Millis(100)
+                                    : std::min<Millis>(options_.watchdog_interval + Millis(100), Millis(300));
+    const std::string who = progress_->not_joined(p.seq, settle);
     std::ostringstream msg;
     msg << "rank " << rank_ << ": " << p.what;
     if (timed_out) msg << " timed out after " << p.work->timeout().count() << " ms";
@@ -623,7 +633,8 @@ class GlooCommunicator : public Communicator {
     const std::vector<int>& members = d.members;
     const std::string root = prefix_.substr(0, prefix_.rfind("/g"));
     auto next = std::make_shared<GlooCommunicator>(store_, new_rank, static_cast<int>(members.size()), name_, options_,
-                                                   generation_ + 1, root + "/g" + std::to_string(generation_ + 1));
+                                                   generation_ + 1, root + "/g" + std::to_string(generation_ + 1),
+                                                   split_members(members_, members));
     json::Value ev = json::Value::object();
     ev["event"] = "shrink";
     ev["comm"] = name_;
@@ -663,6 +674,7 @@ class GlooCommunicator : public Communicator {
   CommOptions options_;
   int generation_;
   std::string prefix_;
+  std::vector<int> members_;  // the job's rank of each rank (flight_recorder.h)
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;  // guarded by mu_ after construction
   int p2p_running_ = 0;                              // send / recv threads not yet finished
@@ -707,7 +719,7 @@ std::shared_ptr<Communicator> new_gloo_communicator(std::shared_ptr<Store> store
   KILN_CHECK(!name.empty(), "gloo communicator: the name is empty");
   ignore_default_sigpipe();
   return std::make_shared<GlooCommunicator>(std::move(store), rank, size, name, options, 0,
-                                            "kiln/comm/" + name + "/g0");
+                                            "kiln/comm/" + name + "/g0", root_members(rank, size));
 }
 
 }  // namespace kiln::dist
