@@ -16,7 +16,9 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "kiln/data/dataset.h"
 #include "kiln/data/tokenizer.h"
+#include "kiln/dist/auth.h"
 #include "kiln/dist/backends.h"
 #include "kiln/dist/launcher.h"
 #include "kiln/train/checkpoint.h"
@@ -89,6 +91,13 @@ int launch_ranks(const Args& args, const train::TrainConfig& c) {
   dist::LaunchOptions o;
   o.nproc_per_node = static_cast<int>(c.nproc);
   o.master_port = 0;  // a free one
+  // --on-failure restart: the ranks' communicators abort, the launcher restarts every rank up to
+  // --max-restarts times, each resuming from the run folder's latest checkpoint.
+  o.policy = c.on_failure == "shrink" ? "shrink" : "abort";
+  o.max_restarts = static_cast<int>(c.max_restarts);
+  // The job's id, the same for every rank and restart: a restarted rank knows the run folder's
+  // files are its own job's (run_folder.h).
+  ::setenv("KILN_TRAIN_JOB", dist::random_token().substr(0, 16).c_str(), 1);
   o.program.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
   o.program.push_back("train");
   for (size_t i = 0; i < args.size(); ++i) {
@@ -101,8 +110,32 @@ int launch_ranks(const Args& args, const train::TrainConfig& c) {
   }
   o.program.push_back("--out");  // the last --out wins: the folder resolved here (runs/kiln-N)
   o.program.push_back(c.out);
-  std::fprintf(stderr, "kiln train: starting %lld ranks\n", static_cast<long long>(c.nproc));
+  std::fprintf(stderr, "kiln train: starting %lld ranks (--on-failure %s, --max-restarts %lld)\n",
+               static_cast<long long>(c.nproc), c.on_failure.c_str(), static_cast<long long>(c.max_restarts));
   return dist::launch(o);
+}
+
+// The id of this rank's job: kiln train --nproc's, else one made of what the launcher (kiln
+// launch, torchrun) gives every rank of one job and keeps across its restarts.
+std::string job_identity() {
+  if (const char* j = std::getenv("KILN_TRAIN_JOB"); j && *j) return j;
+  std::string key;
+  for (const char* v : {"KILN_STORE_TOKEN", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"}) {
+    const char* x = std::getenv(v);
+    key += std::string(x ? x : "") + "\n";
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(data::fnv1a(key)));
+  return hex;
+}
+
+int restart_count() {
+  const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (!r || !*r) return 0;
+  char* end = nullptr;
+  const long n = std::strtol(r, &end, 10);
+  KILN_CHECK(end && *end == 0 && n >= 0, "TORCHELASTIC_RESTART_COUNT='", r, "' is not a count");
+  return static_cast<int>(n);
 }
 
 }  // namespace
@@ -152,6 +185,11 @@ int run_train(const Args& args) {
     KILN_CHECK(value >= 0, f->flag, ": must be >= 0, got ", value);
     f->set(c, json::Value(value));
   }
+  // Checked before ranks are started: a bad value would fail on every rank (and be restarted).
+  KILN_CHECK(c.nproc >= 1, "--nproc ", c.nproc, ": nproc=", c.nproc, " must be positive (the number of ranks)");
+  KILN_CHECK(c.on_failure == "restart" || c.on_failure == "shrink", "--on-failure '", c.on_failure,
+             "' is not one of: restart, shrink");
+  KILN_CHECK(c.max_restarts >= 0, "--max-restarts ", c.max_restarts, " must be >= 0");
   // An empty --data (a shell variable that was not set) trained on the built-in corpus silently.
   KILN_CHECK(!p.given("--data") || !c.data.empty(), "--data: the path is empty (''); give a text file or folder, or "
              "leave --data out to train on the built-in corpus");
@@ -171,7 +209,8 @@ int run_train(const Args& args) {
     std::string note;
     std::string ck = train::find_checkpoint(c.resume, &note);
     KILN_CHECK(!ck.empty(), "--resume: no checkpoint in '", c.resume, "'", train::why_no_checkpoint(c.resume));
-    if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+    const char* rank_env = std::getenv("RANK");
+    if (!note.empty() && (!rank_env || std::string(rank_env) == "0")) std::fprintf(stderr, "%s\n", note.c_str());
     const json::Value saved = *train::read_trainer_state(ck).find("config");
     using train::OnResume;
     std::string changeable;
@@ -220,11 +259,13 @@ int run_train(const Args& args) {
              "a rank of a job of ", env.world_size, " (WORLD_SIZE); leave --nproc out under kiln launch or torchrun");
   if (c.nproc > 1 && !in_job) return launch_ranks(args, c);
   train::TrainHooks hooks;
+  if (in_job) {
+    hooks.restart_count = restart_count();
+    hooks.job_id = job_identity();
+  }
   if (in_job && env.world_size > 1) {
     hooks.world = dist::init_world(Device::parse(c.device).is_cuda() ? "nccl" : "gloo");
-    if (hooks.world->rank() != 0) hooks.progress = nullptr;  // rank 0 alone prints the progress and summary
   }
-  const bool quiet_rank = hooks.world && hooks.world->rank() != 0;
 
   g_stop.store(false);
   g_signal.store(0);
@@ -236,6 +277,8 @@ int run_train(const Args& args) {
   // one, on a fast step) would otherwise kill the process as it prints its summary.
   train::TrainSummary s = train::run_training(c, hooks);
   g_loop_done.store(true);
+  // rank 0 alone prints the summary and the sample
+  const bool quiet_rank = hooks.world && s.rank != 0;
   if (quiet_rank) return s.interrupted ? 128 + (g_signal.load() ? g_signal.load() : SIGINT) : 0;
   if (s.already_done) {
     std::fprintf(stderr, "the run in %s is already at its last step, %lld: nothing to train (pass a larger --steps to "

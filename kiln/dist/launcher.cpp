@@ -1,6 +1,7 @@
 // kiln launch (launcher.h): fork/exec of the ranks with pipes for their output, an output pump
-// thread that prefixes lines, a 0.1 s monitor loop over waitpid, the failure report, the
-// SIGTERM-then-SIGKILL stop, restarts, and the launcher's own JSON-lines log.
+// thread that prefixes lines, a 0.1 s monitor loop over waitpid, the failure report (a rank that
+// exited with the abort policy's status is named first only when no other rank failed with it),
+// the SIGTERM-then-SIGKILL stop, restarts, and the launcher's own JSON-lines log.
 #include "kiln/dist/launcher.h"
 
 #include <fcntl.h>
@@ -28,6 +29,7 @@
 #include "kiln/dist/auth.h"
 #include "kiln/dist/dist_log.h"
 #include "kiln/dist/store.h"
+#include "kiln/dist/work.h"
 #include "kiln/io/json.h"
 
 extern char** environ;
@@ -282,6 +284,7 @@ class Job {
   }
 
   void reap() {
+    int failed = -1, consequence = -1;  // of the ranks found ended now
     for (size_t i = 0; i < children_.size(); ++i) {
       Child& c = children_[i];
       if (c.status) continue;
@@ -290,9 +293,14 @@ class Job {
         c.status = st;
         c.ended = Clock::now();
         const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        if (!ok && first_failure_ < 0) first_failure_ = static_cast<int>(i);
+        // A rank that exits kAbortExitCode is reporting another's failure (its communicator saw
+        // a peer fail): when both ended within one poll, the other one failed first.
+        const bool reports_another = WIFEXITED(st) && WEXITSTATUS(st) == kAbortExitCode;
+        if (!ok && reports_another && consequence < 0) consequence = static_cast<int>(i);
+        if (!ok && !reports_another && failed < 0) failed = static_cast<int>(i);
       }
     }
+    if (first_failure_ < 0) first_failure_ = failed >= 0 ? failed : consequence;
   }
 
   void report(Child& c) {

@@ -315,6 +315,31 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& run) {
   std::sort(steps.begin(), steps.end());
   return steps;
 }
+// A checkpoint folder with its config and weights: model.safetensors (or a Hugging Face index),
+// or a sharded checkpoint's index with every file its chunks name (parallel/dcp.h).
+bool whole_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir / "config.json", ec)) return false;
+  if (fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "model.safetensors.index.json", ec)) return true;
+  const fs::path index = dir / "sharded.index.json";
+  if (!fs::exists(index, ec)) return false;
+  try {
+    const json::Value idx = read_json_file(index.string());
+    const json::Value* tensors = idx.find("tensors");
+    if (!tensors || !tensors->is_object() || tensors->as_object().empty()) return false;
+    for (const auto& [name, t] : tensors->as_object()) {
+      const json::Value* chunks = t.find("chunks");
+      if (!chunks || !chunks->is_array()) return false;
+      for (const json::Value& c : chunks->as_array()) {
+        const json::Value* file = c.find("file");
+        if (!file || !file->is_string() || !fs::exists(dir / file->as_string(), ec)) return false;
+      }
+    }
+    return true;
+  } catch (const Error&) {
+    return false;  // an index that does not parse: not a whole checkpoint
+  }
+}
 }  // namespace
 
 std::string find_checkpoint(const std::string& dir, std::string* note) {
@@ -328,8 +353,7 @@ std::string find_checkpoint(const std::string& dir, std::string* note) {
   if (!fs::exists(p / "latest", ec) || !fs::is_directory(p, ec)) return "";
   const auto steps = step_dirs(p);
   for (auto it = steps.rbegin(); it != steps.rend(); ++it)
-    if (fs::exists(it->second / "config.json", ec) && (fs::exists(it->second / "model.safetensors", ec) ||
-                                                        fs::exists(it->second / "model.safetensors.index.json", ec))) {
+    if (whole_checkpoint(it->second)) {
       if (note)
         *note = "note: " + (p / "latest").string() + (name.empty() ? " is empty" : " names '" + name + "', which is not a checkpoint") +
                 ": using the newest whole checkpoint there, " + it->second.string();

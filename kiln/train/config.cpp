@@ -90,6 +90,9 @@ void TrainConfig::validate() const {
   pos("seq", seq);
   pos("accum", accum);
   pos("nproc", nproc);
+  KILN_CHECK(on_failure == "restart" || on_failure == "shrink", "config: on_failure='", on_failure,
+             "' is not one of: restart, shrink");
+  KILN_CHECK(max_restarts >= 0, "config: max_restarts=", max_restarts, " must be >= 0");
   KILN_CHECK(global_batch >= 0, "config: global_batch=", global_batch, " must be >= 0 (0: batch x accum x ranks)");
   pos("log_every", log_every);
   KILN_CHECK(eval_every >= 0, "config: eval_every=", eval_every, " must be >= 0 (0: never)");

@@ -51,6 +51,12 @@ struct TrainConfig {
   // given, it sets the micro-batches per rank: global_batch / (batch x ranks)
   int64_t global_batch = 0;
   int64_t nproc = 1;  // ranks `kiln train` starts on this machine (kiln/dist's launcher; Gloo on CPU)
+  // What a job of several ranks does when one dies (docs/training.md, "When a rank dies"):
+  // restart (kiln's launcher restarts every rank, up to max_restarts times, each resuming from the
+  // run folder's latest checkpoint) or shrink (the survivors go on from the last checkpoint
+  // without the lost rank, the global batch unchanged).
+  std::string on_failure = "restart";
+  int64_t max_restarts = 0;
   double lr = 0, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   // schedule of side work
   int64_t eval_every = 0, eval_batches = 8, ckpt_every = 0, keep_ckpts = 2, log_every = 1, telemetry_every = 50;

@@ -95,6 +95,11 @@ std::vector<ConfigField> make_fields() {
       row("nproc", &C::nproc, "N", "train as N ranks on this machine (FSDP-sharded; Gloo on the CPU, NCCL with "
           "one GPU per rank on CUDA), started through kiln launch's launcher; under kiln launch or torchrun kiln "
           "train joins their job instead", command),
+      row("on_failure", &C::on_failure, "POLICY", "when a rank of --nproc N dies: restart (every rank restarts from "
+          "the run folder's latest checkpoint, up to --max-restarts times) or shrink (the survivors reload the last "
+          "checkpoint on N-1 ranks and go on, the global batch unchanged)", command),
+      row("max_restarts", &C::max_restarts, "K", "restarts of every rank kiln train --nproc allows after a failure "
+          "(--on-failure restart; under shrink, when the survivors cannot go on)", command),
       row("device", &C::device, "DEV", "cpu, cuda or cuda:N"),
       row("dtype", &C::dtype, "DT", "auto (bf16 on CUDA, f32 on CPU), f32, or bf16 (f32 master weights)"),
       row("seed", &C::seed, "S", "seed of initialisation and data order"),
@@ -108,7 +113,8 @@ std::vector<ConfigField> make_fields() {
   for (ConfigField& f : t) {
     if (f.key == "sample") f.flag = "--sample-mode";
     // Not the run's: never recorded with it (out is, so a run folder names where it was written).
-    if (f.key == "overwrite" || f.key == "resume" || f.key == "profile" || f.key == "peak_tflops" || f.key == "nproc")
+    if (f.key == "overwrite" || f.key == "resume" || f.key == "profile" || f.key == "peak_tflops" || f.key == "nproc" ||
+        f.key == "on_failure" || f.key == "max_restarts")
       f.saved = false;
     if (f.key == "resume") f.in_file = false;  // a resumed run takes no config file
   }

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "kiln/core/error.h"
@@ -156,6 +157,19 @@ void check_resume_out(const std::string& ckpt_dir, const std::string& out) {
   KILN_CHECK(!other.exists(), "--out ", out, " holds another run (", other.what, "), and a resumed run writes only into ",
              "its own run folder (", run.string(), ") or an empty one: leave --out out to continue in ", run.string(),
              ", or choose an empty --out");
+}
+
+std::string run_folder_job(const std::string& dir) {
+  std::ifstream f(fs::path(dir) / kJobFileName);
+  std::string job;
+  std::getline(f, job);
+  return job;
+}
+
+void mark_run_folder_job(const std::string& dir, const std::string& job) {
+  const fs::path tmp = fs::path(dir) / (std::string(kJobFileName) + ".tmp");
+  write_text_file_synced(tmp.string(), job + "\n");
+  fs::rename(tmp, fs::path(dir) / kJobFileName);
 }
 
 }  // namespace kiln::train

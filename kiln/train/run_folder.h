@@ -40,4 +40,11 @@ std::string remove_stale_temporaries(const std::string& dir);
 // run's folder rewrote its metrics and repointed its `latest`.
 void check_resume_out(const std::string& ckpt_dir, const std::string& out);
 
+// The job that last prepared run folder `dir`: kiln train's rank 0 writes DIR/.kiln-job (the
+// job's id, the same for every rank and every restart of one job) once it has checked the folder,
+// so a restarted rank knows whether the folder's files are its own job's. "" when there is none.
+std::string run_folder_job(const std::string& dir);
+void mark_run_folder_job(const std::string& dir, const std::string& job);
+inline constexpr const char* kJobFileName = ".kiln-job";
+
 }  // namespace kiln::train

@@ -248,6 +248,22 @@ class Throughput {
   double tps_ = 0;
 };
 
+// The sample at the end of a run: the prompt (--prompt, else "kiln ") and --sample-tokens more.
+std::string sample_text(nn::LlamaForCausalLM& model, const data::Tokenizer& tok, const TrainConfig& cfg) {
+  model.eval();
+  std::string prompt = cfg.prompt.empty() ? "kiln " : cfg.prompt;
+  std::vector<int32_t> ids;
+  if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  for (int32_t t : tok.encode(prompt)) ids.push_back(t);
+  nn::GenerateOptions go;
+  go.max_new_tokens = cfg.sample_tokens;
+  go.temperature = 0.8;
+  go.top_k = 40;
+  go.seed = cfg.seed;
+  go.eos_id = tok.eos_id();
+  return prompt + tok.decode_continuation(ids, nn::generate(model, ids, go));
+}
+
 }  // namespace
 
 TrainSummary Trainer::run() {
@@ -256,7 +272,7 @@ TrainSummary Trainer::run() {
   const TrainHooks& hooks = s.hooks;
   TrainSummary& sum = s.sum;
   if (s.already_done) return sum;
-  Progress& progress = *s.progress;  // silent on ranks other than 0 (the CLI gives them none)
+  Progress& progress = *s.progress;  // rank 0's (silent on the others)
   MetricsLog* metrics = s.metrics.get();  // rank 0's
 
   // ---- the op-level profile (the first step, a warm-up, is excluded when there are more) ----
@@ -290,6 +306,7 @@ TrainSummary Trainer::run() {
   };
   while (s.step < cfg.steps) {
     const StepResult r = step();
+    s.maybe_kill_self(r.step);
     const double tps = throughput.add(r.tokens, r.step == cfg.steps);
     const double run_s = s.seconds();
     double eval_loss = -1;
@@ -393,6 +410,8 @@ TrainSummary Trainer::run() {
   sum.tokens_per_s = sum.seconds > 0 ? (s.step - sum.start_step) * cfg.batch * cfg.seq * s.micro_total / sum.seconds : 0;
   sum.peak_memory_bytes = memory_stats(s.dev).peak_bytes;
   checkpoint(sum.interrupted ? "interrupted" : "end");
+  sum.rank = s.rank;
+  sum.world_size = s.world_size;
   if (metrics) {
     std::ofstream svg(fs::path(cfg.out) / "loss.svg");
     svg << loss_curve_svg(curves_from_metrics(metrics->path()), "kiln train: " + cfg.preset + " preset");
@@ -403,21 +422,21 @@ TrainSummary Trainer::run() {
                                                      "checkpoint was saved anyway", s.step, cfg.lr));
   KILN_CHECK(!metrics || metrics->ok(), "train: ", metrics ? metrics->error() : "", "; the run stopped at step ", s.step,
              " with checkpoint ", sum.checkpoint, ": free space and continue it with --resume ", cfg.out);
-  if (s.fsdp && cfg.sample_tokens > 0) {
-    progress.message("note: no sample at the end of a sharded run (the model's parameters are spread over the ranks)");
-  } else if (cfg.sample_tokens > 0 && !sum.interrupted && s.tok) {  // token data without a tokenizer: no sample
-    s.model->eval();
-    std::string prompt = cfg.prompt.empty() ? "kiln " : cfg.prompt;
-    std::vector<int32_t> ids;
-    if (s.tok->bos_id() >= 0) ids.push_back(s.tok->bos_id());
-    for (int32_t t : s.tok->encode(prompt)) ids.push_back(t);
-    nn::GenerateOptions go;
-    go.max_new_tokens = cfg.sample_tokens;
-    go.temperature = 0.8;
-    go.top_k = 40;
-    go.seed = cfg.seed;
-    go.eos_id = s.tok->eos_id();
-    sum.sample = prompt + s.tok->decode_continuation(ids, nn::generate(*s.model, ids, go));
+  if (cfg.sample_tokens > 0 && !sum.interrupted && s.tok) {  // token data without a tokenizer: no sample
+    if (s.fsdp) {  // sharded: every rank gathers each parameter (one all-gather each), rank 0 generates
+      std::vector<std::pair<std::string, Tensor>> full;
+      for (const auto& [name, shard] : s.fsdp->named_shards()) {
+        Tensor t = s.fsdp->full_tensor(name);
+        if (s.is_rank0()) full.emplace_back(name, t);
+      }
+      if (s.is_rank0()) {
+        nn::LlamaForCausalLM whole(s.model->config, cfg.seed, s.dev);
+        load_model_state(whole, full);
+        sum.sample = sample_text(whole, *s.tok, cfg);
+      }
+    } else {
+      sum.sample = sample_text(*s.model, *s.tok, cfg);
+    }
   }
   return sum;
 }

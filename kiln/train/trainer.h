@@ -33,6 +33,12 @@ struct TrainHooks {
   // (parallel/fsdp.h), rank r takes its slice of each global batch, rank 0 alone writes the
   // metrics, the loss curve and the run folder's files. Null: one process, unsharded.
   std::shared_ptr<dist::Communicator> world;
+  // A job of several ranks (kiln launch, torchrun): which attempt this process is
+  // (TORCHELASTIC_RESTART_COUNT) and the job's id, the same on every rank and every attempt. A
+  // restarted rank (restart_count > 0) continues from the run folder's latest checkpoint when
+  // this job wrote there (run_folder.h: the folder's job marker), without cfg.resume.
+  int restart_count = 0;
+  std::string job_id;
 };
 
 struct TrainSummary {
@@ -46,6 +52,8 @@ struct TrainSummary {
   std::string checkpoint;  // the last one written
   std::string sample;      // generated text (when sample_tokens > 0)
   std::vector<double> losses;  // per step of this run
+  int rank = 0;                // this process's rank at the end
+  int world_size = 1;          // the ranks at the end
 };
 
 // What one optimizer step did.

@@ -1,7 +1,10 @@
 // The Trainer's setup phase (trainer.h): the resumed run's configuration, the run folder's
 // rules, the data, the model and optimizer, a resume's state, and the run's opening notes.
 // Everything that can refuse bad input runs before the run folder is created.
+#include <signal.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -21,20 +24,33 @@ namespace fs = std::filesystem;
 
 // A resumed run: the saved configuration wins, except for what is not the run's own.
 void Trainer::State::resolve_config(const TrainConfig& cfg_in) {
-  cfg = cfg_in;
-  if (cfg_in.resume.empty()) return;
-  resume_dir = find_checkpoint(cfg_in.resume);
-  KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", cfg_in.resume, "'", why_no_checkpoint(cfg_in.resume));
+  TrainConfig in = cfg_in;
+  // A restarted rank (kiln launch, torchrun) of a job that has written into this run folder
+  // continues from the folder's latest checkpoint; before the job's first checkpoint it starts
+  // again as the first attempt did, over the job's own files.
+  if (hooks.restart_count > 0 && !hooks.job_id.empty() && run_folder_job(in.out) == hooks.job_id) {
+    own_folder = true;
+    if (!find_checkpoint(in.out, &restart_note).empty()) in.resume = in.out;
+  }
+  cfg = in;
+  if (in.resume.empty()) return;
+  resume_dir = find_checkpoint(in.resume);
+  KILN_CHECK(!resume_dir.empty(), "resume: no checkpoint in '", in.resume, "'", why_no_checkpoint(in.resume));
   resume_state = read_trainer_state(resume_dir);
   cfg = TrainConfig{};
   apply_config_json(cfg, *resume_state.find("config"));
   saved_steps = cfg.steps;
   for (const ConfigField& f : config_fields())  // the settings that are not the run's own
-    if (f.on_resume != OnResume::kept) f.copy(cfg, cfg_in);
+    if (f.on_resume != OnResume::kept) f.copy(cfg, in);
 }
 
 void Trainer::State::prepare_run_folder() {
   lock = std::make_unique<RunLock>(cfg.out);  // one writer per run folder, then what a killed one left
+  std::error_code ec;
+  const bool resumed_here = !resume_dir.empty() && fs::equivalent(fs::path(resume_dir).parent_path(), cfg.out, ec);
+  // A restart of this job that resumes from elsewhere again: the folder holds only what the
+  // earlier attempt wrote before its first checkpoint.
+  if (own_folder && !resume_dir.empty() && !resumed_here) remove_earlier_run(cfg.out);
   if (!resume_dir.empty()) check_resume_out(resume_dir, cfg.out);
   stale_note = remove_stale_temporaries(cfg.out);
   // The default warmup (5 % of the steps) is fixed when a run starts and saved with it: a resume
@@ -43,13 +59,15 @@ void Trainer::State::prepare_run_folder() {
   if (resume_dir.empty()) {  // a fresh run: an earlier one in `out` would be mixed into it
     const EarlierRun earlier = earlier_run(cfg.out);
     // Without a checkpoint (a run stopped before its first save) there is nothing to resume.
-    KILN_CHECK(!earlier.exists() || cfg.overwrite, "train: --out ", cfg.out, " holds an earlier run (", earlier.what,
+    KILN_CHECK(!earlier.exists() || cfg.overwrite || own_folder, "train: --out ", cfg.out, " holds an earlier run (",
+               earlier.what,
                earlier.has_checkpoint ? "); continue it with --resume " + cfg.out + ", choose another --out, or pass "
                                         "--overwrite to replace it"
                                       : " and no checkpoint, so it cannot be resumed); choose another --out, or pass "
                                         "--overwrite to replace it");
     if (earlier.exists()) remove_earlier_run(cfg.out);
   }
+  if (!hooks.job_id.empty()) mark_run_folder_job(cfg.out, hooks.job_id);  // the folder is this job's now
 }
 
 void Trainer::State::load_data() {
@@ -208,6 +226,20 @@ void Trainer::State::open_run() {
     KILN_CHECK(!ec, "out '", cfg.out, "': cannot create the run folder: ", ec.message());
   }
   metrics = std::make_unique<MetricsLog>((fs::path(cfg.out) / "metrics.jsonl").string(), resume_dir.empty() ? -1 : step);
+  if (hooks.restart_count > 0) {  // kiln launch restarted the job: the event, then the steps again
+    json::Value ev = json::Value::object();
+    ev["event"] = "restart";
+    ev["step"] = step;
+    ev["restart_count"] = hooks.restart_count;
+    ev["world_size"] = world_size;
+    ev["checkpoint"] = resume_dir;
+    metrics->write(ev);
+    if (hooks.on_log) hooks.on_log(ev);
+    if (!restart_note.empty()) progress->message(restart_note);
+    progress->message("restart " + std::to_string(hooks.restart_count) + " of the job: " +
+                      (resume_dir.empty() ? std::string("no checkpoint of this job yet, training again from step 0")
+                                          : "continuing from " + resume_dir + " at step " + std::to_string(step)));
+  }
   {
     char buf[256];
     std::snprintf(buf, sizeof buf, "kiln train: %s model, %.2fM parameters, %zu tokens (%s), batch %lld x %lld x %lld, "
@@ -250,6 +282,20 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   resolve_config(cfg_in);
   cfg.validate();
   plan_ranks();
+  // KILN_TEST_KILL_AT=RANK:STEP[,RANK:STEP...] (tests): on the job's first attempt the rank the
+  // launcher numbered RANK kills itself with SIGKILL after STEP (maybe_kill_self).
+  if (const char* k = std::getenv("KILN_TEST_KILL_AT"); k && *k && world) {
+    std::stringstream list(k);
+    for (std::string item; std::getline(list, item, ',');) {
+      int r = -1;
+      long long at = 0;
+      char extra = 0;
+      KILN_CHECK(std::sscanf(item.c_str(), "%d:%lld%c", &r, &at, &extra) == 2 && r >= 0 && at > 0,
+                 "KILN_TEST_KILL_AT='", k, "': expected RANK:STEP[,RANK:STEP...] (tests: that rank kills itself "
+                 "with SIGKILL after that step)");
+      if (r == rank && hooks.restart_count == 0) kill_at_step = at;
+    }
+  }
   if (is_rank0()) prepare_run_folder();  // the run folder is rank 0's (the others write shards into it)
   else if (resume_dir.empty() && cfg.warmup < 0) cfg.warmup = std::max<int64_t>(1, cfg.steps / 20);
   set_deterministic(cfg.deterministic);
@@ -257,7 +303,7 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   if (dev.is_cuda() && world) dev = cuda(dist::DistEnv::from_env().local_rank);  // one GPU per rank
   check_device_available(dev, "train");
   bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && dev.is_cuda());
-  progress = std::make_unique<Progress>(hooks.progress, cfg.steps, cfg.log_every);
+  progress = std::make_unique<Progress>(is_rank0() ? hooks.progress : nullptr, cfg.steps, cfg.log_every);  // rank 0's
   load_data();
   build_model();
   load_resume_state();
@@ -271,6 +317,12 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   if (is_rank0()) open_run();
   if (world) world->barrier()->wait();  // rank 0's run folder is in place
   t0 = Clock::now();
+}
+
+void Trainer::State::maybe_kill_self(int64_t step_done) const {
+  if (kill_at_step != step_done) return;
+  std::fflush(nullptr);
+  ::raise(SIGKILL);
 }
 
 }  // namespace kiln::train

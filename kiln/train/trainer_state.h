@@ -70,6 +70,10 @@ struct Trainer::State {
   double elapsed_before = 0;  // seconds trained before a resume
   Clock::time_point t0;
   bool already_done = false;
+  // failures of a job of several ranks (docs/training.md, "When a rank dies")
+  bool own_folder = false;      // a restarted rank's run folder holds this job's files (its job marker)
+  std::string restart_note;     // how the restart found its checkpoint (a damaged latest)
+  int64_t kill_at_step = -1;    // KILN_TEST_KILL_AT=RANK:STEP,... (tests): this process SIGKILLs itself then
 
   void setup(const TrainConfig& cfg_in);
   void resolve_config(const TrainConfig& cfg_in);
@@ -81,6 +85,7 @@ struct Trainer::State {
   std::shared_ptr<const attention::RuntimeMods> compile_runtime_mods(const nn::LlamaConfig& mcfg);
   void load_resume_state();
   void open_run();
+  void maybe_kill_self(int64_t step_done) const;
   double seconds() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 };
 
