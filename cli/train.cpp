@@ -91,8 +91,10 @@ int launch_ranks(const Args& args, const train::TrainConfig& c) {
   dist::LaunchOptions o;
   o.nproc_per_node = static_cast<int>(c.nproc);
   o.master_port = 0;  // a free one
-  // --on-failure restart: the ranks' communicators abort, the launcher restarts every rank up to
-  // --max-restarts times, each resuming from the run folder's latest checkpoint.
+  // --on-failure: restart (the ranks' communicators abort, the launcher restarts every rank up to
+  // --max-restarts times, each resuming from the run folder's latest) or shrink (the survivors'
+  // communicators shrink and the launcher lets them finish; --max-restarts still restarts a job
+  // whose survivors failed too).
   o.policy = c.on_failure == "shrink" ? "shrink" : "abort";
   o.max_restarts = static_cast<int>(c.max_restarts);
   // The job's id, the same for every rank and restart: a restarted rank knows the run folder's
@@ -190,6 +192,9 @@ int run_train(const Args& args) {
   KILN_CHECK(c.on_failure == "restart" || c.on_failure == "shrink", "--on-failure '", c.on_failure,
              "' is not one of: restart, shrink");
   KILN_CHECK(c.max_restarts >= 0, "--max-restarts ", c.max_restarts, " must be >= 0");
+  // A rank of `kiln launch --policy shrink` (KILN_DIST_POLICY=shrink) shrinks unless told otherwise.
+  if (const char* pol = std::getenv("KILN_DIST_POLICY"); !p.given("--on-failure") && pol && std::string(pol) == "shrink")
+    c.on_failure = "shrink";
   // An empty --data (a shell variable that was not set) trained on the built-in corpus silently.
   KILN_CHECK(!p.given("--data") || !c.data.empty(), "--data: the path is empty (''); give a text file or folder, or "
              "leave --data out to train on the built-in corpus");
@@ -264,7 +269,10 @@ int run_train(const Args& args) {
     hooks.job_id = job_identity();
   }
   if (in_job && env.world_size > 1) {
-    hooks.world = dist::init_world(Device::parse(c.device).is_cuda() ? "nccl" : "gloo");
+    dist::CommOptions co;
+    // shrink: a lost peer gives the survivors PeerLost with the smaller world (the trainer goes on)
+    if (c.on_failure == "shrink") co.policy = dist::FailurePolicy::shrink;
+    hooks.world = dist::init_world(Device::parse(c.device).is_cuda() ? "nccl" : "gloo", "world", co);
   }
 
   g_stop.store(false);
@@ -277,7 +285,7 @@ int run_train(const Args& args) {
   // one, on a fast step) would otherwise kill the process as it prints its summary.
   train::TrainSummary s = train::run_training(c, hooks);
   g_loop_done.store(true);
-  // rank 0 alone prints the summary and the sample
+  // rank 0 alone prints the summary and the sample (after a shrink: the new rank 0)
   const bool quiet_rank = hooks.world && s.rank != 0;
   if (quiet_rank) return s.interrupted ? 128 + (g_signal.load() ? g_signal.load() : SIGINT) : 0;
   if (s.already_done) {

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -64,7 +65,10 @@ struct Child {
   std::deque<std::string> tail;
   std::string partial[2];
   std::unique_ptr<std::ofstream> log;
+  bool noted = false;  // a later failure under shrink, said
 };
+
+bool exited_ok(const Child& c) { return c.status && WIFEXITED(*c.status) && WEXITSTATUS(*c.status) == 0; }
 
 class Job {
  public:
@@ -103,6 +107,16 @@ class Job {
         }
         std::fprintf(stderr, "kiln launch: policy shrink: the other ranks go on without rank %d\n",
                      children_[first_failure_].rank);
+      }
+      if (shrink && reported_) {  // a later loss: said in one line
+        for (size_t i = 0; i < children_.size(); ++i) {
+          Child& c = children_[i];
+          if (static_cast<int>(i) == first_failure_ || !c.status || c.noted || exited_ok(c)) continue;
+          c.noted = true;
+          std::fprintf(stderr, "kiln launch: rank %d (pid %d) failed too: %s after %.1f s; policy shrink: the "
+                       "others go on without it\n", c.rank, c.pid, describe_status(*c.status).c_str(),
+                       std::chrono::duration<double>(c.ended - c.started).count());
+        }
       }
       if (all_done) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -155,16 +169,30 @@ class Job {
     close(wake_[1]);
   }
 
+  // Every rank exited 0; under shrink, some rank did and each other one ended before the first
+  // that did (it was lost, and the survivors went on without it: a rank that fails after the
+  // job's end, or with no survivor, fails the job).
   bool succeeded(bool shrink) const {
-    for (size_t i = 0; i < children_.size(); ++i) {
-      const auto& c = children_[i];
-      const bool ok = c.status && WIFEXITED(*c.status) && WEXITSTATUS(*c.status) == 0;
-      if (!ok && !(shrink && static_cast<int>(i) == first_failure_)) return false;
+    std::optional<Clock::time_point> first_ok;
+    for (const auto& c : children_)
+      if (exited_ok(c) && (!first_ok || c.ended < *first_ok)) first_ok = c.ended;
+    for (const auto& c : children_) {
+      if (exited_ok(c)) continue;
+      if (!shrink || !first_ok || !c.status || !(c.ended < *first_ok)) return false;
     }
     return true;
   }
+  // The ranks that failed, in the order they ended ("1" or "2, 0").
+  std::string failed_ranks() const {
+    std::vector<const Child*> failed;
+    for (const auto& c : children_)
+      if (!exited_ok(c)) failed.push_back(&c);
+    std::sort(failed.begin(), failed.end(), [](const Child* a, const Child* b) { return a->ended < b->ended; });
+    std::string out;
+    for (const Child* c : failed) out += (out.empty() ? "" : ", ") + std::to_string(c->rank);
+    return out;
+  }
   int first_failure() const { return first_failure_; }
-  const Child& child(int i) const { return children_[i]; }
 
  private:
   int open_fds() {
@@ -408,9 +436,11 @@ int launch(const LaunchOptions& o) {
     job.stop_all(o.term_grace_s);
     job.finish();
     if (job.succeeded(shrink)) {
-      if (job.first_failure() >= 0)
-        std::fprintf(stderr, "kiln launch: the surviving ranks finished (rank %d failed)\n",
-                     job.child(job.first_failure()).rank);
+      if (job.first_failure() >= 0) {
+        const std::string failed = job.failed_ranks();
+        std::fprintf(stderr, "kiln launch: the surviving ranks finished (rank%s %s failed)\n",
+                     failed.find(',') == std::string::npos ? "" : "s", failed.c_str());
+      }
       return 0;
     }
     if (attempt >= o.max_restarts) {

@@ -5,7 +5,8 @@
 // code or signal, its last lines), gives the others settle_s to exit on their own (their
 // communicators report the failure from their side), then stops them (SIGTERM, SIGKILL after a grace
 // period) and restarts up to max_restarts times, or under the shrink policy lets the survivors
-// finish. See docs/distributed.md ("Launching").
+// finish (a rank lost later is let go too; the job succeeds when some rank exits 0 and every rank
+// that failed had ended before it). See docs/distributed.md ("Launching").
 #pragma once
 #include <string>
 #include <vector>
@@ -28,7 +29,7 @@ struct LaunchOptions {
 };
 
 // Runs the job; returns the launcher's exit status (0 when every rank succeeded, or under
-// shrink every survivor did; 1 after a failure with no restart left; 128 + signal when the
+// shrink the ranks left at the end did; 1 after a failure with no restart left; 128 + signal when the
 // launcher itself was interrupted).
 int launch(const LaunchOptions& options);
 

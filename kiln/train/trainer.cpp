@@ -176,6 +176,8 @@ void Trainer::checkpoint(const std::string& why) {
   }
   if (s.is_rank0()) mark_latest(s.cfg.out, name, s.cfg.keep_ckpts);
   s.sum.checkpoint = dir;
+  s.last_ckpt_dir = dir;
+  s.last_ckpt_step = s.step;
 }
 
 namespace {
@@ -272,8 +274,9 @@ TrainSummary Trainer::run() {
   const TrainHooks& hooks = s.hooks;
   TrainSummary& sum = s.sum;
   if (s.already_done) return sum;
-  Progress& progress = *s.progress;  // rank 0's (silent on the others)
-  MetricsLog* metrics = s.metrics.get();  // rank 0's
+  // Rank 0's (silent elsewhere); after a shrink the new rank 0's.
+  Progress* progress = s.progress.get();
+  MetricsLog* metrics = s.metrics.get();
 
   // ---- the op-level profile (the first step, a warm-up, is excluded when there are more) ----
   std::unique_ptr<profile::Profiler> prof;
@@ -283,8 +286,8 @@ TrainSummary Trainer::run() {
     prof = std::make_unique<profile::Profiler>();
     prof_on.emplace(*prof);
     s.step_profile = StepProfile(prof.get());
-    progress.message(s.peak.tflops > 0 ? mfu_basis(s) : "note: no peak FLOP/s known for " + s.dev.str() +
-                                                            ": pass --peak-tflops T for the MFU");
+    progress->message(s.peak.tflops > 0 ? mfu_basis(s) : "note: no peak FLOP/s known for " + s.dev.str() +
+                                                             ": pass --peak-tflops T for the MFU");
   }
   PhaseTimes logged;  // the phase totals at the last metrics record
 
@@ -304,112 +307,144 @@ TrainSummary Trainer::run() {
       << ") or check the data";
     return m.str();
   };
-  while (s.step < cfg.steps) {
-    const StepResult r = step();
-    s.maybe_kill_self(r.step);
-    const double tps = throughput.add(r.tokens, r.step == cfg.steps);
-    const double run_s = s.seconds();
-    double eval_loss = -1;
-    if (s.val_sampler && cfg.eval_every > 0 && (r.step % cfg.eval_every == 0 || r.step == cfg.steps)) {
-      eval_loss = eval();
-      sum.final_eval_loss = eval_loss;
-    }
-    const int64_t mem = memory_stats(s.dev).current_bytes;
-    if (r.step % cfg.log_every == 0 || eval_loss >= 0 || r.step == cfg.steps) {
-      json::Value m = json::Value::object();
-      m["step"] = r.step;
-      m["loss"] = r.loss;
-      m["lr"] = r.lr;
-      m["grad_norm"] = r.grad_norm;
-      m["tokens_per_s"] = tps;
-      m["tokens"] = s.tokens_seen;
-      m["elapsed_s"] = s.elapsed_before + run_s;
-      m["memory_bytes"] = mem;
-      if (eval_loss >= 0) m["eval_loss"] = eval_loss;
-      if (r.skipped) m["skipped"] = true;
-      if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops * s.world_size);
-      if (s.step_profile.on()) {  // the steps since the last record, by phase (step_profile.h)
-        const PhaseTimes now = s.step_profile.totals(), d = now.minus(logged);
-        logged = now;
-        m["profile"] = d.to_json();
-      }
-      if (cfg.telemetry_every > 0 && (r.step % cfg.telemetry_every == 0 || r.step == 1)) {
-        try {
-          m["telemetry"] = telemetry::to_json(telemetry::sample(s.dev));
-        } catch (const Error&) {
-          // telemetry is informative only: a platform that cannot say is not a training error
+  // --on-failure shrink: a lost rank surfaces as PeerLost from any collective of the loop or of
+  // the last checkpoint; the survivors rebuild on the smaller world, go back to the last
+  // checkpoint (recover, trainer_setup.cpp) and run the loop again from there.
+  bool finished = false, profile_done = false;
+  std::optional<dist::PeerLost> lost;
+  while (!finished) {
+    try {
+      while (s.step < cfg.steps) {
+        const StepResult r = step();
+        s.maybe_kill_self(r.step);
+        const double tps = throughput.add(r.tokens, r.step == cfg.steps);
+        const double run_s = s.seconds();
+        double eval_loss = -1;
+        if (s.val_sampler && cfg.eval_every > 0 && (r.step % cfg.eval_every == 0 || r.step == cfg.steps)) {
+          eval_loss = eval();
+          sum.final_eval_loss = eval_loss;
         }
+        const int64_t mem = memory_stats(s.dev).current_bytes;
+        if (r.step % cfg.log_every == 0 || eval_loss >= 0 || r.step == cfg.steps) {
+          json::Value m = json::Value::object();
+          m["step"] = r.step;
+          m["loss"] = r.loss;
+          m["lr"] = r.lr;
+          m["grad_norm"] = r.grad_norm;
+          m["tokens_per_s"] = tps;
+          m["tokens"] = s.tokens_seen;
+          m["elapsed_s"] = s.elapsed_before + run_s;
+          m["memory_bytes"] = mem;
+          if (eval_loss >= 0) m["eval_loss"] = eval_loss;
+          if (r.skipped) m["skipped"] = true;
+          if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops * s.world_size);
+          if (s.step_profile.on()) {  // the steps since the last record, by phase (step_profile.h)
+            const PhaseTimes now = s.step_profile.totals(), d = now.minus(logged);
+            logged = now;
+            m["profile"] = d.to_json();
+          }
+          if (cfg.telemetry_every > 0 && (r.step % cfg.telemetry_every == 0 || r.step == 1)) {
+            try {
+              m["telemetry"] = telemetry::to_json(telemetry::sample(s.dev));
+            } catch (const Error&) {
+              // telemetry is informative only: a platform that cannot say is not a training error
+            }
+          }
+          if (metrics) {
+            metrics->write(m);
+            if (const std::string w = metrics->take_warning(); !w.empty()) progress->message(w);
+            if (hooks.on_log) hooks.on_log(m);
+          }
+        }
+        const double eta = (cfg.steps - r.step) * run_s / std::max<int64_t>(r.step - sum.start_step, 1);
+        progress->update(r.step, r.loss, tps, eta, mem, eval_loss);
+        if (r.skipped)
+          progress->message("warning: non-finite gradient norm at step " + std::to_string(r.step) + ", step skipped");
+        non_finite_steps = r.skipped || !std::isfinite(r.loss) ? non_finite_steps + 1 : 0;
+        growth.observe(r.loss);
+        if (growth.in_a_row_limit()) {
+          progress->finish();
+          fail(growth.message("stopped: the loss has grown by orders of magnitude", r.step, cfg.lr));
+        }
+        if (non_finite_steps >= kMaxNonFiniteSteps) {
+          progress->finish();
+          fail(diverged("stopped: no recent step had a finite gradient norm", r.loss));
+        }
+        if (prof && r.step == sum.start_step + 1 && cfg.steps > r.step) {
+          prof->reset();
+          s.step_profile.reset();
+          logged = PhaseTimes{};
+          prof_from = r.step;
+        }
+        if (hooks.on_step) hooks.on_step(r.step);
+        bool stop = hooks.stop && hooks.stop->load();
+        bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
+        bool log_failed = metrics && metrics->stop_at(r.step, cfg.ckpt_every);  // a full disk: stop at a checkpoint
+        if (s.world) {  // the ranks stop together (one rank's signal, clock or disk stops all)
+          Tensor flags = from_vector<int32_t>({stop, out_of_time, log_failed}, {3}, s.dev);
+          s.world->all_reduce(flags, dist::ReduceOp::max)->wait();
+          const std::vector<int32_t> f = flags.to_vector<int32_t>();
+          stop = f[0] != 0, out_of_time = f[1] != 0, log_failed = f[2] != 0;
+        }
+        if (stop || out_of_time || log_failed) {
+          sum.interrupted = stop;
+          sum.out_of_time = !stop && out_of_time;
+          progress->message(stop          ? "interrupted: saving a checkpoint"
+                            : out_of_time ? "time limit reached: saving a checkpoint"
+                                          : "metrics cannot be written: saving a checkpoint and stopping");
+          break;
+        }
+        if (cfg.ckpt_every > 0 && r.step % cfg.ckpt_every == 0 && r.step < cfg.steps) checkpoint("interval");
       }
-      if (metrics) {
-        metrics->write(m);
-        if (const std::string w = metrics->take_warning(); !w.empty()) progress.message(w);
-        if (hooks.on_log) hooks.on_log(m);
+      progress->finish();
+      if (prof && !profile_done && !s.is_rank0()) {
+        s.step_profile = StepProfile(nullptr);
+      } else if (prof && !profile_done) {
+        const PhaseTimes phases = s.step_profile.totals();
+        s.step_profile = StepProfile(nullptr);
+        prof_on.reset();
+        json::Value pj = profile_to_json(*prof);
+        pj["steps"] = s.step - prof_from;
+        pj["device"] = s.dev.str();
+        pj["phases"] = phases.to_json();
+        const double step_tps =
+            phases.step_ms > 0 ? phases.steps * cfg.batch * cfg.seq * s.micro_total / (phases.step_ms / 1e3) : 0.0;
+        pj["mfu"] = mfu_json(s, step_tps);
+        std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";
+        progress->message("profile of steps " + std::to_string(prof_from + 1) + ".." + std::to_string(s.step) + " (" +
+                          (fs::path(cfg.out) / "profile.json").string() + "):\n" + prof->table() + "\n" +
+                          phase_table(phases, s, step_tps));
+      }
+      profile_done = true;
+      sum.steps_done = s.step;
+      sum.seconds = s.seconds();
+      sum.tokens_seen = s.tokens_seen;
+      sum.tokens_per_s =
+          sum.seconds > 0 ? (s.step - sum.start_step) * cfg.batch * cfg.seq * s.micro_total / sum.seconds : 0;
+      sum.peak_memory_bytes = memory_stats(s.dev).peak_bytes;
+      checkpoint(sum.interrupted ? "interrupted" : "end");
+      finished = true;
+    } catch (const dist::PeerLost& e) {
+      if (!s.shrinks()) throw;
+      lost.emplace(e);
+    }
+    while (lost) {  // a rank lost again while recovering: recover from that
+      const dist::PeerLost now = *lost;
+      lost.reset();
+      try {
+        const json::Value ev = s.recover(now, std::chrono::steady_clock::now());
+        progress = s.progress.get();
+        metrics = s.metrics.get();
+        if (metrics) {
+          metrics->write(ev);
+          if (hooks.on_log) hooks.on_log(ev);
+        }
+        throughput = Throughput(std::chrono::steady_clock::now());
+      } catch (const dist::PeerLost& again) {
+        lost.emplace(again);
       }
     }
-    const double eta = (cfg.steps - r.step) * run_s / std::max<int64_t>(r.step - sum.start_step, 1);
-    progress.update(r.step, r.loss, tps, eta, mem, eval_loss);
-    if (r.skipped)
-      progress.message("warning: non-finite gradient norm at step " + std::to_string(r.step) + ", step skipped");
-    non_finite_steps = r.skipped || !std::isfinite(r.loss) ? non_finite_steps + 1 : 0;
-    growth.observe(r.loss);
-    if (growth.in_a_row_limit()) {
-      progress.finish();
-      fail(growth.message("stopped: the loss has grown by orders of magnitude", r.step, cfg.lr));
-    }
-    if (non_finite_steps >= kMaxNonFiniteSteps) {
-      progress.finish();
-      fail(diverged("stopped: no recent step had a finite gradient norm", r.loss));
-    }
-    if (prof && r.step == sum.start_step + 1 && cfg.steps > r.step) {
-      prof->reset();
-      s.step_profile.reset();
-      logged = PhaseTimes{};
-      prof_from = r.step;
-    }
-    if (hooks.on_step) hooks.on_step(r.step);
-    bool stop = hooks.stop && hooks.stop->load();
-    bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
-    bool log_failed = metrics && metrics->stop_at(r.step, cfg.ckpt_every);  // a full disk: stop at a checkpoint
-    if (s.world) {  // the ranks stop together (one rank's signal, clock or disk stops all)
-      Tensor flags = from_vector<int32_t>({stop, out_of_time, log_failed}, {3}, s.dev);
-      s.world->all_reduce(flags, dist::ReduceOp::max)->wait();
-      const std::vector<int32_t> f = flags.to_vector<int32_t>();
-      stop = f[0] != 0, out_of_time = f[1] != 0, log_failed = f[2] != 0;
-    }
-    if (stop || out_of_time || log_failed) {
-      sum.interrupted = stop;
-      sum.out_of_time = !stop && out_of_time;
-      progress.message(stop ? "interrupted: saving a checkpoint" : out_of_time ? "time limit reached: saving a checkpoint"
-                       : "metrics cannot be written: saving a checkpoint and stopping");
-      break;
-    }
-    if (cfg.ckpt_every > 0 && r.step % cfg.ckpt_every == 0 && r.step < cfg.steps) checkpoint("interval");
   }
-  progress.finish();
-  if (prof && !s.is_rank0()) {
-    s.step_profile = StepProfile(nullptr);
-  } else if (prof) {
-    const PhaseTimes phases = s.step_profile.totals();
-    s.step_profile = StepProfile(nullptr);
-    prof_on.reset();
-    json::Value pj = profile_to_json(*prof);
-    pj["steps"] = s.step - prof_from;
-    pj["device"] = s.dev.str();
-    pj["phases"] = phases.to_json();
-    const double step_tps = phases.step_ms > 0 ? phases.steps * cfg.batch * cfg.seq * s.micro_total / (phases.step_ms / 1e3)
-                                               : 0.0;
-    pj["mfu"] = mfu_json(s, step_tps);
-    std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";
-    progress.message("profile of steps " + std::to_string(prof_from + 1) + ".." + std::to_string(s.step) + " (" +
-                     (fs::path(cfg.out) / "profile.json").string() + "):\n" + prof->table() + "\n" +
-                     phase_table(phases, s, step_tps));
-  }
-  sum.steps_done = s.step;
-  sum.seconds = s.seconds();
-  sum.tokens_seen = s.tokens_seen;
-  sum.tokens_per_s = sum.seconds > 0 ? (s.step - sum.start_step) * cfg.batch * cfg.seq * s.micro_total / sum.seconds : 0;
-  sum.peak_memory_bytes = memory_stats(s.dev).peak_bytes;
-  checkpoint(sum.interrupted ? "interrupted" : "end");
   sum.rank = s.rank;
   sum.world_size = s.world_size;
   if (metrics) {
@@ -424,16 +459,22 @@ TrainSummary Trainer::run() {
              " with checkpoint ", sum.checkpoint, ": free space and continue it with --resume ", cfg.out);
   if (cfg.sample_tokens > 0 && !sum.interrupted && s.tok) {  // token data without a tokenizer: no sample
     if (s.fsdp) {  // sharded: every rank gathers each parameter (one all-gather each), rank 0 generates
-      std::vector<std::pair<std::string, Tensor>> full;
-      for (const auto& [name, shard] : s.fsdp->named_shards()) {
-        Tensor t = s.fsdp->full_tensor(name);
-        if (s.is_rank0()) full.emplace_back(name, t);
+      std::unique_ptr<nn::LlamaForCausalLM> whole;
+      try {
+        std::vector<std::pair<std::string, Tensor>> full;
+        for (const auto& [name, shard] : s.fsdp->named_shards()) {
+          Tensor t = s.fsdp->full_tensor(name);
+          if (s.is_rank0()) full.emplace_back(name, t);
+        }
+        if (s.is_rank0()) {
+          whole = std::make_unique<nn::LlamaForCausalLM>(s.model->config, cfg.seed, s.dev);
+          load_model_state(*whole, full);
+        }
+      } catch (const dist::PeerLost& e) {
+        progress->message(std::string("note: no sample: a rank was lost while the parameters were gathered (") +
+                          e.what() + ")");
       }
-      if (s.is_rank0()) {
-        nn::LlamaForCausalLM whole(s.model->config, cfg.seed, s.dev);
-        load_model_state(whole, full);
-        sum.sample = sample_text(whole, *s.tok, cfg);
-      }
+      if (whole) sum.sample = sample_text(*whole, *s.tok, cfg);
     } else {
       sum.sample = sample_text(*s.model, *s.tok, cfg);
     }

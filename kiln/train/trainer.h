@@ -51,9 +51,10 @@ struct TrainSummary {
   bool already_done = false;  // resumed at its last step: nothing trained, saved or sampled
   std::string checkpoint;  // the last one written
   std::string sample;      // generated text (when sample_tokens > 0)
-  std::vector<double> losses;  // per step of this run
-  int rank = 0;                // this process's rank at the end
-  int world_size = 1;          // the ranks at the end
+  std::vector<double> losses;  // per step of this run (after a shrink: of the steps kept)
+  int rank = 0;                // this process's rank at the end (after a shrink, maybe another)
+  int world_size = 1;          // the ranks at the end (fewer after a shrink)
+  int shrinks = 0;             // ranks lost and survived (--on-failure shrink)
 };
 
 // What one optimizer step did.

@@ -1,12 +1,15 @@
 // The Trainer's setup phase (trainer.h): the resumed run's configuration, the run folder's
 // rules, the data, the model and optimizer, a resume's state, and the run's opening notes.
-// Everything that can refuse bad input runs before the run folder is created.
+// Everything that can refuse bad input runs before the run folder is created. Also the setup
+// again after a lost rank (recover, --on-failure shrink).
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include "kiln/attention/runtime_mods_setup.h"
 #include "kiln/autograd/grad_mode.h"
@@ -126,20 +129,23 @@ std::shared_ptr<const attention::RuntimeMods> Trainer::State::compile_runtime_mo
 }
 
 // The split of a step's global batch over the ranks and their micro-batches (trainer_state.h).
-void Trainer::State::plan_ranks() {
+// keep_global > 0 (a shrink): that global batch, the run's so far, over the ranks there are now.
+void Trainer::State::plan_ranks(int64_t keep_global) {
   if (world) {
     rank = world->rank();
     world_size = world->size();
   }
   const int64_t n = world_size;
-  const int64_t global = cfg.global_batch > 0 ? cfg.global_batch : cfg.batch * cfg.accum * n;
-  KILN_CHECK(global % (cfg.batch * n) == 0, "train: --global-batch ", global, " is not a multiple of --batch ",
-             cfg.batch, " x ", n, " rank(s) = ", cfg.batch * n, ": every rank takes the same number of micro-batches "
-             "of --batch sequences");
+  const int64_t global = keep_global > 0         ? keep_global
+                         : cfg.global_batch > 0 ? cfg.global_batch
+                                                : cfg.batch * cfg.accum * n;
+  KILN_CHECK(global % (cfg.batch * n) == 0, "train: ", keep_global > 0 ? "the global batch " : "--global-batch ", global,
+             " is not a multiple of --batch ", cfg.batch, " x ", n, " rank(s) = ", cfg.batch * n,
+             ": every rank takes the same number of micro-batches of --batch sequences");
   micro_total = global / cfg.batch;
   accum_local = micro_total / n;
   micro_first = rank * accum_local;
-  KILN_CHECK(cfg.global_batch == 0 || cfg.accum == 1 || cfg.accum == accum_local, "train: --accum ", cfg.accum,
+  KILN_CHECK(keep_global > 0 || cfg.global_batch == 0 || cfg.accum == 1 || cfg.accum == accum_local, "train: --accum ", cfg.accum,
              " disagrees with --global-batch ", cfg.global_batch, " / (--batch ", cfg.batch, " x ", n,
              " rank(s)) = ", accum_local, " micro-batches per rank; give one of them");
 }
@@ -153,6 +159,9 @@ void Trainer::State::build_model() {
   if (world) {  // FSDP: each decoder block a group, then the root; the optimizer steps on the shards
     parallel::FsdpOptions fo;
     if (bf16) fo.mixed_precision = parallel::MixedPrecision{DType::bf16, DType::f32};  // FSDP casts, not ParamCast
+    // Under shrink every collective runs on the world, so that a lost rank is one failure the
+    // survivors agree on once (a second communicator would shrink on its own, at its own time).
+    if (shrinks()) fo.separate_reduce_scatter_group = false;
     for (auto& layer : model->model->layers) parallel::fully_shard(*layer, world, fo);
     fsdp = parallel::fully_shard(*model, world, fo);
     named = fsdp->named_shards();
@@ -213,6 +222,8 @@ void Trainer::State::load_resume_state() {
   tokens_seen = resume_state.find("tokens_seen")->as_int();
   elapsed_before = resume_state.find("elapsed_s")->as_double();
   KILN_CHECK(step <= cfg.steps, "resume: the checkpoint is at step ", step, ", beyond --steps ", cfg.steps);
+  last_ckpt_dir = resume_dir;
+  last_ckpt_step = step;
 }
 
 // Only once the data, model and resume state are in place: a run refused for bad input leaves
@@ -282,6 +293,7 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   resolve_config(cfg_in);
   cfg.validate();
   plan_ranks();
+  for (int r = 0; r < world_size; ++r) members.push_back(r);
   // KILN_TEST_KILL_AT=RANK:STEP[,RANK:STEP...] (tests): on the job's first attempt the rank the
   // launcher numbered RANK kills itself with SIGKILL after STEP (maybe_kill_self).
   if (const char* k = std::getenv("KILN_TEST_KILL_AT"); k && *k && world) {
@@ -317,6 +329,114 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   if (is_rank0()) open_run();
   if (world) world->barrier()->wait();  // rank 0's run folder is in place
   t0 = Clock::now();
+}
+
+// Rank 0's files of the run folder (its lock, metrics.jsonl from `keep_until_step` on) and the
+// progress line: after a shrink the new rank 0 may be another process than the lost one.
+void Trainer::State::open_rank0_files(int64_t keep_until_step) {
+  // The lost rank 0's lock goes with its process (flock), a moment after it died.
+  for (int attempt = 0; !lock; ++attempt) {
+    try {
+      lock = std::make_unique<RunLock>(cfg.out);
+    } catch (const Error&) {
+      if (attempt >= 50) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  metrics.reset();  // closed before it is rewritten up to the checkpoint
+  metrics = std::make_unique<MetricsLog>((fs::path(cfg.out) / "metrics.jsonl").string(), keep_until_step);
+  progress = std::make_unique<Progress>(hooks.progress, cfg.steps, cfg.log_every);
+}
+
+// NOTE [shrink]: a PeerLost carries the world's successor (the survivors, renumbered in order).
+// The model, its FSDP groups and the optimizer are built again over it (every survivor has the
+// same seed and reaches this point in the same state of the job), the last checkpoint is loaded
+// resharded to the new world size (parallel::load_checkpoint intersects the saved rows with the
+// new shards), and the run goes on from its step with the global batch it had: the same
+// sequences per step, so the loss curve is the uninterrupted one up to rounding.
+json::Value Trainer::State::recover(const dist::PeerLost& lost, Clock::time_point failed_at) {
+  const int64_t failed_step = step;
+  std::shared_ptr<dist::Communicator> next = lost.communicator();
+  std::vector<int> gone = lost.lost_ranks();
+  if (next && next->name() != world->name()) {
+    // Another communicator's successor: the world's own failure comes at its next operation.
+    try {
+      world->barrier()->wait();
+    } catch (const dist::PeerLost& w) {
+      next = w.communicator();
+      gone = w.lost_ranks();
+    }
+  }
+  KILN_CHECK(next && next->name() == world->name(), "train: --on-failure shrink: ", lost.what(),
+             "; the world communicator '", world->name(), "' did not shrink with it");
+  std::vector<int> kept;
+  std::string lost_names;
+  json::Value lost_json = json::Value::array();
+  for (int r = 0; r < world_size; ++r) {
+    if (std::find(gone.begin(), gone.end(), r) == gone.end()) {
+      kept.push_back(members[static_cast<size_t>(r)]);
+    } else {
+      lost_names += (lost_names.empty() ? "" : ", ") + std::to_string(members[static_cast<size_t>(r)]);
+      lost_json.push_back(members[static_cast<size_t>(r)]);
+    }
+  }
+  members = kept;
+  world = next;
+  const int64_t global = micro_total * cfg.batch;
+  opt.reset();
+  cast.reset();
+  fsdp.reset();
+  model.reset();
+  try {
+    plan_ranks(global);
+  } catch (const Error& e) {
+    fail("train: --on-failure shrink: rank(s) ", lost_names, " lost at step ", failed_step, ", and the ", world->size(),
+         " survivors cannot keep the run's global batch of ", global, " sequences: ", e.what());
+  }
+  build_model();
+  model->train();
+  // Every survivor goes back to the same checkpoint (one all-reduce of its step, max and -min).
+  Tensor at = from_vector<int64_t>({last_ckpt_step, -last_ckpt_step}, {2}, dev);
+  world->all_reduce(at, dist::ReduceOp::max)->wait();
+  const std::vector<int64_t> agreed = (at.is_cpu() ? at : at.to(kCPU)).to_vector<int64_t>();
+  KILN_CHECK(agreed[0] == -agreed[1], "train: --on-failure shrink: the survivors' last checkpoints differ (steps ",
+             -agreed[1], " and ", agreed[0], ")");
+  double ckpt_elapsed = 0;
+  if (!last_ckpt_dir.empty()) {
+    parallel::load_checkpoint(last_ckpt_dir, *fsdp, *opt);
+    const json::Value st = read_trainer_state(last_ckpt_dir);
+    step = st.find("step")->as_int();
+    train_sampler->set_position(static_cast<uint64_t>(st.find("sampler_position")->as_int()));
+    tokens_seen = st.find("tokens_seen")->as_int();
+    ckpt_elapsed = st.find("elapsed_s")->as_double();
+  } else {  // lost before the run's first checkpoint: from the start (the model is the seed's again)
+    step = 0;
+    train_sampler->set_position(0);
+    tokens_seen = 0;
+  }
+  sum.losses.resize(static_cast<size_t>(std::max<int64_t>(0, step - sum.start_step)));
+  if (!sum.losses.empty()) sum.final_loss = sum.losses.back();
+  ++sum.shrinks;
+  if (is_rank0()) open_rank0_files(step);
+  else progress = std::make_unique<Progress>(nullptr, cfg.steps, cfg.log_every);
+  const double now = elapsed_before + seconds();
+  json::Value ev = json::Value::object();
+  ev["event"] = "shrink";
+  ev["step"] = step;
+  ev["failed_at_step"] = failed_step;
+  ev["lost_ranks"] = lost_json;
+  ev["world_size"] = world_size;
+  ev["seconds_lost"] = now - ckpt_elapsed;
+  // after the survivors' communicator had shrunk (its agreement waits up to CommOptions::shrink_window)
+  ev["rebuild_s"] = std::chrono::duration<double>(Clock::now() - failed_at).count();
+  ev["checkpoint"] = last_ckpt_dir;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "; %.1f s lost (%.2f s to rebuild)", now - ckpt_elapsed,
+                ev.find("rebuild_s")->as_double());
+  progress->message("rank(s) " + lost_names + " lost at step " + std::to_string(failed_step) + ": going on with " +
+                    std::to_string(world_size) + " ranks from " + (last_ckpt_dir.empty() ? std::string("step 0")
+                    : last_ckpt_dir + " (step " + std::to_string(step) + ")") + buf);
+  return ev;
 }
 
 void Trainer::State::maybe_kill_self(int64_t step_done) const {

@@ -73,18 +73,27 @@ struct Trainer::State {
   // failures of a job of several ranks (docs/training.md, "When a rank dies")
   bool own_folder = false;      // a restarted rank's run folder holds this job's files (its job marker)
   std::string restart_note;     // how the restart found its checkpoint (a damaged latest)
+  std::string last_ckpt_dir;    // the checkpoint a shrink goes back to: the last written, or the resume's
+  int64_t last_ckpt_step = 0;
+  std::vector<int> members;     // the launcher's rank of each rank of the current world
   int64_t kill_at_step = -1;    // KILN_TEST_KILL_AT=RANK:STEP,... (tests): this process SIGKILLs itself then
 
   void setup(const TrainConfig& cfg_in);
   void resolve_config(const TrainConfig& cfg_in);
   void prepare_run_folder();
   void load_data();
-  void plan_ranks();
+  void plan_ranks(int64_t keep_global = 0);
   void build_model();
   bool is_rank0() const { return rank == 0; }
   std::shared_ptr<const attention::RuntimeMods> compile_runtime_mods(const nn::LlamaConfig& mcfg);
   void load_resume_state();
   void open_run();
+  void open_rank0_files(int64_t keep_until_step);
+  bool shrinks() const { return world && cfg.on_failure == "shrink"; }
+  // --on-failure shrink: the survivors of `lost` rebuild the model, the optimizer and FSDP on the
+  // smaller world, reload the last checkpoint resharded and go on from its step; returns the
+  // metrics record of the event.
+  json::Value recover(const dist::PeerLost& lost, Clock::time_point failed_at);
   void maybe_kill_self(int64_t step_done) const;
   double seconds() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 };

@@ -2,8 +2,9 @@
 // --nproc 3 (kiln/dist's launcher, Gloo on 127.0.0.1): rank 1 kills itself with SIGKILL after
 // step 10 (KILN_TEST_KILL_AT, on the job's first attempt only). Under --on-failure restart the
 // launcher restarts every rank, the ranks resume from the run folder's latest sharded checkpoint
-// (step 8) by themselves, and steps 9..14 are bitwise those of an uninterrupted 3-rank run; the
-// restart is an event of metrics.jsonl.
+// (step 8) by themselves, and steps 9..14 are bitwise those of an uninterrupted 3-rank run;
+// under shrink the two survivors reload step 8 resharded to 2 ranks and finish at N = 2 with the
+// same global batch (the curve within 1e-5 of one process's), and metrics.jsonl records the event.
 // Also: the sample at the end of a sharded run is rank 0's generation from the gathered
 // parameters, a damaged `latest` falls back to the newest whole sharded checkpoint, and bad
 // --nproc / --on-failure / --max-restarts values are errors naming them.
@@ -160,6 +161,75 @@ TEST(TrainRanks, RestartAfterAKilledRankResumesFromTheLatestCheckpoint) {
   fs::remove_all(d);
 }
 
+TEST(TrainRanks, ShrinkAfterAKilledRankFinishesOnTheSurvivors) {
+  const fs::path d = test::temp_dir("shrink");
+  test::CliOutcome one, run;
+  {
+    Env env(nullptr);
+    one = test::run_kiln(flags(d / "one") + " --sample-tokens 0");
+  }
+  ASSERT_EQ(one.status, 0) << one.output;
+  {
+    Env env("1:10");
+    run = test::run_kiln(flags(d / "run") + " --sample-tokens 0 --nproc 3 --on-failure shrink");
+  }
+  if (no_gloo(run)) GTEST_SKIP() << "built without Gloo";
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("policy shrink: the other ranks go on without rank 1"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("the surviving ranks finished (rank 1 failed)"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("rank(s) 1 lost at step 10: going on with 2 ranks from " +
+                            (d / "run" / "step-8").string() + " (step 8)"), std::string::npos) << run.output;
+  const Metrics a = metrics_of(d / "one"), b = metrics_of(d / "run");
+  ASSERT_EQ(a.steps.size(), 14u);
+  ASSERT_EQ(b.steps.size(), 14u) << "steps 9 and 10 at N = 3 are dropped, then written again at N = 2";
+  for (size_t i = 0; i < 14; ++i) {
+    EXPECT_EQ(b.steps[i].find("step")->as_int(), static_cast<int64_t>(i) + 1);
+    const double la = a.steps[i].find("loss")->as_double(), lb = b.steps[i].find("loss")->as_double();
+    EXPECT_NEAR(lb, la, 1e-5 * std::abs(la)) << "step " << i + 1;
+    EXPECT_EQ(b.steps[i].find("tokens")->as_int(), a.steps[i].find("tokens")->as_int()) << "the global batch";
+  }
+  ASSERT_EQ(b.events.size(), 1u);
+  const json::Value& ev = b.events[0];
+  EXPECT_EQ(ev.find("event")->as_string(), "shrink");
+  EXPECT_EQ(ev.find("step")->as_int(), 8);
+  EXPECT_EQ(ev.find("failed_at_step")->as_int(), 10);
+  EXPECT_EQ(ev.find("lost_ranks")->dump(), "[1]");
+  EXPECT_EQ(ev.find("world_size")->as_int(), 2);
+  EXPECT_GT(ev.find("seconds_lost")->as_double(), 0);
+  // the checkpoints after the shrink are sharded over the 2 survivors
+  const fs::path last = d / "run" / "step-14";
+  EXPECT_TRUE(fs::exists(last / "shard-00001-of-00002.safetensors")) << run.output;
+  EXPECT_FALSE(fs::exists(last / "shard-00002-of-00003.safetensors"));
+  fs::remove_all(d);
+}
+
+// Two ranks lost in turn: rank 2 after step 10 (back to step 8 at N = 2), then rank 0 after
+// step 13 (back to step 12 at N = 1: rank 1, now rank 0, takes over the run folder).
+TEST(TrainRanks, ShrinkTwiceEndsOnTheLastRank) {
+  const fs::path d = test::temp_dir("shrink2");
+  test::CliOutcome run;
+  {
+    Env env("2:10,0:13");
+    run = test::run_kiln(flags(d / "run") + " --sample-tokens 0 --nproc 3 --on-failure shrink");
+  }
+  if (no_gloo(run)) GTEST_SKIP() << "built without Gloo";
+  ASSERT_EQ(run.status, 0) << run.output;
+  const Metrics b = metrics_of(d / "run");
+  ASSERT_EQ(b.steps.size(), 14u) << run.output;
+  for (size_t i = 0; i < 14; ++i) EXPECT_EQ(b.steps[i].find("step")->as_int(), static_cast<int64_t>(i) + 1);
+  ASSERT_EQ(b.events.size(), 2u) << run.output;
+  EXPECT_EQ(b.events[0].find("step")->as_int(), 8);
+  EXPECT_EQ(b.events[0].find("lost_ranks")->dump(), "[2]");
+  EXPECT_EQ(b.events[0].find("world_size")->as_int(), 2);
+  EXPECT_EQ(b.events[1].find("step")->as_int(), 12);
+  EXPECT_EQ(b.events[1].find("failed_at_step")->as_int(), 13);
+  EXPECT_EQ(b.events[1].find("lost_ranks")->dump(), "[0]");
+  EXPECT_EQ(b.events[1].find("world_size")->as_int(), 1);
+  EXPECT_TRUE(fs::exists(d / "run" / "step-14" / "shard-00000-of-00001.safetensors")) << run.output;
+  EXPECT_NE(run.output.find("[rank 1] done after 14 steps"), std::string::npos) << run.output;
+  fs::remove_all(d);
+}
+
 TEST(TrainRanks, BadFailureSettingsAreErrorsNamingThem) {
   const fs::path d = test::temp_dir("failure_bad");
   test::CliOutcome r = test::run_kiln(flags(d / "a") + " --nproc 0");
@@ -173,5 +243,14 @@ TEST(TrainRanks, BadFailureSettingsAreErrorsNamingThem) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("--max-restarts -1 must be >= 0"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(d / "a") || fs::exists(d / "b") || fs::exists(d / "c")) << "no run folder";
+  // A shrink that cannot keep the global batch: 6 sequences do not split over 2 ranks x --batch 2
+  // (3 ranks x 2 = 6 did); the survivors stop with an error naming the numbers.
+  Env env("2:3");
+  r = test::run_kiln(flags(d / "e") + " --batch 2 --steps 5 --sample-tokens 0 --nproc 3 --on-failure shrink");
+  if (no_gloo(r)) GTEST_SKIP() << "built without Gloo";
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank(s) 2 lost at step 3, and the 2 survivors cannot keep the run's global batch of 6 "
+                          "sequences: train: the global batch 6 is not a multiple of --batch 2 x 2 rank(s) = 4"),
+            std::string::npos) << r.output;
   fs::remove_all(d);
 }
