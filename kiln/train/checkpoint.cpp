@@ -205,6 +205,7 @@ void save_checkpoint(const std::string& dir, const CheckpointData& d, const Writ
         // (max_position_embeddings, at least 256, evaluated a 64-token model at 256).
         if (const json::Value* c = d.trainer_state.is_null() ? nullptr : d.trainer_state.find("config"))
           if (const json::Value* seq = c->find("seq"); seq && seq->is_integer()) cj[kTrainedSeqKey] = seq->as_int();
+        if (d.trained_seq_len > 0) cj[kTrainedSeqKey] = d.trained_seq_len;
         write_text_file_synced((t / "config.json").string(), cj.dump(2) + "\n");
         io::save_safetensors((t / "model.safetensors").string(), model_state(*d.model), {{"format", "pt"}});
         if (d.tokenizer) d.tokenizer->save(tmp);
@@ -246,6 +247,12 @@ int64_t trained_seq_len(const std::string& dir) {
 }
 
 std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device device) {
+  auto model = model_from_config(dir, device);
+  load_model_state(*model, load_weights(dir));
+  return model;
+}
+
+std::unique_ptr<nn::LlamaForCausalLM> model_from_config(const std::string& dir, Device device) {
   fs::path p(dir);
   KILN_CHECK(fs::is_directory(p), "checkpoint: '", dir, "' is not a directory");
   const json::Value config = read_json_file((p / "config.json").string());
@@ -256,9 +263,7 @@ std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device 
       KILN_CHECK(x->as_int() > 0, "checkpoint: ", (p / "config.json").string(), ": ", key, "=", x->as_int(),
                  " must be positive");
   nn::LlamaConfig cfg = nn::LlamaConfig::from_json(config);
-  auto model = std::make_unique<nn::LlamaForCausalLM>(cfg, 0, device);
-  load_model_state(*model, load_weights(dir));
-  return model;
+  return std::make_unique<nn::LlamaForCausalLM>(cfg, 0, device);
 }
 
 std::unique_ptr<data::Tokenizer> load_tokenizer_for(const nn::LlamaForCausalLM& model, const std::string& dir,

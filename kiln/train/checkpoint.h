@@ -30,6 +30,8 @@ struct CheckpointData {
   // kiln's training state (absent: a model-only checkpoint)
   std::vector<std::pair<std::string, Tensor>> optimizer_tensors;
   json::Value trainer_state;  // null: not written
+  // Written to config.json as kTrainedSeqKey when > 0 (else trainer_state's config.seq, if any).
+  int64_t trained_seq_len = 0;
 };
 void save_checkpoint(const std::string& dir, const CheckpointData& data, const WriteHook& hook = nullptr);
 
@@ -41,6 +43,8 @@ void load_model_state(nn::LlamaForCausalLM& model, const std::vector<std::pair<s
 
 // Reads config.json and the weights (model.safetensors, or model.safetensors.index.json shards).
 std::unique_ptr<nn::LlamaForCausalLM> load_model(const std::string& dir, Device device = kCPU);
+// The model dir/config.json describes, its weights not loaded (seed 0's initialization).
+std::unique_ptr<nn::LlamaForCausalLM> model_from_config(const std::string& dir, Device device = kCPU);
 // The key of config.json that records the sequence length a kiln checkpoint was trained at.
 constexpr const char* kTrainedSeqKey = "kiln_trained_seq_len";
 // That length (kiln eval's default --seq, generate's note); 0 when the checkpoint does not say.

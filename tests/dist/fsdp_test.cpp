@@ -3,7 +3,7 @@
 // this program, fsdp_worker.cpp) against the reference in float64-checked tolerances, with
 // accumulation (sync off), parameters kept gathered, uneven and empty shards; per-rank memory;
 // sharded checkpoints saved at 2 and loaded at 1 and 3, from and to kiln train's single-process
-// layout; damaged checkpoints.
+// layout; damaged checkpoints; consolidation to the Hugging Face layout (kiln convert --hf).
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +18,7 @@
 #include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/parallel/dcp.h"
+#include "kiln/train/hf_export.h"
 #include "tests/dist/dist_test_util.h"
 #include "tests/dist/fsdp_harness.h"
 
@@ -455,9 +456,205 @@ TEST_F(FsdpCheckpoint, DamagedCheckpointsNameTheFileAndTensorAndChangeNothing) {
     fs::resize_file(f, fs::file_size(f) - 100);
   });
   expect_load_error(d, {"shard-00001-of-00002.safetensors", "holding tensor '", "unreadable"});
+  // A shard file missing.
+  d = damaged_copy(src, "nofile", [&](const std::string& dir, json::Value&) {
+    fs::remove(dir + "/shard-00000-of-00002.safetensors");
+  });
+  expect_load_error(d, {"shard-00000-of-00002.safetensors", "which does not exist", "has a chunk in"});
   // A missing index and model: named.
   const std::string empty = fresh_dir("empty");
   expect_load_error(empty, {empty, kShardedIndexFile});
+}
+
+// ---- consolidation to the Hugging Face layout (kiln convert --hf, train/hf_export.h) ----
+
+namespace {
+
+// The unsharded model with the whole parameters of a result file.
+std::unique_ptr<nn::LlamaForCausalLM> plain_with(const io::TensorMap& params) {
+  auto m = std::make_unique<nn::LlamaForCausalLM>(tiny_config(), kSeed + 1);  // other initial weights
+  NoGradGuard ng;
+  for (auto& [n, t] : m->named_parameters()) t->copy_(find(params, n));
+  return m;
+}
+
+// A run folder as kiln train --nproc 2 leaves it: step-2 (the fixture's sharded checkpoint, with
+// config.json) and `latest`.
+std::string sharded_run(const std::string& ckpt, const std::string& name) {
+  const std::string run = fresh_dir(name);
+  fs::copy(ckpt, run + "/step-2", fs::copy_options::recursive);
+  json::Value cj = tiny_config().to_json();
+  cj[train::kTrainedSeqKey] = kSeq;
+  std::ofstream(run + "/step-2/config.json") << cj.dump(2);
+  std::ofstream(run + "/latest") << "step-2\n";
+  return run;
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_F(FsdpCheckpoint, ConvertsToTheHuggingFaceLayoutWithTheLogitsOfTheUnshardedModel) {
+  KILN_SKIP_WITHOUT_GLOO();
+  ASSERT_TRUE(saved_ok_);
+  const std::string run = sharded_run(dir_ + "/step-2", "hfrun");
+  const std::string out = fresh_dir("hfout") + "/hf";
+  const auto r = run_command(dist::test::kiln_cli() + " convert " + run + " " + out + " --hf", 60);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "sharded over 2 rank(s)")) << r.output;
+  // config.json + model.safetensors, no optimizer state, no shards.
+  EXPECT_EQ(names_in(out), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  const json::Value cj = json::parse(io::read_file_prefix(out + "/config.json", 1 << 20));
+  EXPECT_EQ(cj.find("architectures")->as_array()[0].as_string(), "LlamaForCausalLM");
+  EXPECT_EQ(cj.find("model_type")->as_string(), "llama");
+  EXPECT_EQ(cj.find("vocab_size")->as_int(), 37);
+  EXPECT_EQ(cj.find(train::kTrainedSeqKey)->as_int(), kSeq);
+  // The Hugging Face names: the model's parameters, each whole.
+  const io::TensorMap saved = read(dir_ + "/w2-at2.safetensors");
+  const auto ref = plain_with(saved);
+  const io::TensorMap written = read(out + "/model.safetensors");
+  ASSERT_EQ(written.size(), ref->named_parameters().size());
+  for (const auto& [n, t] : ref->named_parameters()) expect_bitwise(find(written, n), *t, n + " in model.safetensors");
+  // The logits of the unsharded model with the same weights, on a batch.
+  const auto hf = train::load_model(out);
+  const Batch b = batch_rows(7, 0, 4, tiny_config().vocab_size);
+  NoGradGuard ng;
+  const Tensor want = ref->logits(b.input);
+  expect_bitwise(hf->logits(b.input), want, "logits of the consolidated model");
+  // The same from the checkpoint folder itself, and with --step.
+  for (const std::string& args : {run + "/step-2 " + out + "2", run + " " + out + "3 --step 2"}) {
+    const auto r2 = run_command(dist::test::kiln_cli() + " convert " + args + " --hf", 60);
+    ASSERT_EQ(r2.status, 0) << r2.output;
+  }
+  expect_bitwise(train::load_model(out + "2")->logits(b.input), want, "converted from step-2");
+  expect_bitwise(train::load_model(out + "3")->logits(b.input), want, "converted with --step 2");
+  // No step-9; --force without --hf.
+  auto bad = run_command(dist::test::kiln_cli() + " convert " + run + " " + out + "4 --hf --step 9", 60);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_TRUE(contains(bad.output, "step-9 does not exist")) << bad.output;
+  bad = run_command(dist::test::kiln_cli() + " convert " + run + " " + out + "4 --force", 60);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_TRUE(contains(bad.output, "--step and --force go with --hf")) << bad.output;
+  EXPECT_FALSE(fs::exists(out + "4"));
+}
+
+TEST(FsdpConvert, AOneProcessCheckpointConvertsWithoutItsOptimizerState) {
+  // kiln train's one-process checkpoint (save_checkpoint with the optimizer and trainer state).
+  nn::LlamaForCausalLM model(tiny_config(), kSeed);
+  std::vector<std::pair<std::string, Tensor>> named;
+  for (auto& [n, t] : model.named_parameters()) named.emplace_back(n, *t);
+  optim::AdamW opt(named, adam_options());
+  const Batch b = batch_rows(0, 0, 4, tiny_config().vocab_size);
+  model.loss_sum(b.input, b.target, Tensor(), static_cast<double>(count_targets(b.target))).backward();
+  opt.step();
+  const std::string dir = fresh_dir("single1p") + "/step-1";
+  train::CheckpointData d;
+  d.model = &model;
+  d.optimizer_tensors = opt.state_dict().tensors;
+  d.trainer_state = json::Value::object();
+  d.trainer_state["config"] = json::Value::object();
+  d.trainer_state["config"]["seq"] = kSeq;
+  train::save_checkpoint(dir, d);
+  ASSERT_TRUE(fs::exists(dir + "/optimizer.safetensors"));
+  const std::string out = fresh_dir("single1p_out") + "/hf";
+  const train::HfExportResult r = train::export_hf(dir, out);
+  EXPECT_FALSE(r.sharded);
+  EXPECT_EQ(r.checkpoint, dir);
+  EXPECT_EQ(names_in(out), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  NoGradGuard ng;
+  expect_bitwise(train::load_model(out)->logits(b.input), model.logits(b.input), "logits");
+  EXPECT_EQ(train::trained_seq_len(out), kSeq);
+}
+
+TEST_F(FsdpCheckpoint, ConvertRefusesToOverwriteAndLeavesOutAsItWasOnAnyFailure) {
+  KILN_SKIP_WITHOUT_GLOO();
+  ASSERT_TRUE(saved_ok_);
+  const std::string run = sharded_run(dir_ + "/step-2", "hfrefuse");
+  const std::string parent = fresh_dir("hfrefuse_out"), out = parent + "/hf";
+  fs::create_directories(out);
+  std::ofstream(out + "/keep.txt") << "the user's";
+  auto expect_error = [&](const std::function<void()>& fn, const std::vector<std::string>& want) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; wanted " << want[0];
+    } catch (const Error& e) {
+      for (const auto& w : want) EXPECT_TRUE(contains(e.what(), w)) << e.what() << "\nmissing: " << w;
+    }
+    EXPECT_EQ(names_in(out), (std::vector<std::string>{"keep.txt"}));  // untouched
+    EXPECT_EQ(names_in(parent), (std::vector<std::string>{"hf"}));     // no temporary left
+  };
+  // A non-empty OUT, without --force.
+  expect_error([&] { train::export_hf(run, out); }, {out, "not empty", "--force"});
+  train::HfExportOptions force;
+  force.force = true;
+  // A failure while writing (after model.safetensors is written).
+  train::HfExportOptions failing = force;
+  failing.hook = [](const std::string& file) {
+    if (file == "model.safetensors") fail("injected: disk full after ", file);
+  };
+  expect_error([&] { train::export_hf(run, out, failing); }, {"injected: disk full"});
+  // Damaged checkpoints: named, and OUT untouched.
+  const std::string victim = "model.layers.0.self_attn.o_proj.weight";
+  json::Value idx = json::parse(io::read_file_prefix(run + "/step-2/" + kShardedIndexFile, 1 << 24));
+  const json::Value whole = idx;
+  auto write_index = [&](const json::Value& v) {
+    std::ofstream(run + "/step-2/" + kShardedIndexFile, std::ios::trunc) << v.dump(1);
+  };
+  idx["tensors"][victim]["chunks"].as_array().pop_back();  // a chunk missing
+  write_index(idx);
+  expect_error([&] { train::export_hf(run, out, force); }, {victim, "in no chunk", kShardedIndexFile});
+  idx = whole;
+  idx["tensors"][victim]["chunks"].as_array()[1]["offset"].as_array()[0] = 5;  // overlapping
+  idx["tensors"][victim]["chunks"].as_array()[1]["shape"].as_array()[0] = 15;
+  write_index(idx);
+  expect_error([&] { train::export_hf(run, out, force); }, {victim, "overlap"});
+  write_index(whole);
+  const std::string shard = run + "/step-2/shard-00001-of-00002.safetensors";
+  fs::copy_file(shard, shard + ".bak");
+  fs::resize_file(shard, fs::file_size(shard) - 64);  // cut short
+  expect_error([&] { train::export_hf(run, out, force); }, {"shard-00001-of-00002.safetensors", "holding tensor '"});
+  fs::remove(shard);  // missing
+  expect_error([&] { train::export_hf(run, out, force); }, {"shard-00001-of-00002.safetensors", "does not exist", "tensor '"});
+  fs::rename(shard + ".bak", shard);
+  // A tensor that is no parameter of config.json's model (tied embeddings, an lm_head stored).
+  {
+    json::Value cj = json::parse(io::read_file_prefix(run + "/step-2/config.json", 1 << 20));
+    const json::Value keep = cj;
+    cj["tie_word_embeddings"] = true;
+    std::ofstream(run + "/step-2/config.json", std::ios::trunc) << cj.dump(2);
+    expect_error([&] { train::export_hf(run, out, force); }, {"lm_head.weight", "neither a parameter"});
+    std::ofstream(run + "/step-2/config.json", std::ios::trunc) << keep.dump(2);
+  }
+  // OUT is the checkpoint, or holds it: refused even with --force.
+  try {
+    train::export_hf(run, run, force);
+    ADD_FAILURE() << "converted onto the run folder";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "is or holds the checkpoint")) << e.what();
+  }
+  try {
+    train::export_hf(run, run + "/step-2/hf", force);
+    ADD_FAILURE() << "converted into the checkpoint";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "inside the checkpoint")) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(run + "/step-2/" + kShardedIndexFile));
+  // A folder with no checkpoint.
+  try {
+    train::export_hf(parent + "/none", parent + "/x");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "no checkpoint in")) << e.what();
+  }
+  // With --force, once whole: OUT replaced.
+  train::export_hf(run, out, force);
+  EXPECT_EQ(names_in(out), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(names_in(parent), (std::vector<std::string>{"hf"}));
 }
 
 // ---- mixed precision ----
