@@ -84,6 +84,7 @@ void Work::fail(WorkState state, std::exception_ptr error) {
 }
 
 void Work::wait() {
+  if (on_wait_ && state() == WorkState::not_started) on_wait_();
   std::unique_lock<std::mutex> lock(mu_);
   const Millis grace = std::chrono::seconds(10);
   while (state_ == WorkState::not_started || state_ == WorkState::in_progress) {

@@ -28,6 +28,14 @@ TEST_P(GlooWorld, OpsInFlightOnTwoCommunicatorsAndSplit) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
 
+// all_reduce takes the direct exchange up to KILN_GLOO_DIRECT_BYTES (every case above: the
+// tensors are tiny) and Gloo's ring above it: the ring path, with small segments, checked too.
+TEST(Gloo, RingAllReducePathMatchesSerialReference) {
+  KILN_SKIP_WITHOUT_GLOO();
+  const auto r = run_ranks(3, "collectives", "KILN_GLOO_DIRECT_BYTES=0 KILN_GLOO_SEGMENT_BYTES=8");
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
 TEST(Gloo, BadInputNamesOpAndValuesAndCommunicatorStaysUsable) {
   KILN_SKIP_WITHOUT_GLOO();
   const auto r = run_ranks(2, "bad_input");

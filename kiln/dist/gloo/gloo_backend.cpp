@@ -1,8 +1,10 @@
 // The Gloo backend (CPU tensors): a gloo::rendezvous::Context per communicator, connected full
 // mesh through kiln's store (gloo_store.h); one worker thread runs the operations in order (Gloo
-// calls block), each with its timeout starting when it starts; a watchdog publishes progress.
-// reduce_scatter_single is an all-to-all of the chunks then a local reduction in rank order
-// (bandwidth-optimal: each rank receives only its chunk from every peer); avg divides a sum.
+// calls block), each with its timeout starting when it starts, unless the thread waiting for the
+// next one runs it itself (run_inline); a watchdog publishes progress. all_reduce of a small
+// tensor is one direct exchange (direct_allreduce), else Gloo's ring. reduce_scatter_single is an
+// all-to-all of the chunks then a local reduction in rank order (bandwidth-optimal: each rank
+// receives only its chunk from every peer); avg divides a sum.
 // On a failure the context is destroyed at once (its peers see "connection closed" and fail
 // too), the flight recorder is dumped, a log line names the op and the ranks that never joined,
 // and the policy runs: abort exits the process; shrink has the survivors agree on who is alive
@@ -16,12 +18,14 @@
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -129,10 +133,87 @@ std::string gloo_hostname() {
   return name;
 }
 
+// Receive space of the worker's operations, kept from one op to the next: a fresh 64 MiB vector
+// per reduce_scatter cost a zeroing pass and 16 k page faults each time. Up to kKeep bytes stay
+// allocated between ops; a larger buffer is freed after its op. Only the worker thread uses it.
+class Scratch {
+ public:
+  uint8_t* get(size_t bytes) {
+    if (bytes > cap_) {
+      buf_.reset();  // the old one first: never both alive
+      buf_.reset(new uint8_t[bytes]);
+      cap_ = bytes;
+    }
+    return buf_.get();
+  }
+  void trim() {
+    if (cap_ > kKeep) {
+      buf_.reset();
+      cap_ = 0;
+    }
+  }
+
+ private:
+  static constexpr size_t kKeep = size_t{256} << 20;
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t cap_ = 0;
+};
+
 struct Context {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   int rank, size;
+  Scratch* scratch;
 };
+
+// A size in bytes from the environment (a tuning knob), else `dflt`.
+size_t env_bytes(const char* name, size_t dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  KILN_CHECK(end && *end == 0, name, "='", v, "': expected a byte count");
+  return static_cast<size_t>(n);
+}
+
+// all_reduce tuning (bench comms' figures in BENCHMARKS.md): up to KILN_GLOO_DIRECT_BYTES of data
+// sent per rank ((size - 1) x the tensor), every rank sends its whole tensor to every peer at once
+// and reduces the size inputs in rank order itself (one round of messages instead of the ring's
+// 2(size - 1) x segments, which on a loaded machine each wait on a thread wake-up); above it, Gloo's
+// ring with segments of KILN_GLOO_SEGMENT_BYTES. Every rank computes the same bits either way.
+size_t direct_allreduce_bytes() {
+  static const size_t v = env_bytes("KILN_GLOO_DIRECT_BYTES", size_t{256} << 10);
+  return v;
+}
+size_t ring_segment_bytes() {
+  static const size_t v = env_bytes("KILN_GLOO_SEGMENT_BYTES", 0);  // 0: Gloo's own (1 MiB)
+  return v;
+}
+constexpr uint8_t kDirectSlotPrefix = 0x4b;  // apart from Gloo's own collectives' prefixes (0x01-0x08)
+
+void direct_allreduce(Context& c, void* data, size_t n, size_t item, const ReduceFn& fn, Millis tmo, uint32_t tag) {
+  const size_t bytes = n * item;
+  uint8_t* recv = c.scratch->get(bytes * static_cast<size_t>(c.size));
+  auto sb = c.ctx->createUnboundBuffer(data, bytes);
+  auto rb = c.ctx->createUnboundBuffer(recv, bytes * static_cast<size_t>(c.size));
+  const uint64_t slot = gloo::Slot::build(kDirectSlotPrefix, tag);
+  for (int k = 1; k < c.size; ++k) {
+    const int peer = (c.rank + k) % c.size;
+    rb->recv(peer, slot, bytes * static_cast<size_t>(peer), bytes);
+    sb->send((c.rank + c.size - k) % c.size, slot);
+  }
+  for (int k = 1; k < c.size; ++k) {
+    rb->waitRecv(tmo);
+    sb->waitSend(tmo);
+  }
+  // input(r): rank r's tensor. The result is ((in0 op in1) op in2) ..., the same order on every
+  // rank; this rank's own input is read in place while it is still unwritten (r <= 1), else from
+  // a copy.
+  auto* out = static_cast<uint8_t*>(data);
+  if (c.rank >= 2) std::memcpy(recv + bytes * static_cast<size_t>(c.rank), data, bytes);
+  auto input = [&](int r) -> const void* { return r == c.rank && r <= 1 ? out : recv + bytes * static_cast<size_t>(r); };
+  fn(out, input(0), input(1), n);
+  for (int r = 2; r < c.size; ++r) fn(out, out, input(r), n);
+}
 
 class GlooCommunicator : public Communicator {
  public:
@@ -205,8 +286,11 @@ class GlooCommunicator : public Communicator {
     const DType dt = t.dtype();
     return enqueue("all_reduce", t, t, -1, o, [=, this](Context& c, Millis tmo, uint32_t tag) {
       const size_t n = static_cast<size_t>(t.numel());
-      if (c.size > 1 && n > 0) {
+      if (c.size > 1 && n > 0 && n * itemsize(dt) * static_cast<size_t>(c.size - 1) <= direct_allreduce_bytes()) {
+        direct_allreduce(c, t.data_ptr(), n, itemsize(dt), fn, tmo, tag);
+      } else if (c.size > 1 && n > 0) {
         gloo::AllreduceOptions opts(c.ctx);
+        if (const size_t seg = ring_segment_bytes()) opts.setMaxSegmentSize(seg);
         with_width(itemsize(dt), [&](auto w) {
           opts.setOutput(static_cast<decltype(w)*>(t.data_ptr()), n);
         });
@@ -256,16 +340,16 @@ class GlooCommunicator : public Communicator {
       if (c.size == 1) {
         std::memmove(out.data_ptr(), in.data_ptr(), chunk);
       } else {
-        std::vector<uint8_t> recv(chunk * static_cast<size_t>(c.size));
+        uint8_t* recv = c.scratch->get(chunk * static_cast<size_t>(c.size));
         gloo::AlltoallOptions opts(c.ctx);
         opts.setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
-        opts.setOutput(recv.data(), recv.size());
+        opts.setOutput(recv, chunk * static_cast<size_t>(c.size));
         opts.setTag(tag);
         opts.setTimeout(tmo);
         gloo::alltoall(opts);
         // Rank order 0, 1, ..., size-1: every rank's chunk is reduced in the same order.
-        std::memcpy(out.data_ptr(), recv.data(), chunk);
-        for (int r = 1; r < c.size; ++r) fn(out.data_ptr(), out.data_ptr(), recv.data() + chunk * r, n);
+        std::memcpy(out.data_ptr(), recv, chunk);
+        for (int r = 1; r < c.size; ++r) fn(out.data_ptr(), out.data_ptr(), recv + chunk * r, n);
       }
       if (op == ReduceOp::avg) divide(dt, out.data_ptr(), n, c.size);
     });
@@ -406,6 +490,9 @@ class GlooCommunicator : public Communicator {
     OpRecord rec = describe_op(name_, rank_, size_, seq, op, in, out, peer, tmo);
     rec.entry.generation = generation_;
     auto work = std::make_shared<Work>(rec.what, tmo);
+    work->set_on_wait([weak = weak_from_this(), w = work.get()] {
+      if (auto self = weak.lock()) static_cast<GlooCommunicator*>(self.get())->run_inline(w);
+    });
     const int64_t fr = FlightRecorder::instance().record(rec.entry);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -471,58 +558,91 @@ class GlooCommunicator : public Communicator {
     return work;
   }
 
+  // Ops run one at a time in issue order, on the worker thread, or on the thread that waits for
+  // one when it is next in line and nothing runs (run_inline): busy_ says one is running.
   void work_loop() {
     while (true) {
       Pending p;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        cv_.wait(lock, [&] { return !busy_ && (stopping_ || !queue_.empty()); });
         if (queue_.empty()) return;
-        p = std::move(queue_.front());
-        queue_.pop_front();
-        if (!broken_.empty() || stopping_) {
-          const std::string why = stopping_ ? "the communicator was destroyed" : broken_;
-          lock.unlock();
-          FlightRecorder::instance().finished(p.fr_id, "error");
-          if (successor_)
-            p.work->fail(WorkState::error, std::make_exception_ptr(PeerLost(
-                p.what + ": communicator '" + name_ + "' lost a peer: " + why, successor_, lost_)));
-          else
-            p.work->fail(WorkState::error, std::make_exception_ptr(Error(p.what + " not run: " + why)));
-          continue;
-        }
-        current_seq_ = p.seq;
-        current_start_ = Clock::now();
-        current_timeout_ = p.work->timeout();
+        if (!take(p)) continue;
       }
-      p.work->start();
-      FlightRecorder::instance().started(p.fr_id);
-      progress_->started(p.seq);
-      if (trace_ops()) trace("op_start", p, 0);
-      const auto t0 = Clock::now();
-      try {
-        std::shared_ptr<gloo::rendezvous::Context> ctx;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          ctx = ctx_;
-        }
-        Context c{ctx, rank_, size_};
-        p.body(c, p.work->timeout(), static_cast<uint32_t>(p.seq));
-        progress_->completed(p.seq);
-        FlightRecorder::instance().finished(p.fr_id, "completed");
-        if (trace_ops()) trace("op_end", p, std::chrono::duration<double>(Clock::now() - t0).count());
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          current_seq_ = 0;
-        }
-        p.work->complete();
-      } catch (const std::exception& e) {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          current_seq_ = 0;
-        }
-        on_failure(p, e.what());
+      run(p);
+    }
+  }
+
+  void run_inline(const Work* w) {
+    Pending p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (busy_ || stopping_ || queue_.empty() || queue_.front().work.get() != w) return;
+      if (!take(p)) return;
+    }
+    run(p);
+  }
+
+  // Pops the next op under mu_; false when it was failed at once (a broken communicator).
+  bool take(Pending& p) {
+    p = std::move(queue_.front());
+    queue_.pop_front();
+    if (!broken_.empty() || stopping_) {
+      const std::string why = stopping_ ? "the communicator was destroyed" : broken_;
+      FlightRecorder::instance().finished(p.fr_id, "error");
+      if (successor_)
+        p.work->fail(WorkState::error, std::make_exception_ptr(PeerLost(
+            p.what + ": communicator '" + name_ + "' lost a peer: " + why, successor_, lost_)));
+      else
+        p.work->fail(WorkState::error, std::make_exception_ptr(Error(p.what + " not run: " + why)));
+      return false;
+    }
+    busy_ = true;
+    current_seq_ = p.seq;
+    current_start_ = Clock::now();
+    current_timeout_ = p.work->timeout();
+    return true;
+  }
+
+  void run(Pending& p) {
+    p.work->start();
+    FlightRecorder::instance().started(p.fr_id);
+    progress_->started(p.seq);
+    if (trace_ops()) trace("op_start", p, 0);
+    const auto t0 = Clock::now();
+    try {
+      std::shared_ptr<gloo::rendezvous::Context> ctx;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ctx = ctx_;
       }
+      Context c{ctx, rank_, size_, &scratch_};
+      p.body(c, p.work->timeout(), static_cast<uint32_t>(p.seq));
+      scratch_.trim();
+      progress_->completed(p.seq);
+      FlightRecorder::instance().finished(p.fr_id, "completed");
+      if (trace_ops()) trace("op_end", p, std::chrono::duration<double>(Clock::now() - t0).count());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        current_seq_ = 0;
+      }
+      p.work->complete();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_ = false;
+      }
+      cv_.notify_all();
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        current_seq_ = 0;
+      }
+      on_failure(p, e.what());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_ = false;
+      }
+      cv_.notify_all();
     }
   }
 
@@ -678,6 +798,8 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;  // guarded by mu_ after construction
   int p2p_running_ = 0;                              // send / recv threads not yet finished
+  Scratch scratch_;                                  // the running op's (one at a time: busy_)
+  bool busy_ = false;                                // an op is running (guarded by mu_)
 
   std::mutex mu_;
   std::condition_variable cv_;
