@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -272,25 +274,71 @@ TEST(FsdpDeterminism, TwoRunsAtOneWorldSizeAreBitwiseIdentical) {
   for (size_t i = 0; i < runs[0].size(); ++i) expect_bitwise(runs[0][i].second, runs[1][i].second, runs[0][i].first);
 }
 
-TEST(FsdpMemory, PerRankStateIsAboutOneNth) {
+namespace {
+std::vector<int64_t> numbers(const std::string& csv) {
+  std::vector<int64_t> v;
+  std::stringstream ss(csv);
+  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoll(x));
+  return v;
+}
+}  // namespace
+
+// memory_stats (the CPU allocator's live bytes) of every rank at world sizes 1, 2 and 4, with 4
+// blocks: parameters + optimizer state (between steps) and parameters + gradients + optimizer
+// state (after a backward) are the bytes of the rank's shards (3 f32 copies, 4 with gradients)
+// and about 1/N of world size 1's; every rank's together are world size 1's (no padding is
+// stored); the gathered parameters never exceed the root and two blocks (FsdpStats).
+TEST(FsdpMemory, PerRankStateIsAboutOneNthAndGatheredParametersTwoGroups) {
   KILN_SKIP_WITHOUT_GLOO();
-  std::vector<int64_t> live;
-  for (int n : {1, 2}) {
+  std::map<int, io::Metadata> metas;
+  for (int n : {1, 2, 4}) {
     const std::string out = fresh_dir("mem" + std::to_string(n));
-    const auto r = run_fsdp(n, "KILN_FSDP_CASE=train KILN_FSDP_STEPS=2 KILN_FSDP_OUT=" + out);
+    const auto r = run_fsdp(n, "KILN_FSDP_CASE=train KILN_FSDP_STEPS=2 KILN_FSDP_LAYERS=4 KILN_FSDP_OUT=" + out);
     ASSERT_EQ(r.status, 0) << r.output;
-    io::Metadata meta;
-    read(out + "/train.safetensors", &meta);
-    std::stringstream ss(meta["live_bytes_per_rank"]);
-    std::string v;
-    while (std::getline(ss, v, ',')) live.push_back(std::stoll(v));
+    read(out + "/train.safetensors", &metas[n]);
   }
-  ASSERT_EQ(live.size(), 3u);
-  // Parameters + optimizer state (3 f32 copies) of the shards; the vocabulary's 37 rows split
-  // 19 / 18, so each half is a little over 1/2.
-  for (int r = 1; r <= 2; ++r) {
-    EXPECT_LT(static_cast<double>(live[static_cast<size_t>(r)]), 0.56 * static_cast<double>(live[0])) << "rank " << r - 1;
-    EXPECT_GT(static_cast<double>(live[static_cast<size_t>(r)]), 0.44 * static_cast<double>(live[0])) << "rank " << r - 1;
+  const std::vector<int64_t> one = numbers(metas[1]["live_grad_bytes_per_rank"]),
+                             one_live = numbers(metas[1]["live_bytes_per_rank"]);
+  ASSERT_EQ(one.size(), 1u);
+  for (int n : {1, 2, 4}) {
+    io::Metadata& m = metas[n];
+    const auto grads = numbers(m["live_grad_bytes_per_rank"]), live = numbers(m["live_bytes_per_rank"]),
+               shard = numbers(m["shard_bytes_per_rank"]);
+    ASSERT_EQ(grads.size(), static_cast<size_t>(n));
+    int64_t sum = 0, sum_live = 0;
+    for (int r = 0; r < n; ++r) {
+      const std::string what = "world " + std::to_string(n) + " rank " + std::to_string(r);
+      std::printf("%s: shards %lld B, live %lld B, with gradients %lld B\n", what.c_str(),
+                  static_cast<long long>(shard[r]), static_cast<long long>(live[r]), static_cast<long long>(grads[r]));
+      // The shards, their gradients and AdamW's two moments, and nothing else of size (under 1 KiB:
+      // scalars).
+      EXPECT_GE(grads[r], 4 * shard[r]) << what;
+      EXPECT_LE(grads[r], 4 * shard[r] + 1024) << what;
+      EXPECT_GE(live[r], 3 * shard[r]) << what;
+      EXPECT_LE(live[r], 3 * shard[r] + 1024) << what;
+      // About 1/N: the vocabulary's 37 rows split 19/18 and 10/10/10/7, so a rank holds a little over 1/N.
+      const double frac = static_cast<double>(grads[r]) / static_cast<double>(one[0]);
+      EXPECT_GT(frac, 0.85 / n) << what;
+      EXPECT_LT(frac, 1.12 / n) << what;
+      sum += grads[r];
+      sum_live += live[r];
+    }
+    EXPECT_LE(std::abs(static_cast<double>(sum - one[0])), 0.02 * static_cast<double>(one[0])) << "world " << n;
+    EXPECT_LE(std::abs(static_cast<double>(sum_live - one_live[0])), 0.02 * static_cast<double>(one_live[0]))
+        << "world " << n;
+    // Gathered: the root (kept from its forward to the end of the backward) and the block that
+    // computes; the next block's all-gather in flight meanwhile is one flat buffer (at most one
+    // at a time) of at most a block: the root and two blocks at most.
+    const int64_t peak = std::stoll(m["peak_gathered_bytes"]), root = std::stoll(m["root_bytes"]),
+                  block = std::stoll(m["block_bytes"]);
+    std::printf("world %d: peak gathered %lld B (root %lld B, a block %lld B)\n", n, static_cast<long long>(peak),
+                static_cast<long long>(root), static_cast<long long>(block));
+    EXPECT_LE(peak, root + 2 * block) << "world " << n;
+    EXPECT_GE(peak, root + block) << "world " << n;
+    EXPECT_LE(std::stoll(m["peak_gathered_groups"]), 2) << "world " << n;
+    EXPECT_EQ(m["peak_all_gather_buffers"], "1") << "world " << n;
+    EXPECT_EQ(m["peak_reduce_scatter_buffers"], "1") << "world " << n;
+    EXPECT_EQ(m["gathered_bytes"], "0") << "world " << n;
   }
 }
 
