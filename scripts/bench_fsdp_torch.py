@@ -9,6 +9,9 @@ Default shape (--preset llama1.5b): hidden 2048, 16 layers, 32 heads, 8 kv heads
 vocabulary 128256, untied, RoPE theta 500000, batch 4 x 2048 tokens per GPU (kiln's 1b preset
 untied, as scripts/bench_train_gpu.sh llama1.5b). --preset tiny is a small shape for a CPU check:
   python3 scripts/bench_fsdp_torch.py --device cpu --preset tiny --nproc 2 --steps 2 --warmup 1
+--preset kiln-tiny / kiln-small are kiln train's CPU presets (with --param-dtype f32, kiln's CPU
+default, against `kiln train --preset tiny|small --nproc N`); peak_rss_bytes_per_rank is every
+rank's peak resident set (getrusage).
 
 Starts --nproc ranks itself (torch.multiprocessing, 127.0.0.1): NCCL with --device cuda
 (cuda:<rank>), gloo with --device cpu. Trains --warmup untimed steps, then --steps timed ones, and
@@ -30,6 +33,9 @@ from dist_spawn import spawn_ranks
 PRESETS = {
     "llama1.5b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256, seq=2048, batch=4),
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512, seq=64, batch=2),
+    # kiln train's CPU presets (kiln/train/config.cpp) with the byte tokenizer's 259 ids, untied
+    "kiln-tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=176, vocab=259, seq=64, batch=8),
+    "kiln-small": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=352, vocab=259, seq=128, batch=8),
 }
 
 
@@ -72,7 +78,8 @@ def worker(rank, a, port):
     mesh = init_device_mesh(dev.type, (a.nproc,))
     fully_shard, MixedPrecisionPolicy = fsdp_api()
     model, cfg = build_model(a, dev)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    pdt = torch.bfloat16 if a.param_dtype == "bf16" else torch.float32
+    mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
@@ -119,6 +126,10 @@ def worker(rank, a, port):
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time per step
     peak = torch.tensor([torch.cuda.max_memory_allocated(dev) if cuda else 0], dtype=torch.float64, device=dev)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    import resource  # every rank's peak resident set (Linux: ru_maxrss in KiB)
+    rss = torch.zeros(a.nproc, dtype=torch.float64, device=dev)
+    rss[rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    dist.all_reduce(rss, op=dist.ReduceOp.SUM)
     total = float(t.sum())
     tokens = a.batch * a.seq * a.steps
     if rank == 0:
@@ -132,7 +143,8 @@ def worker(rank, a, port):
                "tokens_per_s_per_gpu": tokens / total, "tokens_per_s": tokens * a.nproc / total,
                "step_ms_median": statistics.median(t.tolist()) * 1e3, "first_loss": losses[0],
                "final_loss": losses[-1], "fused_adamw": fused, "separate_reduce_scatter_group": separate,
-               "param_dtype": "bf16", "reduce_dtype": "f32",
+               "param_dtype": a.param_dtype, "reduce_dtype": "f32", "threads": a.threads,
+               "peak_rss_bytes_per_rank": [int(x) for x in rss.tolist()],
                "attn_implementation": getattr(model.config, "_attn_implementation", None)}
         if cuda:
             rec["peak_bytes"] = int(peak.item())
@@ -155,6 +167,8 @@ def main():
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (--device cpu)")
+    p.add_argument("--param-dtype", default="bf16", choices=["bf16", "f32"],
+                   help="MixedPrecisionPolicy's param_dtype (f32: as kiln train on the CPU)")
     p.add_argument("--separate-rs-group", action="store_true",
                    help="reduce-scatter on its own process group (torch 2.13's set_separate_reduce_scatter_group)")
     a = p.parse_args()
