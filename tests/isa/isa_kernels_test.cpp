@@ -36,14 +36,20 @@ struct Set {
   float (*row_max)(const float*, int64_t);
   float (*row_exp_sum)(float*, int64_t, float);
   void (*tile_abt)(float*, int64_t, const float*, int64_t, int64_t, const float*, int64_t);
+  void (*tile_ax)(float*, int64_t, const float*, int64_t, int64_t, const float*, int64_t);
+  void (*tile_atx)(float*, int64_t, const float*, int64_t, int64_t, const float*, int64_t);
+  float (*row_dot)(const float*, const float*, int64_t);
+  void (*row_softmax_grad)(float*, float*, int64_t, float, float);
 };
 
 std::vector<Set> sets() {
   std::vector<Set> v{{"in use (" + isa::cpu_features().kernels + ")", cpu::silu_f32, cpu::swiglu_f32,
                       cpu::swiglu_grad_f32, cpu::flex_detail::row_max, cpu::flex_detail::row_exp_sum,
-                      cpu::flex_detail::tile_abt}};
+                      cpu::flex_detail::tile_abt, cpu::flex_detail::tile_ax, cpu::flex_detail::tile_atx,
+                      cpu::flex_detail::row_dot, cpu::flex_detail::row_softmax_grad}};
   if (const auto* k = isa::sve_available())
-    v.push_back({"sve table", k->silu_f32, k->swiglu_f32, k->swiglu_grad_f32, k->row_max, k->row_exp_sum, k->tile_abt});
+    v.push_back({"sve table", k->silu_f32, k->swiglu_f32, k->swiglu_grad_f32, k->row_max, k->row_exp_sum, k->tile_abt,
+                 k->tile_ax, k->tile_atx, k->row_dot, k->row_softmax_grad});
   return v;
 }
 
@@ -178,6 +184,61 @@ TEST(Isa, SoftmaxRowsMatchFloat64AtOddLengths) {
     }
 }
 
+// The flex attention's backward loops: Δ's row_dot, the softmax gradient row and the two
+// accumulating tile products, with the vector dimension n at the odd lengths (the predicated
+// tails); NaN in a score gives NaN in that element only.
+TEST(Isa, AttentionGradientRowsAndTileProductsMatchFloat64AtOddLengths) {
+  for (const Set& s : sets())
+    for (int64_t n : kLengths) {
+      const uint64_t sd = seed();
+      SCOPED_TRACE(s.name + " n=" + std::to_string(n) + " seed " + std::to_string(sd));
+      std::vector<float> a = inputs(n, sd), b = inputs(n, sd + 1);
+      for (auto* v : {&a, &b})
+        for (auto& z : *v) z = std::fmod(z, 3.0f);
+      double dot = 0, mag = 0;
+      for (int64_t j = 0; j < n; ++j) dot += double(a[j]) * b[j], mag += std::fabs(double(a[j]) * b[j]);
+      EXPECT_NEAR(s.row_dot(a.data(), b.data(), n), dot, 4e-7 * n * mag + 1e-30);
+      // P = exp(s − lse), dS = P (dP − Δ); scores at most lse (a softmax row)
+      std::vector<float> sc = inputs(n, sd + 2), dp = inputs(n, sd + 3);
+      for (auto& z : sc) z = -std::fabs(std::fmod(z, 20.0f));
+      if (n >= 17) sc[5] = std::nanf(""), sc[6] = -INFINITY;
+      const float lse = 0.25f, delta = 0.75f;
+      std::vector<float> p = sc, d = dp;
+      s.row_softmax_grad(p.data(), d.data(), n, lse, delta);
+      for (int64_t j = 0; j < n; ++j) {
+        const double pj = std::exp(double(sc[j]) - lse), dj = pj * (double(dp[j]) - delta);
+        const std::string at = " at " + std::to_string(j) + " s=" + std::to_string(sc[j]);
+        // fast_expf's ~2 ulp and the f32 rounding of s − lse (|s − lse| · 2^-24 relative in exp)
+        const double rel = 4e-7 + (std::isfinite(sc[j]) ? 1.2e-7 * std::fabs(double(sc[j]) - lse) : 0.0);
+        expect_value(p[j], pj, rel * pj + 1e-35, "P" + at);
+        expect_value(d[j], dj, rel * pj * (std::fabs(double(dp[j])) + delta) + 1e-35, "dS" + at);
+      }
+      // acc [rows, n] += w [rows, ld] · x [cols, n] and acc [cols, n] += wᵀ [cols, rows] · x2 [rows, n]
+      const int64_t rows = 3, cols = 5, ld = cols + 2;
+      std::vector<float> w = inputs(rows * ld, sd + 4), x = inputs(cols * n, sd + 5), x2 = inputs(rows * n, sd + 6);
+      std::vector<float> acc = inputs(rows * n, sd + 7), acc2 = inputs(cols * n, sd + 8);
+      for (auto* v : {&w, &x, &x2, &acc, &acc2})
+        for (auto& z : *v) z = std::fmod(z, 3.0f);
+      std::vector<float> got = acc, got2 = acc2;
+      s.tile_ax(got.data(), n, w.data(), ld, rows, x.data(), cols);
+      s.tile_atx(got2.data(), n, w.data(), ld, rows, x2.data(), cols);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t e = 0; e < n; ++e) {
+          double want = acc[r * n + e], m = std::fabs(want);
+          for (int64_t c = 0; c < cols; ++c)
+            want += double(w[r * ld + c]) * x[c * n + e], m += std::fabs(double(w[r * ld + c]) * x[c * n + e]);
+          ASSERT_NEAR(got[r * n + e], want, 4e-7 * cols * m + 1e-30) << "tile_ax " << r << "," << e;
+        }
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t e = 0; e < n; ++e) {
+          double want = acc2[c * n + e], m = std::fabs(want);
+          for (int64_t r = 0; r < rows; ++r)
+            want += double(w[r * ld + c]) * x2[r * n + e], m += std::fabs(double(w[r * ld + c]) * x2[r * n + e]);
+          ASSERT_NEAR(got2[c * n + e], want, 4e-7 * rows * m + 1e-30) << "tile_atx " << c << "," << e;
+        }
+    }
+}
+
 TEST(Isa, SveTableRowsAndCastsMatchReferences) {
   const isa::SveKernels* k = isa::sve_available();
   if (!k) GTEST_SKIP() << "no SVE on this CPU (" << isa::cpu_features().kernels << ")";
@@ -219,8 +280,8 @@ TEST(Isa, SveTableRowsAndCastsMatchReferences) {
     std::vector<uint16_t> gb(g.size());
     for (size_t i = 0; i < g.size(); ++i) gb[i] = BFloat16(g[i]).bits;
     std::vector<float> p2 = p, m2 = m, v2 = v;
-    k->adamw_f32(p1.data(), m1.data(), v1.data(), g.data(), n, st);
-    k->adamw_bf16(p2.data(), m2.data(), v2.data(), gb.data(), n, st);
+    k->adamw_f32(p1.data(), m1.data(), v1.data(), g.data(), n, st, 1.0f);
+    k->adamw_bf16(p2.data(), m2.data(), v2.data(), gb.data(), n, st, 1.0f);
     for (int64_t i = 0; i < n; ++i)
       for (int pass = 0; pass < 2; ++pass) {
         const double gi = pass ? double(float(BFloat16::from_bits(gb[i]))) : double(g[i]);

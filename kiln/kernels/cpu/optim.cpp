@@ -22,21 +22,19 @@ namespace {
 // and large ones spread over all of them).
 constexpr int64_t kPiece = 32768;
 
-// Elements [0, n) of one AdamW update, gradients multiplied by `scale` (1: as given).
-void adamw_span_f32(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& s) {
-  KILN_SVE_SEAM(adamw_f32, p, m, v, g, n, s);
-  for (int64_t i = 0; i < n; ++i) adamw_update(p[i], m[i], v[i], g[i], s);
-}
-void adamw_span_bf16(float* p, float* m, float* v, const BFloat16* g, int64_t n, const AdamWStep& s) {
-  KILN_SVE_SEAM(adamw_bf16, p, m, v, reinterpret_cast<const uint16_t*>(g), n, s);
-  for (int64_t i = 0; i < n; ++i) adamw_update(p[i], m[i], v[i], static_cast<float>(g[i]), s);
-}
-// The SVE set has no scaled entry point: a clipped step runs the portable loop.
+// Elements [0, n) of one AdamW update, gradients multiplied by `scale` (1: as given, no
+// multiply). One loop for both: the fused clipped step (scale = the clip's coefficient) and
+// clip_grad_norm_ then step() (g *= scale in place, then scale 1) give the same bits, since the
+// product is the same f32 multiply and what follows is the same code. On aarch64 the seam hands
+// both to the SVE set, which takes the scale too (a clipped step running the portable loop and an
+// unclipped one the SVE loop gave different bits: GCC contracts the portable loop into other
+// fused multiply-adds than the SVE one uses).
 template <class G>
 void adamw_span(float* p, float* m, float* v, const G* g, int64_t n, const AdamWStep& s, float scale) {
+  if constexpr (std::is_same_v<G, float>) KILN_SVE_SEAM(adamw_f32, p, m, v, g, n, s, scale);
+  else KILN_SVE_SEAM(adamw_bf16, p, m, v, reinterpret_cast<const uint16_t*>(g), n, s, scale);
   if (scale == 1.0f) {
-    if constexpr (std::is_same_v<G, float>) adamw_span_f32(p, m, v, g, n, s);
-    else adamw_span_bf16(p, m, v, g, n, s);
+    for (int64_t i = 0; i < n; ++i) adamw_update(p[i], m[i], v[i], static_cast<float>(g[i]), s);
     return;
   }
   for (int64_t i = 0; i < n; ++i) adamw_update(p[i], m[i], v[i], static_cast<float>(g[i]) * scale, s);

@@ -71,9 +71,11 @@ struct SveKernels {
   // rows [r0, r1) of the backward; part (d doubles, or null) accumulates dweight's partial sums
   void (*rms_norm_backward_rows_f32)(float* dx, double* part, const float* dy, const float* x, const float* w,
                                      const float* rstd, int64_t r0, int64_t r1, int64_t d);
-  // kernels/cpu/optim.cpp: n elements of an AdamW step (grad f32 or bf16 bits)
-  void (*adamw_f32)(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& s);
-  void (*adamw_bf16)(float* p, float* m, float* v, const uint16_t* g, int64_t n, const AdamWStep& s);
+  // kernels/cpu/optim.cpp: n elements of an AdamW step (grad f32 or bf16 bits), the gradients
+  // multiplied by `scale` first (the fused clip's coefficient; 1: as given, no multiply), so that
+  // the fused clipped step gives clip_grad_norm_ then step()'s bits
+  void (*adamw_f32)(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& s, float scale);
+  void (*adamw_bf16)(float* p, float* m, float* v, const uint16_t* g, int64_t n, const AdamWStep& s, float scale);
   // kernels/cpu/copy.cpp: contiguous casts (BFloat16's round-to-nearest-even, NaN kept quiet)
   void (*f32_to_bf16)(uint16_t* dst, const float* src, int64_t n);
   void (*bf16_to_f32)(float* dst, const uint16_t* src, int64_t n);

@@ -63,8 +63,8 @@ void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, c
 void rms_norm_rows_f32(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t d, double eps);
 void rms_norm_backward_rows_f32(float* dx, double* part, const float* dy, const float* x, const float* w,
                                 const float* rstd, int64_t r0, int64_t r1, int64_t d);
-void adamw_f32(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& s);
-void adamw_bf16(float* p, float* m, float* v, const uint16_t* g, int64_t n, const AdamWStep& s);
+void adamw_f32(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& s, float scale);
+void adamw_bf16(float* p, float* m, float* v, const uint16_t* g, int64_t n, const AdamWStep& s, float scale);
 void f32_to_bf16(uint16_t* dst, const float* src, int64_t n);
 void bf16_to_f32(float* dst, const uint16_t* src, int64_t n);
 // sve_lce.cpp

@@ -92,22 +92,32 @@ inline svfloat32_t load_bf16(svbool_t pg, const uint16_t* src) {
   return svreinterpret_f32_u32(svlsl_n_u32_x(pg, svld1uh_u32(pg, src), 16));
 }
 
-}  // namespace
-
-void adamw_f32(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& s) {
+// The gradient lanes times `scale` (one f32 multiply, rounded as clip_grad_norm_'s in-place
+// g *= scale rounds it), or as loaded when scale is 1 (the unclipped step multiplies nothing).
+template <class Load>
+void adamw_loop(float* p, float* m, float* v, int64_t n, const AdamWStep& s, float scale, Load load) {
   const int64_t vl = static_cast<int64_t>(svcntw());
+  if (scale == 1.0f) {
+    for (int64_t i = 0; i < n; i += vl) {
+      const svbool_t pg = svwhilelt_b32_s64(i, n);
+      adamw_lanes(pg, p + i, m + i, v + i, load(pg, i), s);
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; i += vl) {
     const svbool_t pg = svwhilelt_b32_s64(i, n);
-    adamw_lanes(pg, p + i, m + i, v + i, svld1_f32(pg, g + i), s);
+    adamw_lanes(pg, p + i, m + i, v + i, svmul_n_f32_x(pg, load(pg, i), scale), s);
   }
 }
 
-void adamw_bf16(float* p, float* m, float* v, const uint16_t* g, int64_t n, const AdamWStep& s) {
-  const int64_t vl = static_cast<int64_t>(svcntw());
-  for (int64_t i = 0; i < n; i += vl) {
-    const svbool_t pg = svwhilelt_b32_s64(i, n);
-    adamw_lanes(pg, p + i, m + i, v + i, load_bf16(pg, g + i), s);
-  }
+}  // namespace
+
+void adamw_f32(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& s, float scale) {
+  adamw_loop(p, m, v, n, s, scale, [g](svbool_t pg, int64_t i) { return svld1_f32(pg, g + i); });
+}
+
+void adamw_bf16(float* p, float* m, float* v, const uint16_t* g, int64_t n, const AdamWStep& s, float scale) {
+  adamw_loop(p, m, v, n, s, scale, [g](svbool_t pg, int64_t i) { return load_bf16(pg, g + i); });
 }
 
 void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) {
