@@ -251,7 +251,7 @@ void save_sharded_phases(const std::string& dir, const std::string& tmp, dist::C
 
 void save_sharded(const std::string& dir, dist::Communicator& comm, const std::vector<ShardedTensor>& tensors,
                   const json::Value& metadata, const std::function<void(const std::string& tmp)>& rank0_files) {
-  const int N = comm.size(), R = comm.rank();
+  const int R = comm.rank();
   const std::string tmp = dir + ".tmp-sharded";
   try {
     save_sharded_phases(dir, tmp, comm, tensors, metadata, rank0_files);

@@ -15,6 +15,7 @@
 #include "kiln/io/load.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/ops.h"
+#include "kiln/parallel/dcp.h"
 
 namespace kiln::train {
 
@@ -321,28 +322,17 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& run) {
   return steps;
 }
 // A checkpoint folder with its config and weights: model.safetensors (or a Hugging Face index),
-// or a sharded checkpoint's index with every file its chunks name (parallel/dcp.h).
+// or a sharded checkpoint whose index parallel::checkpoint_entries accepts (every chunk there,
+// none overlapping, each in a shard file that holds it).
 bool whole_checkpoint(const fs::path& dir) {
   std::error_code ec;
   if (!fs::exists(dir / "config.json", ec)) return false;
   if (fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "model.safetensors.index.json", ec)) return true;
-  const fs::path index = dir / "sharded.index.json";
-  if (!fs::exists(index, ec)) return false;
+  if (!fs::exists(dir / parallel::kShardedIndexFile, ec)) return false;
   try {
-    const json::Value idx = read_json_file(index.string());
-    const json::Value* tensors = idx.find("tensors");
-    if (!tensors || !tensors->is_object() || tensors->as_object().empty()) return false;
-    for (const auto& [name, t] : tensors->as_object()) {
-      const json::Value* chunks = t.find("chunks");
-      if (!chunks || !chunks->is_array()) return false;
-      for (const json::Value& c : chunks->as_array()) {
-        const json::Value* file = c.find("file");
-        if (!file || !file->is_string() || !fs::exists(dir / file->as_string(), ec)) return false;
-      }
-    }
-    return true;
+    return !parallel::checkpoint_entries(dir.string()).empty();
   } catch (const Error&) {
-    return false;  // an index that does not parse: not a whole checkpoint
+    return false;  // a damaged index or shard file: not a whole checkpoint
   }
 }
 }  // namespace

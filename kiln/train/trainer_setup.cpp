@@ -217,13 +217,17 @@ void Trainer::State::load_resume_state() {
     st.scalars = *resume_state.find("optimizer");
     opt->load_state_dict(st);
   }
-  step = resume_state.find("step")->as_int("step");
-  train_sampler->set_position(static_cast<uint64_t>(resume_state.find("sampler_position")->as_int()));
-  tokens_seen = resume_state.find("tokens_seen")->as_int();
-  elapsed_before = resume_state.find("elapsed_s")->as_double();
+  elapsed_before = restore_position(resume_state);
   KILN_CHECK(step <= cfg.steps, "resume: the checkpoint is at step ", step, ", beyond --steps ", cfg.steps);
   last_ckpt_dir = resume_dir;
   last_ckpt_step = step;
+}
+
+double Trainer::State::restore_position(const json::Value& st) {
+  step = st.find("step")->as_int("step");
+  train_sampler->set_position(static_cast<uint64_t>(st.find("sampler_position")->as_int()));
+  tokens_seen = st.find("tokens_seen")->as_int();
+  return st.find("elapsed_s")->as_double();
 }
 
 // Only once the data, model and resume state are in place: a run refused for bad input leaves
@@ -398,17 +402,13 @@ json::Value Trainer::State::recover(const dist::PeerLost& lost, Clock::time_poin
   // Every survivor goes back to the same checkpoint (one all-reduce of its step, max and -min).
   Tensor at = from_vector<int64_t>({last_ckpt_step, -last_ckpt_step}, {2}, dev);
   world->all_reduce(at, dist::ReduceOp::max)->wait();
-  const std::vector<int64_t> agreed = (at.is_cpu() ? at : at.to(kCPU)).to_vector<int64_t>();
+  const std::vector<int64_t> agreed = at.to_vector<int64_t>();
   KILN_CHECK(agreed[0] == -agreed[1], "train: --on-failure shrink: the survivors' last checkpoints differ (steps ",
              -agreed[1], " and ", agreed[0], ")");
   double ckpt_elapsed = 0;
   if (!last_ckpt_dir.empty()) {
     parallel::load_checkpoint(last_ckpt_dir, *fsdp, *opt);
-    const json::Value st = read_trainer_state(last_ckpt_dir);
-    step = st.find("step")->as_int();
-    train_sampler->set_position(static_cast<uint64_t>(st.find("sampler_position")->as_int()));
-    tokens_seen = st.find("tokens_seen")->as_int();
-    ckpt_elapsed = st.find("elapsed_s")->as_double();
+    ckpt_elapsed = restore_position(read_trainer_state(last_ckpt_dir));
   } else {  // lost before the run's first checkpoint: from the start (the model is the seed's again)
     step = 0;
     train_sampler->set_position(0);

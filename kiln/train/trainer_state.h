@@ -87,6 +87,9 @@ struct Trainer::State {
   bool is_rank0() const { return rank == 0; }
   std::shared_ptr<const attention::RuntimeMods> compile_runtime_mods(const nn::LlamaConfig& mcfg);
   void load_resume_state();
+  // The step, the sampler's position and the tokens seen of a checkpoint's trainer_state.json;
+  // returns its elapsed_s.
+  double restore_position(const json::Value& trainer_state);
   void open_run();
   void open_rank0_files(int64_t keep_until_step);
   bool shrinks() const { return world && cfg.on_failure == "shrink"; }

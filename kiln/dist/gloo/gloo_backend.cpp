@@ -622,28 +622,22 @@ class GlooCommunicator : public Communicator {
       progress_->completed(p.seq);
       FlightRecorder::instance().finished(p.fr_id, "completed");
       if (trace_ops()) trace("op_end", p, std::chrono::duration<double>(Clock::now() - t0).count());
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        current_seq_ = 0;
-      }
+      clear_current();
       p.work->complete();
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        busy_ = false;
-      }
-      cv_.notify_all();
     } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        current_seq_ = 0;
-      }
+      clear_current();
       on_failure(p, e.what());
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        busy_ = false;
-      }
-      cv_.notify_all();
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+
+  void clear_current() {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_seq_ = 0;
   }
 
   void trace(const char* event, const Pending& p, double seconds) {
