@@ -24,12 +24,15 @@ def count_pairs(mask, L):
         return float(L * L)
     if mask == "causal":
         return float(causal.sum())
-    kind, n = mask.split(":")
+    kind, n = mask.split(":")[:2]
     n = int(n)
     if kind == "window":
         return float(torch.clamp(causal, max=n).sum())
     if kind == "document":
         return float((idx - (idx // n) * n + 1).sum())
+    if kind == "docwindow":  # docwindow:N:W, causal in N-token documents and at most W tokens back
+        n, w = (int(x) for x in mask.split(":")[1:])
+        return float(torch.clamp(idx - (idx // n) * n + 1, max=w).sum())
     raise SystemExit(f"bad mask {mask}")
 
 
@@ -38,10 +41,13 @@ def mask_mod_for(mask):
         return None
     if mask == "causal":
         return lambda b, h, q, kv: q >= kv
-    kind, n = mask.split(":")
+    kind, n = mask.split(":")[:2]
     n = int(n)
     if kind == "window":
         return lambda b, h, q, kv: (q >= kv) & (q - kv < n)
+    if kind == "docwindow":
+        w = int(mask.split(":")[2])
+        return lambda b, h, q, kv: (q >= kv) & (q // n == kv // n) & (q - kv < w)
     return lambda b, h, q, kv: (q >= kv) & (q // n == kv // n)
 
 

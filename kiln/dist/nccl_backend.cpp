@@ -34,10 +34,14 @@ NcclDtype nccl_dtype(const char* op, DType dt) {
   }
 }
 
-NcclRedOp nccl_op(ReduceOp op) {
+// NCCL's reduction for `op` over `ranks` ranks. The mean over one rank is the sum (x / 1 == x,
+// exactly): on the H200 machine's NCCL a one-rank ncclAvg reduce-scatter into a separate output left
+// that output's last element unwritten at 40001 elements (every floating dtype; 33 were fine), so
+// the one-rank mean is never asked of NCCL.
+NcclRedOp nccl_op(ReduceOp op, int ranks) {
   switch (op) {
     case ReduceOp::sum: return NcclRedOp::sum;
-    case ReduceOp::avg: return NcclRedOp::avg;
+    case ReduceOp::avg: return ranks == 1 ? NcclRedOp::sum : NcclRedOp::avg;
     case ReduceOp::min: return NcclRedOp::min;
     case ReduceOp::max: return NcclRedOp::max;
     case ReduceOp::product: return NcclRedOp::prod;
@@ -511,7 +515,7 @@ WorkPtr NcclCommunicator::all_reduce(const Tensor& t, ReduceOp op, CallOptions o
   const NcclDtype dt = nccl_dtype("all_reduce", t.dtype());
   const size_t n = static_cast<size_t>(t.numel());
   return enqueue(*p_, "all_reduce", t, t, -1, o, [&, dt, n](NcclCommHandle c, CudaStreamHandle s) {
-    return p_->nccl->all_reduce(t.data_ptr(), t.data_ptr(), n, dt, nccl_op(op), c, s);
+    return p_->nccl->all_reduce(t.data_ptr(), t.data_ptr(), n, dt, nccl_op(op, p_->size), c, s);
   });
 }
 
@@ -537,7 +541,7 @@ WorkPtr NcclCommunicator::reduce_scatter_single(const Tensor& out, const Tensor&
   const NcclDtype dt = nccl_dtype("reduce_scatter_single", in.dtype());
   return enqueue(*p_, "reduce_scatter", in, out, -1, o, [&, dt](NcclCommHandle c, CudaStreamHandle s) {
     return p_->nccl->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), dt,
-                                    nccl_op(op), c, s);
+                                    nccl_op(op, p_->size), c, s);
   });
 }
 

@@ -16,6 +16,8 @@
 #include "kiln/attention/reference.h"
 #include "kiln/autograd/node.h"
 #include "kiln/core/device.h"
+#include "kiln/core/kernel_registry.h"
+#include "kiln/kernels/flex_files.h"
 #include "tests/ops/harness.h"
 
 using namespace kiln;
@@ -1387,4 +1389,31 @@ TEST(FlexCuda, GpuBlockMaskBuilderMatchesTheCpu) {
       }
     }
   }
+}
+
+// Every built-in CUDA pair is in the registry when the program starts, GPU or not: the
+// instantiation files register themselves and only flex_files.cpp names them, so a static link
+// that dropped them (flex_files.cpp's references folded away at -O2) left a Release build with no
+// CUDA FlexAttention kernel at all; this checks the link itself, without a device.
+TEST(FlexCudaRegistry, EveryBuiltinFileIsLinkedAndRegistered) {
+  if (kernels::cuda::flex_builtin_files() == 0) GTEST_SKIP() << "kiln was built without CUDA";
+  auto has = [](const KernelKey& want) {
+    for (const KernelKey& k : KernelRegistry::global().keys(want.family))
+      if (k.device == want.device && k.mods == want.mods) return true;
+    return false;
+  };
+  for (const char* family : {"flex_forward", "flex_backward"}) {
+    SCOPED_TRACE(family);
+    EXPECT_TRUE(has(kernels::flex_key<NoScoreMod, NoMask>(family, "cuda")));
+    EXPECT_TRUE(has(kernels::flex_key<NoScoreMod, Causal>(family, "cuda")));
+    EXPECT_TRUE(has(kernels::flex_key<NoScoreMod, SlidingWindow>(family, "cuda")));
+    EXPECT_TRUE(has(kernels::flex_key<NoScoreMod, DocumentCausal>(family, "cuda")));
+    EXPECT_TRUE(has(kernels::flex_key<Alibi, Causal>(family, "cuda")));
+    EXPECT_TRUE(has(kernels::flex_key<Softcap, Causal>(family, "cuda")));
+    EXPECT_TRUE(has(kernels::flex_key<RelativePositionBias, Causal>(family, "cuda")));
+  }
+  for (const KernelKey& k : {kernels::flex_key<NoScoreMod, Causal>(kernels::kFlexClassifyFamily, "cuda"),
+                             kernels::flex_key<NoScoreMod, SlidingWindow>(kernels::kFlexClassifyFamily, "cuda"),
+                             kernels::flex_key<NoScoreMod, DocumentCausal>(kernels::kFlexClassifyFamily, "cuda")})
+    EXPECT_TRUE(has(k)) << k.family << " " << k.mods;
 }

@@ -159,7 +159,7 @@ uint64_t norm_bits(double x) {
 // Steps of a multi-tensor CUDA optimizer (twice, for run-to-run bits), a per-parameter CUDA one
 // and a multi-tensor CPU one on the same gradients; clip < 0: step(), else clip_and_step(clip).
 template <class Opt, class Options>
-void compare_multi(const Options& o, DType gd, double clip) {
+void compare_multi(const Options& o, DType gd, double clip, double bf16_clip_tol = 1e-3) {
   const std::vector<Shape> shapes = multi_shapes();
   NamedTensors init = make_params(shapes, 21);
   NamedTensors g1 = on_device(init, cuda(0)), g2 = on_device(init, cuda(0)), gp = on_device(init, cuda(0));
@@ -193,7 +193,7 @@ void compare_multi(const Options& o, DType gd, double clip) {
     } else {
       // bf16 gradients: the per-parameter clip rounds g * scale to bf16, the fused one does not
       // (the bound of MultiTensor.Bf16GradientsBitwiseWithoutClipAndBoundedWithIt).
-      const double tol = gd == DType::bf16 ? 1e-3 : 1e-6;
+      const double tol = gd == DType::bf16 ? bf16_clip_tol : 1e-6;
       expect_close(as_f64(g1[i].second), as_f64(gp[i].second), tol, tol, "multi vs per-parameter " + n);
     }
     expect_close(as_f64(g1[i].second), as_f64(c[i].second), 1e-5, 1e-5, "cuda vs cpu " + n);
@@ -231,7 +231,11 @@ TEST(OptimCuda, MultiTensorSgdMatchesPerParameterAndCpu) {
   o.nesterov = true;
   o.weight_decay = 0.01;
   compare_multi<SGD>(o, DType::f32, -1);
-  compare_multi<SGD>(o, DType::bf16, 500.0);
+  // SGD's update is the gradient itself (AdamW's is normalised), so the per-parameter clip's bf16
+  // rounding of g * scale (relative 2^-8) carries into the parameters in proportion to how far the
+  // steps move them: here up to ~0.5 over the four steps (lr 0.01..0.04, gradients of scale 10, Nesterov
+  // momentum 0.9), 2^-8 of which is 2e-3; 4e-3 is that bound with margin (1.2e-3 seen on the H200).
+  compare_multi<SGD>(o, DType::bf16, 500.0, 4e-3);
 }
 
 TEST(OptimCuda, FusedClipSkipsANonFiniteStep) {
