@@ -183,10 +183,13 @@ __device__ __forceinline__ TileCoord tile_coord(const Sm90Problem& p, int t) {
 //   bool reduces_rows() const;                         whether this launch reduces rows
 //   void row_done(int b, int r, int tn, Row row) const;  once per valid row and tile column
 //   bool kRowStats (constexpr): whether the functor can reduce rows at all
-template <class T, int BN, bool kAK, bool kBK, class Epi>
+template <class T, int BN, bool kAKMajor, bool kBKMajor, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      Sm90Problem p, Epi epi) {
+  // The operands' majorness is kAKMajor / kBKMajor: a template parameter once named kBK hid this
+  // constant in here (no wgmma issued, wrong transaction bytes: an illegal instruction on the H200).
+  static_assert(kBK == 64, "K blocks of 64: the TMA boxes, the transaction bytes and the k16 loop assume it");
   using S = Smem<BN>;
   constexpr int kStages = S::kStages;
   constexpr int kBGroups = BN / 64;  // 64-column groups of an MN-major B block
@@ -211,8 +214,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const TileCoord tc = tile_coord<BN>(p, t);
       const int ba = tc.b * p.a_batched, bb = tc.b * p.b_batched;
       // Boxes wholly past M or N are skipped (NOTE): the 64-wide groups that count.
-      const int a_groups = kAK ? 2 : (tc.m0 + 64 < p.m ? 2 : 1);
-      const int b_groups = kBK ? kBGroups : min(kBGroups, (p.n - tc.n0 + 63) / 64);
+      const int a_groups = kAKMajor ? 2 : (tc.m0 + 64 < p.m ? 2 : 1);
+      const int b_groups = kBKMajor ? kBGroups : min(kBGroups, (p.n - tc.n0 + 63) / 64);
       const uint32_t bytes = static_cast<uint32_t>((a_groups + b_groups) * (64 * kBK * 2));
       for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
         const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
@@ -221,12 +224,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         unsigned char* sa = smem + stage * S::kStageBytes;
         unsigned char* sb = sa + S::kABytes;
         const int k0 = kb * kBK;
-        if (kAK) {
+        if (kAKMajor) {
           wg::tma_load_4d(sa, &map_a, full + stage, k0, tc.m0, 0, ba);
         } else {
           for (int g = 0; g < a_groups; ++g) wg::tma_load_4d(sa + g * 64 * 128, &map_a, full + stage, tc.m0 + 64 * g, k0, 0, ba);
         }
-        if (kBK) {
+        if (kBKMajor) {
           wg::tma_load_4d(sb, &map_b, full + stage, k0, tc.n0, 0, bb);
         } else {
           for (int g = 0; g < b_groups; ++g) wg::tma_load_4d(sb + g * 64 * 128, &map_b, full + stage, tc.n0 + 64 * g, k0, 0, bb);
@@ -242,8 +245,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t smem_base = wg::smem_u32(smem);
   // Both orientations put warpgroup wgi's A rows at byte 64·128·wgi of the A block: K-major
   // rows 64·wgi.. (128 bytes each), MN-major the second 64-column group.
-  constexpr uint32_t kLboA = kAK ? 16 : 64 * 128, kLboB = kBK ? 16 : 64 * 128;
-  constexpr uint32_t kStepA = kAK ? 32 : 16 * 128, kStepB = kBK ? 32 : 16 * 128;  // bytes per k16 step
+  constexpr uint32_t kLboA = kAKMajor ? 16 : 64 * 128, kLboB = kBKMajor ? 16 : 64 * 128;
+  constexpr uint32_t kStepA = kAKMajor ? 32 : 16 * 128, kStepB = kBKMajor ? 32 : 16 * 128;  // bytes per k16 step
   constexpr int kNJ = BN / 8;  // accumulator column groups of 8
   float acc[kNJ][4];
   uint32_t it = 0;
@@ -260,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
-        mma_64xN<T, BN, kAK ? 0 : 1, kBK ? 0 : 1>(acc, wg::desc_advance(da, kk * kStepA),
+        mma_64xN<T, BN, kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, wg::desc_advance(da, kk * kStepA),
                                                  wg::desc_advance(db, kk * kStepB), (kb > 0 || kk > 0) ? 1 : 0);
       wg::commit();
       wg::wait<1>();

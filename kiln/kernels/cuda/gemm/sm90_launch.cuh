@@ -29,9 +29,9 @@ inline int choose_tile_n(const Launch& l) {
   return l.n >= 256 && tiles256 >= l.sm_count ? 256 : 128;
 }
 
-template <class T, int BN, bool kAK, bool kBK>
+template <class T, int BN, bool kAKMajor, bool kBKMajor>
 void launch_layout(const Launch& l, const CUtensorMap& ma, const CUtensorMap& mb, const Sm90Problem& p) {
-  auto kernel = sm90_gemm_kernel<T, BN, kAK, kBK, RtEpilogue<T>>;
+  auto kernel = sm90_gemm_kernel<T, BN, kAKMajor, kBKMajor, RtEpilogue<T>>;
   constexpr int kSmemBytes = Smem<BN>::kBytes;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const int64_t tiles = static_cast<int64_t>(p.batch) * p.tiles_m * p.tiles_n;
