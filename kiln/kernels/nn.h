@@ -50,6 +50,8 @@ KILN_NN_KERNELS
 namespace cuda {
 void defer_range_check(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore, const std::string& what,
                        const std::string& tail);
+// Waits for `device`'s current stream, then raises a deferred check's failure (if any).
+void synchronize_and_check(int device);
 }  // namespace cuda
 namespace cuda {
 KILN_NN_KERNELS

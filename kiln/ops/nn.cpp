@@ -42,6 +42,10 @@ void detail::check_index_range(const Tensor& ids, int64_t lo, int64_t hi, int64_
   }
 }
 
+void synchronize(Device device) {
+  if (device.is_cuda()) kernels::cuda::synchronize_and_check(device.index);
+}
+
 // ---- embedding ----
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {

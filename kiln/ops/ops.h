@@ -118,6 +118,10 @@ std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim);
 std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim);
 
 // ---- neural-network ops (kiln/ops/nn.cpp) ----
+// Waits for the work queued on `device`'s current stream (nothing on the CPU) and raises the
+// failure of a range check that ran on the device (an embedding id or a target out of range,
+// kiln/ops/index_check.h) as kiln::Error: torch.cuda.synchronize with its device-side asserts.
+void synchronize(Device device);
 // weight [V, d], ids (i64/i32) of any shape → [..., d]; backward deterministic.
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 // x [..., d] / rms(x) * weight [d]; fused forward and backward.

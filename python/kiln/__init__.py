@@ -7,7 +7,8 @@ Tensors cross between kiln, numpy and torch through DLPack without copies:
 ``torch.autograd.Function``s and ``torch.library`` custom ops.
 """
 from . import _C
-from ._C import BlockMask, KilnError, Tensor, cuda_built, cuda_device_count, memory_stats, reset_peak_memory_stats
+from ._C import (BlockMask, KilnError, Tensor, cuda_built, cuda_device_count, memory_stats, reset_peak_memory_stats,
+                 synchronize)
 from ._dlpack import from_dlpack, to_numpy
 from ._io import load, save_safetensors
 from ._train import config, generate, train
@@ -17,5 +18,6 @@ __version__ = _C.version()
 
 __all__ = [
     "BlockMask", "KilnError", "Tensor", "config", "cuda_built", "cuda_device_count", "from_dlpack", "generate",
-    "load", "memory_stats", "reset_peak_memory_stats", "save_safetensors", "telemetry", "to_numpy", "train",
+    "load", "memory_stats", "reset_peak_memory_stats", "save_safetensors", "synchronize", "telemetry", "to_numpy",
+    "train",
 ]

@@ -15,6 +15,7 @@
 #include "kiln/autograd/node.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
+#include "kiln/ops/ops.h"
 #include "python/src/bindings.h"
 #include "python/src/dlpack.h"
 
@@ -389,6 +390,11 @@ void bind_core(nb::module_& m) {
     d["reserved_bytes"] = s.reserved_bytes;
     return d;
   }, nb::arg("device") = "cpu");
+  m.def("synchronize", [](const std::string& device) {
+    nb::gil_scoped_release nogil;
+    synchronize(Device::parse(device));
+  }, nb::arg("device") = "cpu",
+        "waits for kiln's work on `device`'s current stream; raises a failed device-side range check (KilnError)");
   m.def("reset_peak_memory_stats", [](const std::string& device) { reset_peak_memory_stats(Device::parse(device)); },
         nb::arg("device") = "cpu");
   m.attr("has_streams") = bool(KILN_PY_STREAMS);

@@ -60,4 +60,18 @@ TEST(CudaSync, DeferredBadIdIsReportedAtTheNextHostRead) {
   }
 }
 
+TEST(CudaSync, SynchronizeRaisesTheDeferredFailureOnce) {
+  KILN_SKIP_WITHOUT_CUDA();
+  synchronize(kCPU);  // nothing to wait for
+  Tensor w = zeros({10, 3}, DType::f32, gpu());
+  Tensor out = embedding(w, from_vector(std::vector<int64_t>{0, 10}, {2}).to(gpu()));
+  try {
+    synchronize(gpu());
+    ADD_FAILURE() << "expected the deferred range error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("embedding: ids[1]=10 out of range [0, 10)"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(synchronize(gpu()));
+}
+
 }  // namespace

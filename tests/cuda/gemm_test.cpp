@@ -165,10 +165,14 @@ GemmRun run_and_check(const Case& cs, bool ta, bool tb, DType dt, kg::Epilogue e
         }
         double want = alpha * R.P(bi, r, c);
         const double err = kAccRel * R.S(bi, r, c) + 1e-6;
+        // cuBLASLt's BIAS epilogue rounds the product to the output type before it adds the bias
+        // (seen on the H200: bf16 outputs up to 1.1 ulp off, every shape and layout): one more
+        // rounding of the product in its bound. kiln's kernel adds the bias to the f32 accumulator.
+        const double product_rounding = epi == kg::Epilogue::bias && backend != kg::Backend::kiln ? ur * std::fabs(want) : 0;
         if (epi == kg::Epilogue::bias) want += bias.at(0, 0, c);
         if (epi == kg::Epilogue::residual) want += res.at(bi, r, c);
         if (epi == kg::Epilogue::accumulate) want += init.at(bi, r, c);
-        expect(want, g, err + ur * std::fabs(want) + 1e-6, where);
+        expect(want, g, err + ur * std::fabs(want) + product_rounding + 1e-6, where);
       }
       if (epi == kg::Epilogue::row_lse || epi == kg::Epilogue::row_sumsq) {
         for (int64_t t = 0; t < tiles; ++t) {

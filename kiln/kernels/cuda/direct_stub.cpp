@@ -23,6 +23,7 @@ void copy_device_to_device(void*, int, const void*, int, size_t) { no_cuda("copy
 void defer_range_check(const Tensor&, int64_t, int64_t, int64_t, const std::string&, const std::string&) {
   no_cuda("defer_range_check");
 }
+void synchronize_and_check(int) { no_cuda("synchronize_and_check"); }
 void lce_scale(const Tensor&, const Tensor&) { no_cuda("lce_scale"); }
 int flex_builtin_files() { return 0; }
 

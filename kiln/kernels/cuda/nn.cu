@@ -428,6 +428,8 @@ void check_deferred_errors(int device) {
   fail(checks[c].what, "[", pos, "]=", value, checks[c].tail);
 }
 
+void synchronize_and_check(int device) { synchronize(device); }  // timing.cu: also checks
+
 void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids) {
   const int64_t n = ids.numel(), d = weight.size(1);
   cudaStream_t s = stream_of(out);

@@ -28,7 +28,8 @@ from . import mods
 from .mods import MaskMod, ScoreMod
 from ._trace import float_literal, trace_mod
 
-__all__ = ["BlockMask", "LinearCrossEntropyLoss", "create_block_mask", "flex_attention", "linear_cross_entropy", "mods"]
+__all__ = ["BlockMask", "LinearCrossEntropyLoss", "create_block_mask", "flex_attention", "linear_cross_entropy", "mods",
+           "synchronize"]
 
 
 # The per-call conversions take torch's C entry points and pre-1.0 capsules (the fastest path);
@@ -60,6 +61,20 @@ def _device_scope(device):
         raise KilnError("kiln.torch: this build of kiln cannot run on the caller's CUDA stream (no kiln/core/stream.h)")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _C.StreamScope(f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
+
+
+def synchronize(device=None):
+    """Waits for kiln's work on `device` (default: torch's current CUDA device; nothing on the CPU)
+    on the caller's current stream, and raises a range check that failed on the device (a target
+    of linear_cross_entropy out of range) as KilnError. On CUDA that check does not stop the host:
+    its failure is raised here or at kiln's next copy to the host, as a device-side assert of
+    torch's is; ``torch.cuda.synchronize()`` waits but does not raise it."""
+    device = torch.device("cuda" if device is None else device)
+    if device.type != "cuda":
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _device_scope(device):
+        _C.synchronize(f"cuda:{index}")
 
 
 def _check_tensor(name, t, op):
