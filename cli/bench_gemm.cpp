@@ -56,7 +56,7 @@ int run_bench_gemm(const Args& args) {
   p.without_default();
   p.option("--epilogue", &epi_s, "E", "none, bias, residual, swiglu, accumulate, row_lse or row_sumsq");
   p.option("--impl", &impls, "LIST", "comma-separated: kiln, cublaslt");
-  p.option("--tile-n", &tile_n, "W", "kiln: output columns a tile, 128 or 256 (0: chosen from N and the SM count)");
+  p.option("--tile-n", &tile_n, "W", "kiln: output columns a tile, 128 or 256 (0: kiln's choice, 128)");
   p.option("--iters", &iters, "N", "timed runs (the median is reported)");
   p.option("--warmup", &warmup, "N", "untimed runs first");
   p.option("--seed", &seed, "S", "random inputs' seed");

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kiln/core/rng.h"
@@ -67,6 +68,12 @@ int main(int argc, char** argv) {
       kg::GemmOptions o;
       o.backend = version < 4 ? kg::Backend::kiln : kg::Backend::cublaslt;
       o.tile_n = version == 2 ? 128 : version == 3 ? 256 : 0;
+      std::string why;
+      if (version < 4 && !kg::kiln_supported({a, b, c, false, true}, {}, &why)) {
+        std::printf("version %d (%s): does not apply to %lldx%lldx%lld: %s\n", version, name, static_cast<long long>(m),
+                    static_cast<long long>(n), static_cast<long long>(k), why.c_str());
+        continue;
+      }
       run = [&, o] { kg::gemm({a, b, c, false, true}, {}, o); };
     }
     run();

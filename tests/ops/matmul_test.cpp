@@ -1,6 +1,10 @@
 // Tests of matmul (1-D, 2-D, batched with broadcast, transposed views) and linear (with and
 // without bias): float64 loop references, the harness (dtypes, layouts, finite differences)
 // and bad-input errors.
+#include <dlfcn.h>
+#include <omp.h>
+
+#include "kiln/kernels/blas_threads.h"
 #include "kiln/kernels/matmul.h"
 #include "tests/ops/harness.h"
 
@@ -132,4 +136,36 @@ TEST(Matmul, CpuDimensionsPastIntAreAnError) {
   EXPECT_KILN_ERROR(kernels::cpu::gemm(g, out, a, b), "matmul (CPU)", "past 2^31 - 1");
   g.m = 1, g.k = int64_t{1} << 32;
   EXPECT_KILN_ERROR(kernels::cpu::gemm(g, out, a, b), "matmul (CPU)", "past 2^31 - 1");
+}
+
+// With a BLAS that runs each call on one thread (a pthreads OpenBLAS as kiln sets it), large
+// products are split over kiln's OpenMP threads (kernels/cpu/matmul.cpp): every layout, a
+// batch, row and column splits and uneven blocks against the loop reference. This VM's
+// OpenBLAS is set to one thread for the test (dlsym: skipped where the BLAS is not OpenBLAS).
+
+TEST(Matmul, SplitOverKilnThreadsWhenTheBlasRunsOneThread) {
+  using GetThreads = int (*)();
+  using SetThreads = void (*)(int);
+  auto get_threads = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  auto set_threads = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!get_threads || !set_threads) GTEST_SKIP() << "the BLAS is not OpenBLAS";
+  const int before = get_threads(), omp_before = omp_get_max_threads();
+  set_threads(1);
+  omp_set_num_threads(3);  // uneven blocks, and a split even on a 1-core machine
+  EXPECT_TRUE(kernels::cpu::blas_runs_one_thread());
+  KILN_TEST_GENERATOR(gen);
+  struct Case { int64_t batch, m, k, n; };
+  for (Case c : {Case{1, 301, 96, 200}, Case{2, 40, 300, 517}, Case{1, 517, 400, 24}})  // each past kSplitFlops
+    for (int layout = 0; layout < 4; ++layout) {
+      const bool ta = layout & 2, tb = layout & 1;
+      Tensor a = ta ? randn({c.batch, c.k, c.m}, gen, DType::f64).transpose(1, 2) : randn({c.batch, c.m, c.k}, gen, DType::f64);
+      Tensor b = tb ? randn({c.batch, c.n, c.k}, gen, DType::f64).transpose(1, 2) : randn({c.batch, c.k, c.n}, gen, DType::f64);
+      Tensor f = matmul(a.to(DType::f32), b.to(DType::f32));
+      const std::vector<double> ref = bmm_ref(a.contiguous(), b.contiguous());
+      EXPECT_TRUE(all_close(f, from_vector(ref, {c.batch, c.m, c.n}), {1e-4, 1e-4}, "f32 split"))
+          << "m=" << c.m << " k=" << c.k << " n=" << c.n << " layout " << layout;
+      EXPECT_TRUE(all_close(matmul(a, b), from_vector(ref, {c.batch, c.m, c.n}), {1e-12, 1e-12}, "f64 split"));
+    }
+  set_threads(before);
+  omp_set_num_threads(omp_before);
 }

@@ -22,4 +22,10 @@ std::string own_blas_threads() {
   return "OpenBLAS (pthreads): set to 1 thread, kiln's OpenMP threads own the cores";
 }
 
+bool blas_runs_one_thread() {
+  using GetThreads = int (*)();
+  static const GetThreads get_threads = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get_threads && get_threads() == 1;
+}
+
 }  // namespace kiln::kernels::cpu

@@ -21,13 +21,10 @@ inline bool encode_operand(CUtensorMap* map, bool is_bf16, const Operand& o, int
                                         batched ? o.bstride : 0, 0, o.ld, o.k_major ? tile_rows : 64);
 }
 
-// The tile width: 256 where N has it and the 128 × 256 tiles still give every SM one, else 128
-// (Launch::tile_n > 0 fixes it).
-inline int choose_tile_n(const Launch& l) {
-  if (l.tile_n == 128 || l.tile_n == 256) return l.tile_n;
-  const int64_t tiles256 = l.batch * ((l.m + kBM - 1) / kBM) * ((l.n + 255) / 256);
-  return l.n >= 256 && tiles256 >= l.sm_count ? 256 : 128;
-}
+// The tile width: 128 unless Launch::tile_n fixes it. On the H200 (2026-12-04, BENCHMARKS.md)
+// the 128 × 256 tiles ran slower at every shape measured (8192³: 497 against 654 TFLOP/s;
+// 4096³: 357 against 552), so they are taken only when asked for.
+inline int choose_tile_n(const Launch& l) { return l.tile_n == 256 ? 256 : 128; }
 
 template <class T, int BN, bool kAKMajor, bool kBKMajor>
 void launch_layout(const Launch& l, const CUtensorMap& ma, const CUtensorMap& mb, const Sm90Problem& p) {
