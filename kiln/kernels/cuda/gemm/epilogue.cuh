@@ -55,6 +55,12 @@ struct RtEpilogue {
     const float m = fmaxf(x.a, y.a);
     return Row{m, x.b * expf(x.a - m) + y.b * expf(y.a - m)};
   }
+  // lse_merge(x, Row{v, 1}) with one exp: the larger of the two maxima rescales the other sum.
+  static __device__ __forceinline__ Row lse_push(Row x, float v) {
+    if (v == -INFINITY) return x;
+    if (v <= x.a) return Row{x.a, x.b + expf(v - x.a)};
+    return Row{v, x.b * expf(x.a - v) + 1.f};  // x.a = -inf: x.b = 0, exp(-inf) = 0
+  }
 
   __device__ __forceinline__ float load_out_dtype(const void* base, int64_t off) const {
     return p.out_f32 ? static_cast<const float*>(base)[off] : to_f32(static_cast<const T*>(base)[off]);
@@ -83,7 +89,28 @@ struct RtEpilogue {
     }
   }
 
+  // What element() adds at (r, c), (r, c + 1): the bias or the residual, zeros for the other
+  // kinds. Apart from element() so that a caller can issue a row's loads together before its
+  // stores (the sm90 kernel does: one load latency a row, not one an element).
+  struct Addend {
+    float a0, a1;
+  };
+  __device__ __forceinline__ Addend addend(int b, int r, int c, bool ok1) const {
+    if (p.kind == kEpiBias) return Addend{load_out_dtype(p.bias, c), ok1 ? load_out_dtype(p.bias, c + 1) : 0.f};
+    if (p.kind == kEpiResidual) {
+      const int64_t ro = b * p.res_bstride + static_cast<int64_t>(r) * p.ldr + c;
+      return Addend{load_out_dtype(p.res, ro), ok1 ? load_out_dtype(p.res, ro + 1) : 0.f};
+    }
+    return Addend{0.f, 0.f};
+  }
+
   __device__ __forceinline__ void element(int b, int r, int c, float v0, float v1, bool ok1, Row& row) const {
+    element_plus(b, r, c, v0, v1, ok1, addend(b, r, c, ok1), row);
+  }
+
+  // element() with its addend read beforehand.
+  __device__ __forceinline__ void element_plus(int b, int r, int c, float v0, float v1, bool ok1, Addend add,
+                                               Row& row) const {
     v0 *= p.alpha, v1 *= p.alpha;
     const int64_t o = b * p.out_bstride + static_cast<int64_t>(r) * p.ldo;
     switch (p.kind) {
@@ -94,15 +121,9 @@ struct RtEpilogue {
         return;
       }
       case kEpiBias:
-        v0 += load_out_dtype(p.bias, c);
-        if (ok1) v1 += load_out_dtype(p.bias, c + 1);
+      case kEpiResidual:
+        v0 += add.a0, v1 += add.a1;
         break;
-      case kEpiResidual: {
-        const int64_t ro = b * p.res_bstride + static_cast<int64_t>(r) * p.ldr + c;
-        v0 += load_out_dtype(p.res, ro);
-        if (ok1) v1 += load_out_dtype(p.res, ro + 1);
-        break;
-      }
       case kEpiAccumulate: {  // out is f32 (host-checked)
         float* out = static_cast<float*>(p.out) + o + c;
         out[0] += v0;
@@ -112,8 +133,8 @@ struct RtEpilogue {
       case kEpiRowLse: {
         if (ok1) store_pair(o + c, v0, v1);
         else store(o + c, v0);
-        row = lse_merge(row, Row{v0, 1.f});
-        if (ok1) row = lse_merge(row, Row{v1, 1.f});
+        row = lse_push(row, v0);
+        if (ok1) row = lse_push(row, v1);
         return;
       }
       case kEpiRowSumsq: {

@@ -176,7 +176,10 @@ __device__ __forceinline__ TileCoord tile_coord(const Sm90Problem& p, int t) {
 // The epilogue functor interface (epilogue.cuh's RtEpilogue implements it):
 //   struct Row;                                        per-row running state
 //   Row row_init() const;
-//   void element(int b, int r, int c, float v0, float v1, bool ok1, Row& row) const;
+//   struct Addend;  Addend addend(int b, int r, int c, bool ok1) const;
+//       the values read from memory for (r, c), (r, c + 1) (bias, residual): the kernel reads a
+//       row's addends first, then stores, so that the loads overlap
+//   void element_plus(int b, int r, int c, float v0, float v1, bool ok1, Addend add, Row& row) const;
 //       v0, v1 = the accumulator at (r, c), (r, c + 1), c even; r < M and c < N are checked
 //       by the kernel, ok1 says whether c + 1 < N
 //   Row merge(Row lo, Row hi) const;                   two lanes' states (shuffled as floats a, b)
@@ -285,10 +288,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int h = 0; h < BN / kStatCols; ++h) {
         typename Epi::Row row = epi.row_init();
+        typename Epi::Addend add[kStatCols / 8];
 #pragma unroll
-        for (int j = h * (kStatCols / 8); j < (h + 1) * (kStatCols / 8); ++j) {
-          const int c = tc.n0 + 8 * j + 2 * t4;
-          if (row_ok && c < p.n) epi.element(tc.b, r, c, acc[j][2 * hr], acc[j][2 * hr + 1], c + 1 < p.n, row);
+        for (int jj = 0; jj < kStatCols / 8; ++jj) {
+          const int c = tc.n0 + 8 * (h * (kStatCols / 8) + jj) + 2 * t4;
+          add[jj] = row_ok && c < p.n ? epi.addend(tc.b, r, c, c + 1 < p.n) : typename Epi::Addend{0.f, 0.f};
+        }
+#pragma unroll
+        for (int jj = 0; jj < kStatCols / 8; ++jj) {
+          const int j = h * (kStatCols / 8) + jj, c = tc.n0 + 8 * j + 2 * t4;
+          if (row_ok && c < p.n)
+            epi.element_plus(tc.b, r, c, acc[j][2 * hr], acc[j][2 * hr + 1], c + 1 < p.n, add[jj], row);
         }
         if constexpr (Epi::kRowStats) {
           if (epi.reduces_rows()) {  // uniform over the CTA
