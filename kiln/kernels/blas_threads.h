@@ -14,9 +14,12 @@ namespace kiln::kernels::cpu {
 // found and did, for `kiln info`. Call once, before the first BLAS call (main does).
 std::string own_blas_threads();
 
-// Whether each BLAS call runs on one thread (an OpenBLAS whose openblas_get_num_threads() is 1:
-// the pthreads build after own_blas_threads, or OPENBLAS_NUM_THREADS=1): the CPU GEMM then
-// splits a large product over kiln's OpenMP threads itself (kernels/cpu/matmul.cpp).
+// Whether each BLAS call runs on one thread of its own (a pthreads or sequential OpenBLAS whose
+// openblas_get_num_threads() is 1: the pthreads build after own_blas_threads, or
+// OPENBLAS_NUM_THREADS=1): the CPU GEMM then splits a large product over kiln's OpenMP threads
+// itself (kernels/cpu/matmul.cpp). Never for an OpenMP OpenBLAS, which parallelises over the
+// same OpenMP threads and whose calls from a parallel region are not known to be safe (a test that
+// set it to one thread and so split hung once on CI, OpenBLAS 0.3.21).
 bool blas_runs_one_thread();
 
 }  // namespace kiln::kernels::cpu

@@ -17,6 +17,10 @@ struct GemmArgs {
 
 namespace cpu {
 void gemm(const GemmArgs& args, const Tensor& out, const Tensor& a, const Tensor& b);
+// gemm with a large product always split into row or column blocks over kiln's OpenMP threads
+// (gemm takes this path itself only where the BLAS runs each call on one thread: blas_threads.h).
+// For the tests, which cannot choose the BLAS the machine installed.
+void gemm_split_over_threads(const GemmArgs& args, const Tensor& out, const Tensor& a, const Tensor& b);
 }
 namespace cuda {
 void gemm(const GemmArgs& args, const Tensor& out, const Tensor& a, const Tensor& b);

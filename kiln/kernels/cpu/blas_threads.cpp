@@ -23,9 +23,11 @@ std::string own_blas_threads() {
 }
 
 bool blas_runs_one_thread() {
-  using GetThreads = int (*)();
-  static const GetThreads get_threads = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return get_threads && get_threads() == 1;
+  using GetInt = int (*)();
+  static const GetInt get_parallel = reinterpret_cast<GetInt>(::dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  static const GetInt get_threads = reinterpret_cast<GetInt>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  // An OpenMP OpenBLAS (2) already runs on kiln's OpenMP threads.
+  return get_parallel && get_parallel() != 2 && get_threads && get_threads() == 1;
 }
 
 }  // namespace kiln::kernels::cpu

@@ -32,10 +32,9 @@ constexpr int64_t kSplitFlops = int64_t{1} << 22;  // products below this stay o
 constexpr int64_t kSplitMinRows = 16;             // the smallest block (rows or columns) a thread takes
 
 template <class T>
-void gemm_blas(const GemmArgs& g, T* out, const T* a, const T* b) {
+void gemm_blas(const GemmArgs& g, T* out, const T* a, const T* b, bool split) {
   const int64_t lda = g.trans_a ? g.m : g.k;
   const int64_t ldb = g.trans_b ? g.k : g.n;
-  const bool split = g.m * g.n * g.k >= kSplitFlops && blas_runs_one_thread();
   for (int64_t i = 0; i < g.batch; ++i) {
     const T* ai = a + i * g.batch_stride_a;
     const T* bi = b + i * g.batch_stride_b;
@@ -67,9 +66,8 @@ Tensor as_f32(const Tensor& t) {
   copy(f, t);
   return f;
 }
-}  // namespace
 
-void gemm(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b) {
+void gemm_dispatch(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b, bool split) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   // The BLAS takes int sizes: past 2^31 − 1 a cast wrapped (OpenBLAS refused on stderr and left
   // zeros; 2^32 + 1 rows would have computed one).
@@ -81,17 +79,26 @@ void gemm(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b
     return;
   }
   switch (a.dtype()) {
-    case DType::f32: gemm_blas(g, out.data<float>(), a.data<float>(), b.data<float>()); break;
-    case DType::f64: gemm_blas(g, out.data<double>(), a.data<double>(), b.data<double>()); break;
+    case DType::f32: gemm_blas(g, out.data<float>(), a.data<float>(), b.data<float>(), split); break;
+    case DType::f64: gemm_blas(g, out.data<double>(), a.data<double>(), b.data<double>(), split); break;
     case DType::f16:
     case DType::bf16: {
       Tensor o32 = as_f32(out);
-      gemm_blas(g, o32.data<float>(), as_f32(a).data<float>(), as_f32(b).data<float>());
+      gemm_blas(g, o32.data<float>(), as_f32(a).data<float>(), as_f32(b).data<float>(), split);
       copy(out, o32);
       break;
     }
     default: fail("matmul: dtype ", dtype_name(a.dtype()), " is not supported (expected f64, f32, f16 or bf16)");
   }
+}
+}  // namespace
+
+void gemm(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b) {
+  gemm_dispatch(g, out, a, b, g.m * g.n * g.k >= kSplitFlops && blas_runs_one_thread());
+}
+
+void gemm_split_over_threads(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b) {
+  gemm_dispatch(g, out, a, b, true);
 }
 
 }  // namespace kiln::kernels::cpu
