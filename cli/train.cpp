@@ -112,8 +112,9 @@ int launch_ranks(const Args& args, const train::TrainConfig& c) {
   }
   o.program.push_back("--out");  // the last --out wins: the folder resolved here (runs/kiln-N)
   o.program.push_back(c.out);
-  std::fprintf(stderr, "kiln train: starting %lld ranks (--on-failure %s, --max-restarts %lld)\n",
-               static_cast<long long>(c.nproc), c.on_failure.c_str(), static_cast<long long>(c.max_restarts));
+  std::fprintf(stderr, "kiln train: starting %lld rank%s (--on-failure %s, --max-restarts %lld)\n",
+               static_cast<long long>(c.nproc), c.nproc == 1 ? "" : "s", c.on_failure.c_str(),
+               static_cast<long long>(c.max_restarts));
   return dist::launch(o);
 }
 
@@ -262,13 +263,13 @@ int run_train(const Args& args) {
   const dist::DistEnv env = dist::DistEnv::from_env();
   KILN_CHECK(!in_job || !p.given("--nproc") || c.nproc == env.world_size, "--nproc ", c.nproc, ": this process is ",
              "a rank of a job of ", env.world_size, " (WORLD_SIZE); leave --nproc out under kiln launch or torchrun");
-  if (c.nproc > 1 && !in_job) return launch_ranks(args, c);
+  if ((c.nproc > 1 || c.fsdp) && !in_job) return launch_ranks(args, c);
   train::TrainHooks hooks;
   if (in_job) {
     hooks.restart_count = restart_count();
     hooks.job_id = job_identity();
   }
-  if (in_job && env.world_size > 1) {
+  if (in_job && (env.world_size > 1 || c.fsdp)) {  // --fsdp: a world of one too
     dist::CommOptions co;
     // shrink: a lost peer gives the survivors PeerLost with the smaller world (the trainer goes on)
     if (c.on_failure == "shrink") co.policy = dist::FailurePolicy::shrink;

@@ -51,6 +51,9 @@ struct TrainConfig {
   // given, it sets the micro-batches per rank: global_batch / (batch x ranks)
   int64_t global_batch = 0;
   int64_t nproc = 1;  // ranks `kiln train` starts on this machine (kiln/dist's launcher; Gloo on CPU)
+  // FSDP-sharded at one rank too (--nproc 1 through the launcher and a one-rank world): the
+  // sharded path's cost against the one-process trainer. Always so at more than one rank.
+  bool fsdp = false;
   // What a job of several ranks does when one dies (docs/training.md, "When a rank dies"):
   // restart (kiln's launcher restarts every rank, up to max_restarts times, each resuming from the
   // run folder's latest checkpoint) or shrink (the survivors go on from the last checkpoint

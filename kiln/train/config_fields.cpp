@@ -95,6 +95,9 @@ std::vector<ConfigField> make_fields() {
       row("nproc", &C::nproc, "N", "train as N ranks on this machine (FSDP-sharded; Gloo on the CPU, NCCL with "
           "one GPU per rank on CUDA), started through kiln launch's launcher; under kiln launch or torchrun kiln "
           "train joins their job instead", command),
+      row("fsdp", &C::fsdp, "", "FSDP-sharded even at one rank (--nproc 1: one rank through the launcher, its "
+          "parameters gathered and its gradients reduce-scattered over a world of one), to measure the sharded "
+          "path against the one-process trainer; always so at --nproc > 1", command),
       row("on_failure", &C::on_failure, "POLICY", "when a rank of --nproc N dies: restart (every rank restarts from "
           "the run folder's latest checkpoint, up to --max-restarts times) or shrink (the survivors reload the last "
           "checkpoint on N-1 ranks and go on, the global batch unchanged)", command),
@@ -114,7 +117,7 @@ std::vector<ConfigField> make_fields() {
     if (f.key == "sample") f.flag = "--sample-mode";
     // Not the run's: never recorded with it (out is, so a run folder names where it was written).
     if (f.key == "overwrite" || f.key == "resume" || f.key == "profile" || f.key == "peak_tflops" || f.key == "nproc" ||
-        f.key == "on_failure" || f.key == "max_restarts")
+        f.key == "fsdp" || f.key == "on_failure" || f.key == "max_restarts")
       f.saved = false;
     if (f.key == "resume") f.in_file = false;  // a resumed run takes no config file
   }

@@ -264,7 +264,7 @@ void Trainer::State::open_run() {
                   : ("resumed at step " + std::to_string(step)).c_str());
     progress->message(buf);
     if (world)
-      progress->message(std::to_string(world_size) + " ranks (" + world->backend() + ", FSDP-sharded): a global batch of " +
+      progress->message(std::to_string(world_size) + (world_size == 1 ? " rank (" : " ranks (") + world->backend() + ", FSDP-sharded): a global batch of " +
                         std::to_string(micro_total * cfg.batch) + " sequences per step, " + std::to_string(accum_local) +
                         " micro-batch(es) of " + std::to_string(cfg.batch) + " per rank");
   }

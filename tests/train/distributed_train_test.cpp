@@ -84,6 +84,32 @@ TEST(TrainRanks, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
   fs::remove_all(d);
 }
 
+// --fsdp at one rank: the sharded path through the launcher and a world of one (what the
+// overhead figure of issue 32 measures) gives the one-process run's losses bit for bit (one rank
+// sums the loss in the same order; the gradient norm within 1e-12) and writes a sharded checkpoint.
+TEST(TrainRanks, FsdpAtOneRankMatchesOneProcessBitwise) {
+  const fs::path d = test::temp_dir("ranks_fsdp1");
+  const test::CliOutcome one = test::run_kiln(tiny_flags(d / "plain"));
+  ASSERT_EQ(one.status, 0) << one.output;
+  const test::CliOutcome sharded = test::run_kiln(tiny_flags(d / "fsdp") + " --fsdp");
+  if (sharded.output.find("without Gloo") != std::string::npos) GTEST_SKIP() << "built without Gloo: " << sharded.output;
+  ASSERT_EQ(sharded.status, 0) << sharded.output;
+  EXPECT_NE(sharded.output.find("starting 1 rank ("), std::string::npos) << sharded.output;
+  EXPECT_NE(sharded.output.find("1 rank (gloo, FSDP-sharded)"), std::string::npos) << sharded.output;
+  const std::vector<json::Value> a = metrics_of(d / "plain"), b = metrics_of(d / "fsdp");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].find("loss")->dump(), a[i].find("loss")->dump()) << "step " << i + 1;
+    // the norm sums the shards' squares, then over the world: the last bit of the double may move
+    const double ga = a[i].find("grad_norm")->as_double(), gb = b[i].find("grad_norm")->as_double();
+    EXPECT_NEAR(gb, ga, 1e-12 * ga) << "step " << i + 1;
+  }
+  EXPECT_TRUE(fs::exists(d / "fsdp" / "step-4" / parallel::kShardedIndexFile));
+  EXPECT_FALSE(fs::exists(d / "plain" / "step-4" / parallel::kShardedIndexFile));
+  fs::remove_all(d);
+}
+
 TEST(TrainRanks, SplitsThatDoNotDivideAndNoRanksAreErrors) {
   const fs::path d = test::temp_dir("ranks_bad");
   test::CliOutcome r = test::run_kiln(tiny_flags(d / "a") + " --global-batch 6 --nproc 2");
