@@ -10,7 +10,8 @@
 # llama1.5b is issue 35's target: the 1b shape untied at vocabulary 128256, on uniform random ids
 # (kiln --data random:128256, torch's random ids) instead of the byte-tokenized docs.
 # Expects build/cuda/kiln (KILN=path overrides) and python3 with torch on a CUDA machine
-# (PEERS=0: kiln only).
+# (PEERS=0: kiln only). FSDP=1 adds kiln_fsdp: the same run FSDP-sharded over a world of one
+# (`kiln train --fsdp`), the sharded path's overhead against the one-process trainer (issue 32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PRESET=${1:?usage: scripts/bench_train_gpu.sh PRESET [STEPS] [WARMUP]}
@@ -49,6 +50,7 @@ kiln_run() {  # name, extra flags
 }
 kiln_run kiln || true
 if [ "${FUSED:-0}" = 1 ]; then kiln_run kiln_fused --fused-loss || true; fi
+if [ "${FSDP:-0}" = 1 ]; then kiln_run kiln_fsdp --fsdp || true; fi
 if [ "${PEERS:-1}" = 1 ]; then
   for c in "" --compile; do
     python3 scripts/bench_train_torch.py --device cuda $c --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
