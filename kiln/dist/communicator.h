@@ -23,6 +23,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
   virtual const char* backend() const = 0;
+  // Where its tensors must be: the CPU for Gloo, this rank's CUDA device for NCCL. Callers that
+  // make a tensor of their own for a collective (a flag, a count) make it here.
+  virtual Device device() const = 0;
   // How many times this communicator's group has shrunk (0 for a fresh one).
   virtual int generation() const = 0;
 

@@ -223,6 +223,10 @@ NcclCommunicator::~NcclCommunicator() {
 int NcclCommunicator::rank() const { return p_->rank; }
 int NcclCommunicator::size() const { return p_->size; }
 const std::string& NcclCommunicator::name() const { return p_->name; }
+
+Device NcclCommunicator::device() const {
+  return p_->backend.place == TensorPlace::cuda ? cuda(p_->backend.device) : kCPU;
+}
 int NcclCommunicator::generation() const { return p_->generation; }
 bool NcclCommunicator::aborted() const {
   std::lock_guard<std::mutex> lock(p_->mu);
@@ -597,7 +601,7 @@ WorkPtr NcclCommunicator::recv(const Tensor& t, int src, CallOptions o) {
 
 WorkPtr NcclCommunicator::barrier(CallOptions o) {
   if (!p_->barrier_buf.defined())
-    p_->barrier_buf = Tensor::empty({1}, DType::i32, p_->backend.place == TensorPlace::cuda ? cuda(p_->backend.device) : kCPU);
+    p_->barrier_buf = Tensor::empty({1}, DType::i32, device());
   const Tensor b = p_->barrier_buf;
   return enqueue(*p_, "barrier", Tensor(), Tensor(), -1, o, [this, b](NcclCommHandle c, CudaStreamHandle s) {
     return p_->nccl->all_reduce(b.data_ptr(), b.data_ptr(), 1, NcclDtype::i32, NcclRedOp::sum, c, s);

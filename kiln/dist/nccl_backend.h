@@ -42,6 +42,7 @@ class NcclCommunicator : public Communicator {
   int size() const override;
   const std::string& name() const override;
   const char* backend() const override { return "nccl"; }
+  Device device() const override;
   int generation() const override;
   WorkPtr all_reduce(const Tensor& t, ReduceOp op, CallOptions o = {}) override;
   WorkPtr all_gather_single(const Tensor& output, const Tensor& input, CallOptions o = {}) override;

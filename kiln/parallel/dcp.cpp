@@ -69,7 +69,7 @@ void all_or_nothing(dist::Communicator& comm, const char* phase, const std::func
   } catch (const std::exception& e) {
     error = e.what();
   }
-  Tensor flag = from_vector<int32_t>({error.empty() ? 0 : 1}, {1});
+  Tensor flag = from_vector<int32_t>({error.empty() ? 0 : 1}, {1}, comm.device());  // NCCL: a CUDA tensor
   comm.all_reduce(flag, dist::ReduceOp::max)->wait();
   if (!error.empty()) fail(error);
   KILN_CHECK(flag.to_vector<int32_t>()[0] == 0, "save_sharded: another rank failed while ", phase,

@@ -4,13 +4,17 @@
 // (FsdpWorker.Run, KILN_FSDP_BACKEND=nccl) follow the unsharded single-GPU run. Skips, saying
 // why, in a build without CUDA or with too few GPUs. On the GPU machine:
 //   build/cuda/kiln_test_dist --gtest_filter='FsdpGpu.*'
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include "kiln/core/device.h"
 #include "kiln/dist/store.h"
+#include "kiln/parallel/dcp.h"
 #include "kiln/io/safetensors.h"
 #include "tests/dist/dist_test_util.h"
 #include "tests/dist/fsdp_harness.h"
@@ -50,6 +54,18 @@ TEST(FsdpGpu, OneGpuIsBitwiseTheUnshardedRunAndBf16StaysClose) {
     EXPECT_EQ(got.to_vector<float>(), t.to_vector<float>()) << n;
   }
   EXPECT_EQ(run.fsdp->stats().gathered_bytes, 0);
+  // A sharded checkpoint over NCCL (its all-or-nothing flags are CUDA tensors: a CPU flag was
+  // refused by the NCCL backend at the end of every `kiln train --device cuda` of several ranks).
+  const std::filesystem::path ck = std::filesystem::temp_directory_path() / ("kiln_fsdp_gpu_ck_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(ck);
+  save_checkpoint(ck.string(), *run.fsdp, *run.opt);
+  const std::vector<std::pair<std::string, Tensor>> saved = load_full(ck.string());
+  for (const auto& [n, t] : ref.params) {
+    auto it = std::find_if(saved.begin(), saved.end(), [&](const auto& e) { return e.first == n; });
+    ASSERT_NE(it, saved.end()) << "the checkpoint lacks " << n;
+    EXPECT_EQ(it->second.to(kCPU).to_vector<float>(), t.to_vector<float>()) << "saved " << n;
+  }
+  std::filesystem::remove_all(ck);
   FsdpOptions o;
   o.mixed_precision.param_dtype = DType::bf16;
   o.mixed_precision.reduce_dtype = DType::f32;

@@ -277,6 +277,7 @@ class GlooCommunicator : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   const char* backend() const override { return "gloo"; }
+  Device device() const override { return kCPU; }
   int generation() const override { return generation_; }
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op, CallOptions o) override {
