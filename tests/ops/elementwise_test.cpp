@@ -136,8 +136,13 @@ TEST(Binary, HarnessAndReferenceWithBroadcasting) {
     SCOPED_TRACE(c.name);
     bool is_div = std::string(c.name) == "div";
     for (const auto& [sa, sb] : kBroadcastShapes) {
-      check_op({c.name, {{sa}, is_div ? positive(sb) : Input{sb}},
-                [op = c.op](const std::vector<Tensor>& v) { return op(v[0], v[1]); }});
+      OpCase oc{c.name, {{sa}, is_div ? positive(sb) : Input{sb}},
+                [op = c.op](const std::vector<Tensor>& v) { return op(v[0], v[1]); }};
+      // div by a broadcast scalar: its gradient -sum(g a) / b^2 sums 129 terms of size up to
+      // 1 / b^2 that cancel, so the 16-bit rounding of each term is absolute, not relative to the
+      // (small) sum: a bf16 draw was 0.09 off at 0.27 (atol 0.064); 4x covers ~4 sigma of it.
+      if (is_div && sb == Shape{1} && sa == Shape{129}) oc.tol_scale = 4;
+      check_op(oc);
       for (Device dev : test_devices()) {
         Tensor a = randn(sa, gen, DType::f64, dev), b = add(rand(sb, gen, DType::f64, dev), 0.5);
         Tensor y = c.op(a, b);
