@@ -1,12 +1,13 @@
 // Helpers of the multi-process tests: run a command line with a hard deadline (coreutils
 // timeout, so no test can hang) and capture its combined output and exit status; a local store
-// for one-process worlds.
+// for one-process worlds; a fresh folder per test process.
 #pragma once
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -83,5 +84,14 @@ inline bool have_gloo() {
   if (!::kiln::dist::test::have_gloo()) GTEST_SKIP() << "built without Gloo (Debian: libgloo-dev)"
 
 inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// An empty folder of this test process's own (ctest runs the cases of one fixture at once).
+inline std::string fresh_test_dir(const std::string& name) {
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() / ("kiln_fsdp_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
 
 }  // namespace kiln::dist::test

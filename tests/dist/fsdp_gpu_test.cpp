@@ -8,8 +8,6 @@
 #include <cmath>
 #include <filesystem>
 
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include "kiln/core/device.h"
@@ -56,16 +54,15 @@ TEST(FsdpGpu, OneGpuIsBitwiseTheUnshardedRunAndBf16StaysClose) {
   EXPECT_EQ(run.fsdp->stats().gathered_bytes, 0);
   // A sharded checkpoint over NCCL (its all-or-nothing flags are CUDA tensors: a CPU flag was
   // refused by the NCCL backend at the end of every `kiln train --device cuda` of several ranks).
-  const std::filesystem::path ck = std::filesystem::temp_directory_path() / ("kiln_fsdp_gpu_ck_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(ck);
-  save_checkpoint(ck.string(), *run.fsdp, *run.opt);
-  const std::vector<std::pair<std::string, Tensor>> saved = load_full(ck.string());
+  const std::string ck_root = dist::test::fresh_test_dir("gpu_ckpt"), ck = ck_root + "/step-3";
+  save_checkpoint(ck, *run.fsdp, *run.opt);
+  const std::vector<std::pair<std::string, Tensor>> saved = load_full(ck);
   for (const auto& [n, t] : ref.params) {
     auto it = std::find_if(saved.begin(), saved.end(), [&](const auto& e) { return e.first == n; });
     ASSERT_NE(it, saved.end()) << "the checkpoint lacks " << n;
     EXPECT_EQ(it->second.to(kCPU).to_vector<float>(), t.to_vector<float>()) << "saved " << n;
   }
-  std::filesystem::remove_all(ck);
+  std::filesystem::remove_all(ck_root);
   FsdpOptions o;
   o.mixed_precision.param_dtype = DType::bf16;
   o.mixed_precision.reduce_dtype = DType::f32;

@@ -28,6 +28,7 @@ using namespace kiln;
 using namespace kiln::parallel;
 using namespace kiln::parallel::test;
 using kiln::dist::test::contains;
+using kiln::dist::test::fresh_test_dir;
 using kiln::dist::test::run_command;
 namespace fs = std::filesystem;
 
@@ -38,14 +39,6 @@ struct LocalWorld {
   dist::test::LocalStore local{"fsdp-test"};
   std::shared_ptr<dist::Communicator> comm = dist::new_gloo_communicator(local.store, 0, 1, "local");
 };
-
-// One folder per test process: ctest runs the FsdpCheckpoint cases (one fixture, one name) at once.
-std::string fresh_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "kiln_fsdp_" + name + "_" + std::to_string(::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 // Runs FsdpWorker.Run as n ranks with `env` (KILN_FSDP_* variables).
 dist::test::RunResult run_fsdp(int n, const std::string& env, int deadline_s = 120) {
@@ -208,7 +201,7 @@ class FsdpWorld : public ::testing::TestWithParam<int> {};
 // against the unsharded run on the same global batch; rank 0's counters.
 static io::Metadata train_and_compare(int n, const std::string& name, int steps, const std::string& env) {
   const std::string what = name + ", world " + std::to_string(n);
-  const std::string out = fresh_dir(name + std::to_string(n));
+  const std::string out = fresh_test_dir(name + std::to_string(n));
   const auto r = run_fsdp(n, "KILN_FSDP_CASE=train KILN_FSDP_STEPS=" + std::to_string(steps) + " " + env +
                                  " KILN_FSDP_OUT=" + out);
   EXPECT_EQ(r.status, 0) << r.output;
@@ -265,7 +258,7 @@ TEST(FsdpDeterminism, TwoRunsAtOneWorldSizeAreBitwiseIdentical) {
   KILN_SKIP_WITHOUT_GLOO();
   io::TensorMap runs[2];
   for (int i = 0; i < 2; ++i) {
-    const std::string out = fresh_dir("det" + std::to_string(i));
+    const std::string out = fresh_test_dir("det" + std::to_string(i));
     const auto r = run_fsdp(3, "KILN_FSDP_CASE=train KILN_FSDP_STEPS=3 KILN_FSDP_OUT=" + out);
     ASSERT_EQ(r.status, 0) << r.output;
     runs[i] = read(out + "/train.safetensors");
@@ -292,7 +285,7 @@ TEST(FsdpMemory, PerRankStateIsAboutOneNthAndGatheredParametersTwoGroups) {
   KILN_SKIP_WITHOUT_GLOO();
   std::map<int, io::Metadata> metas;
   for (int n : {1, 2, 4}) {
-    const std::string out = fresh_dir("mem" + std::to_string(n));
+    const std::string out = fresh_test_dir("mem" + std::to_string(n));
     const auto r = run_fsdp(n, "KILN_FSDP_CASE=train KILN_FSDP_STEPS=2 KILN_FSDP_LAYERS=4 KILN_FSDP_OUT=" + out);
     ASSERT_EQ(r.status, 0) << r.output;
     read(out + "/train.safetensors", &metas[n]);
@@ -348,7 +341,7 @@ class FsdpCheckpoint : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!dist::test::have_gloo()) return;
-    dir_ = fresh_dir("ckpt");
+    dir_ = fresh_test_dir("ckpt");
     const auto r = run_fsdp(2, "KILN_FSDP_CASE=save KILN_FSDP_TAG=w2 KILN_FSDP_OUT=" + dir_ + " KILN_FSDP_CKPT=" +
                                    dir_ + "/step-2");
     saved_ok_ = r.status == 0;
@@ -404,7 +397,7 @@ TEST_F(FsdpCheckpoint, ConsolidatesToASingleProcessCheckpointThatLoadsIntoTwoRan
     expect_bitwise(t, find(saved, n), n + " consolidated");
     (n.rfind("exp_avg", 0) == 0 ? opt : model).emplace_back(n, t);
   }
-  const std::string single = fresh_dir("single");
+  const std::string single = fresh_test_dir("single");
   io::save_safetensors(single + "/model.safetensors", model);
   io::save_safetensors(single + "/optimizer.safetensors", opt);
   const auto idx = json::parse(io::read_file_prefix(dir_ + "/step-2/" + kShardedIndexFile, 1 << 24));
@@ -423,7 +416,7 @@ namespace {
 // A copy of the saved checkpoint whose index or files `damage` changes.
 std::string damaged_copy(const std::string& from, const std::string& name,
                          const std::function<void(const std::string& dir, json::Value& index)>& damage) {
-  const std::string d = fresh_dir(name);
+  const std::string d = fresh_test_dir(name);
   fs::remove_all(d);
   fs::copy(from, d, fs::copy_options::recursive);
   json::Value idx = json::parse(io::read_file_prefix(d + "/" + kShardedIndexFile, 1 << 24));
@@ -460,7 +453,7 @@ TEST(FsdpSave, ReplacesAWholeCheckpointOnlyOnceTheNewOneIsComplete) {
   KILN_SKIP_WITHOUT_GLOO();
   LocalWorld w;
   ShardedRun run = make_sharded(w.comm);
-  const std::string dir = fresh_dir("replace") + "/step-1";
+  const std::string dir = fresh_test_dir("replace") + "/step-1";
   train_sharded(run, 0, 1, 1);
   save_checkpoint(dir, *run.fsdp, *run.opt);
   const auto first = load_full(dir);
@@ -510,7 +503,7 @@ TEST_F(FsdpCheckpoint, DamagedCheckpointsNameTheFileAndTensorAndChangeNothing) {
   });
   expect_load_error(d, {"shard-00000-of-00002.safetensors", "which does not exist", "has a chunk in"});
   // A missing index and model: named.
-  const std::string empty = fresh_dir("empty");
+  const std::string empty = fresh_test_dir("empty");
   expect_load_error(empty, {empty, kShardedIndexFile});
 }
 
@@ -529,7 +522,7 @@ std::unique_ptr<nn::LlamaForCausalLM> plain_with(const io::TensorMap& params) {
 // A run folder as kiln train --nproc 2 leaves it: step-2 (the fixture's sharded checkpoint, with
 // config.json) and `latest`.
 std::string sharded_run(const std::string& ckpt, const std::string& name) {
-  const std::string run = fresh_dir(name);
+  const std::string run = fresh_test_dir(name);
   fs::copy(ckpt, run + "/step-2", fs::copy_options::recursive);
   json::Value cj = tiny_config().to_json();
   cj[train::kTrainedSeqKey] = kSeq;
@@ -551,7 +544,7 @@ TEST_F(FsdpCheckpoint, ConvertsToTheHuggingFaceLayoutWithTheLogitsOfTheUnsharded
   KILN_SKIP_WITHOUT_GLOO();
   ASSERT_TRUE(saved_ok_);
   const std::string run = sharded_run(dir_ + "/step-2", "hfrun");
-  const std::string out = fresh_dir("hfout") + "/hf";
+  const std::string out = fresh_test_dir("hfout") + "/hf";
   const auto r = run_command(dist::test::kiln_cli() + " convert " + run + " " + out + " --hf", 60);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "sharded over 2 rank(s)")) << r.output;
@@ -600,7 +593,7 @@ TEST(FsdpConvert, AOneProcessCheckpointConvertsWithoutItsOptimizerState) {
   const Batch b = batch_rows(0, 0, 4, tiny_config().vocab_size);
   model.loss_sum(b.input, b.target, Tensor(), static_cast<double>(count_targets(b.target))).backward();
   opt.step();
-  const std::string dir = fresh_dir("single1p") + "/step-1";
+  const std::string dir = fresh_test_dir("single1p") + "/step-1";
   train::CheckpointData d;
   d.model = &model;
   d.optimizer_tensors = opt.state_dict().tensors;
@@ -609,7 +602,7 @@ TEST(FsdpConvert, AOneProcessCheckpointConvertsWithoutItsOptimizerState) {
   d.trainer_state["config"]["seq"] = kSeq;
   train::save_checkpoint(dir, d);
   ASSERT_TRUE(fs::exists(dir + "/optimizer.safetensors"));
-  const std::string out = fresh_dir("single1p_out") + "/hf";
+  const std::string out = fresh_test_dir("single1p_out") + "/hf";
   const train::HfExportResult r = train::export_hf(dir, out);
   EXPECT_FALSE(r.sharded);
   EXPECT_EQ(r.checkpoint, dir);
@@ -623,7 +616,7 @@ TEST_F(FsdpCheckpoint, ConvertRefusesToOverwriteAndLeavesOutAsItWasOnAnyFailure)
   KILN_SKIP_WITHOUT_GLOO();
   ASSERT_TRUE(saved_ok_);
   const std::string run = sharded_run(dir_ + "/step-2", "hfrefuse");
-  const std::string parent = fresh_dir("hfrefuse_out"), out = parent + "/hf";
+  const std::string parent = fresh_test_dir("hfrefuse_out"), out = parent + "/hf";
   fs::create_directories(out);
   std::ofstream(out + "/keep.txt") << "the user's";
   auto expect_error = [&](const std::function<void()>& fn, const std::vector<std::string>& want) {
