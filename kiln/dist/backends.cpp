@@ -3,21 +3,16 @@
 
 #include <cstdlib>
 
+#include "kiln/core/env.h"
+
 namespace kiln::dist {
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  KILN_CHECK(end && *end == '\0' && n >= 0 && n <= 1 << 24, name, "='", v, "': expected a non-negative integer");
-  return static_cast<int>(n);
+// A rank, a count of ranks or a port.
+int env_int(const char* name, int fallback, int64_t hi = int64_t{1} << 24) {
+  return static_cast<int>(env_integer(name, 0, hi, fallback));
 }
-std::string env_str(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
+std::string env_str(const char* name, const std::string& fallback) { return env_string(name).value_or(fallback); }
 
 // A client store that also owns the server it connects to (rank 0 under torchrun or SLURM).
 struct ServerHolder {
@@ -40,8 +35,8 @@ DistEnv DistEnv::from_env() {
   KILN_CHECK(e.world_size >= 1 && e.rank < e.world_size, "RANK=", e.rank, " out of range [0, WORLD_SIZE=",
              e.world_size, ")");
   e.launched_by_kiln = std::getenv("KILN_STORE_PORT") != nullptr && std::getenv("KILN_STORE_ADDR") != nullptr;
-  e.store_addr = env_str("KILN_STORE_ADDR", env_str("MASTER_ADDR", "127.0.0.1").c_str());
-  e.store_port = env_int("KILN_STORE_PORT", env_int("MASTER_PORT", 29500) + 1);
+  e.store_addr = env_str("KILN_STORE_ADDR", env_str("MASTER_ADDR", "127.0.0.1"));
+  e.store_port = env_int("KILN_STORE_PORT", env_int("MASTER_PORT", 29500, 65534) + 1, 65535);
   e.token = env_str("KILN_STORE_TOKEN", "");
   return e;
 }

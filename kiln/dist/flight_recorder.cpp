@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "kiln/core/env.h"
 #include "kiln/dist/dist_log.h"
 
 namespace kiln::dist {
@@ -15,21 +16,12 @@ namespace {
 std::atomic<bool> g_dump_requested{false};  // set by the SIGUSR1 handler
 extern "C" void on_sigusr1(int) { g_dump_requested.store(true); }
 
-size_t buffer_size_from_env() {
-  const char* v = std::getenv("KILN_FR_BUFFER_SIZE");
-  if (!v || !*v) return 2000;
-  const long n = std::atol(v);
-  return n >= 1 && n <= 10000000 ? static_cast<size_t>(n) : 2000;
-}
+size_t buffer_size_from_env() { return static_cast<size_t>(env_integer("KILN_FR_BUFFER_SIZE", 1, 10000000, 2000)); }
 
-// RANK / WORLD_SIZE (SLURM_PROCID / SLURM_NTASKS under SLURM); -1 when unset or not a number.
+// RANK / WORLD_SIZE (SLURM_PROCID / SLURM_NTASKS under SLURM); -1 when unset.
 int env_rank_var(const char* name, const char* slurm) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) v = std::getenv(slurm);
-  if (!v || !*v) return -1;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return end && *end == 0 && n >= 0 && n < (1L << 30) ? static_cast<int>(n) : -1;
+  constexpr int64_t kMax = int64_t{1} << 24;
+  return static_cast<int>(env_integer(name, 0, kMax, env_integer(slurm, 0, kMax, -1)));
 }
 }  // namespace
 

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kiln/core/env.h"
 #include "kiln/core/error.h"
 
 extern char** environ;
@@ -30,16 +31,8 @@ struct CompileService::Job {
 };
 
 int compile_threads() {
-  int n = 0;
-  if (const char* e = std::getenv("KILN_COMPILE_THREADS"); e && *e) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    KILN_CHECK(end && *end == '\0' && v >= 1 && v <= 1024, "KILN_COMPILE_THREADS: expected a number of threads in [1, 1024], got '",
-               e, "'");
-    n = static_cast<int>(v);
-  } else {
-    n = static_cast<int>(std::min(std::max(1u, std::thread::hardware_concurrency()), 8u));
-  }
+  const int64_t cores = std::min(std::max(1u, std::thread::hardware_concurrency()), 8u);
+  int n = static_cast<int>(env_integer("KILN_COMPILE_THREADS", 1, 1024, cores));
   std::ifstream mem("/proc/meminfo");
   for (std::string line; std::getline(mem, line);) {
     if (line.rfind("MemAvailable:", 0) == 0) {
