@@ -52,8 +52,10 @@ class CpuAllocator final : public Allocator {
 
 Allocator& allocator_for(const Device& d) {
   if (d.is_cpu()) {
-    static CpuAllocator cpu;  // NOTE: process-wide, as the memory it counts is.
-    return cpu;
+    // NOTE: process-wide, as the memory it counts is, and never destroyed: a storage released
+    // during static destruction (a tensor held by another static) still finds it.
+    static CpuAllocator* cpu = new CpuAllocator;
+    return *cpu;
   }
   check_device_available(d, "allocate");
   return cuda_caching_allocator(d.index);

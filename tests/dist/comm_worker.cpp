@@ -66,7 +66,9 @@ void expect_close(const Tensor& got, const std::vector<double>& want, DType dt, 
         << what << " element " << i << ": got " << g[i] << " want " << w[i];
 }
 
-void run_collectives(Communicator& c) {
+// `p2p_tensors` gets the send / recv tensors, which the caller checks no thread of the
+// communicator still holds once it is destroyed.
+void run_collectives(Communicator& c, std::vector<Tensor>& p2p_tensors) {
   const int R = c.rank(), W = c.size();
   const int64_t sizes[] = {0, 1, 7, 33};
   int k = 0;
@@ -171,6 +173,7 @@ void run_collectives(Communicator& c) {
     ws->wait();
     wr->wait();
     expect_close(r, input_of((R + W - 1) % W, 5, 99, DType::f32, ReduceOp::sum), DType::f32, "send/recv");
+    p2p_tensors = {s, r};
   }
   c.barrier()->wait();
 }
@@ -315,7 +318,12 @@ TEST(DistWorker, Run) {
   o.shrink_window = Millis(1500);
   if (mode == "dead_peer") o.abort_process = false;
   auto world = init_world("gloo", "world", o);
-  if (mode == "collectives") run_collectives(*world);
+  if (mode == "collectives") {
+    std::vector<Tensor> p2p;
+    run_collectives(*world, p2p);
+    world.reset();
+    for (const Tensor& t : p2p) EXPECT_EQ(t.storage().use_count(), 1) << "a send / recv tensor outlives its communicator";
+  }
   else if (mode == "in_flight") run_in_flight(*world);
   else if (mode == "bad_input") run_bad_input(*world);
   else if (mode == "dead_peer") run_dead_peer(*world);

@@ -33,6 +33,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kiln/core/env.h"
 #include "kiln/core/half.h"
 #include "kiln/dist/backends.h"
 #include "kiln/dist/dist_log.h"
@@ -167,12 +168,7 @@ struct Context {
 
 // A size in bytes from the environment (a tuning knob), else `dflt`.
 size_t env_bytes(const char* name, size_t dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  KILN_CHECK(end && *end == 0, name, "='", v, "': expected a byte count");
-  return static_cast<size_t>(n);
+  return static_cast<size_t>(env_integer(name, 0, int64_t{1} << 40, static_cast<int64_t>(dflt)));
 }
 
 // all_reduce tuning (bench comms' figures in BENCHMARKS.md): up to KILN_GLOO_DIRECT_BYTES of data
@@ -523,7 +519,10 @@ class GlooCommunicator : public Communicator {
       ++p2p_running_;
     }
     const bool is_send = std::string(op) == "send";
-    std::thread([this, work, fr, ctx, t, peer, slot, tmo, is_send, what] {
+    // The thread is detached: what it holds (the tensor's storage, the Gloo context, the Work)
+    // is released before it counts itself finished, so nothing of it outlives the communicator
+    // (a storage freed after exit would reach an allocator already destroyed).
+    std::thread([this, work, fr, ctx, t = Tensor(t), peer, slot, tmo, is_send, what]() mutable {
       work->start();
       FlightRecorder::instance().started(fr);
       try {
@@ -552,6 +551,9 @@ class GlooCommunicator : public Communicator {
         if (timed_out) work->fail(WorkState::timed_out, std::make_exception_ptr(CommTimeout(msg)));
         else work->fail(WorkState::error, std::make_exception_ptr(Error(msg)));
       }
+      t = Tensor();
+      ctx.reset();
+      work.reset();
       std::lock_guard<std::mutex> lock(mu_);
       --p2p_running_;
       cv_.notify_all();
