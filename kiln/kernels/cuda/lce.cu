@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/autograd/grad_mode.h"
+#include "kiln/core/switches.h"
 #include "kiln/core/stream.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/cuda/cublaslt.h"

@@ -6,7 +6,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "kiln/autograd/grad_mode.h"
+#include "kiln/core/switches.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/cuda/cublaslt.h"
 
