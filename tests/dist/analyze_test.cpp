@@ -91,12 +91,6 @@ std::string dump(int rank, int world, const std::vector<C>* comms, const std::ve
   return d.dump();
 }
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "kiln_analyze_" + name;
-  run_command("rm -rf " + dir + " && mkdir -p " + dir);
-  return dir;
-}
-
 void write_dump(const std::string& dir, int rank, const std::string& text) {
   std::ofstream(dir + "/kiln_fr_rank" + std::to_string(rank) + ".json") << text;
 }
@@ -105,7 +99,7 @@ void write_dump(const std::string& dir, int rank, const std::string& text) {
 // list is empty left no dump. legacy: dumps of the first format.
 std::string write_case(const std::string& name, const std::vector<std::vector<E>>& per_rank, int size,
                        bool legacy = false) {
-  const std::string dir = fresh_dir(name);
+  const std::string dir = fresh_test_dir("analyze_" + name);
   std::vector<C> comms = {{"world", {}}};
   for (int r = 0; r < size; ++r) comms[0].members.push_back(r);
   for (size_t r = 0; r < per_rank.size(); ++r)
@@ -163,7 +157,7 @@ TEST(CommsAnalyze, RankThatLeftNoDump) {
   // Rank 2 slept past the timeout and was killed by the launcher: no dump. Ranks 0, 1 completed
   // 'world' #1, #2 and 16 all_reduces of 'fsdp', and timed out in 'fsdp' #17. The analyzer knows
   // from their dumps that the job has 3 ranks and that rank 2 is a member of both.
-  const std::string dir = fresh_dir("no_dump");
+  const std::string dir = fresh_test_dir("analyze_no_dump");
   const std::vector<C> comms = {{"world", {0, 1, 2}}, {"fsdp", {0, 1, 2}}};
   std::vector<E> a = {{1, "barrier", 0, "completed", ""}, {2, "all_reduce", 1}};
   for (int s = 1; s <= 16; ++s) a.push_back({s, "all_reduce", 64, "completed", "f32", "fsdp"});
@@ -177,7 +171,7 @@ TEST(CommsAnalyze, RankThatLeftNoDump) {
 TEST(CommsAnalyze, RankThatLeftNoDumpInASplitNamesTheJobRank) {
   // A job of 4; 'odd' is split as [3, 1] (its rank 0 is the job's rank 3). Job rank 3 left no
   // dump; rank 1 waits in 'odd' #5. The finding names both numbers.
-  const std::string dir = fresh_dir("split");
+  const std::string dir = fresh_test_dir("analyze_split");
   const std::vector<C> all = {{"world", {0, 1, 2, 3}}};
   const std::vector<C> odd = {{"world", {0, 1, 2, 3}}, {"odd", {3, 1}}};
   const std::vector<E> w = {{1, "all_reduce", 2}};
@@ -208,7 +202,7 @@ TEST(CommsAnalyze, CleanRunAndBadFolder) {
 }
 
 TEST(CommsAnalyze, MalformedDumpsAreErrorsNamingTheProblem) {
-  const std::string dir = fresh_dir("malformed");
+  const std::string dir = fresh_test_dir("analyze_malformed");
   write_dump(dir, 0, R"({"version": 2, "rank": 0, "world_size": 2, "entries": [{"comm": "world", "comm_rank": 0,
       "comm_size": 2, "op": "all_reduce", "in_numel": 1, "out_numel": 1, "dtype": "f32", "state": "completed"}]})");
   auto r = run_command(kiln_cli() + " comms analyze " + dir, 20);

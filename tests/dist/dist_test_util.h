@@ -13,6 +13,7 @@
 
 #include "kiln/dist/backends.h"
 #include "kiln/dist/store.h"
+#include "tests/temp_dir.h"
 
 namespace kiln::dist::test {
 
@@ -85,13 +86,7 @@ inline bool have_gloo() {
 
 inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
-// An empty folder of this test process's own (ctest runs the cases of one fixture at once).
-inline std::string fresh_test_dir(const std::string& name) {
-  const std::filesystem::path d =
-      std::filesystem::temp_directory_path() / ("kiln_fsdp_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
-}
+// An empty folder of this test process's own, as a string (tests/temp_dir.h).
+inline std::string fresh_test_dir(const std::string& name) { return kiln::test::fresh_temp_dir(name).string(); }
 
 }  // namespace kiln::dist::test

@@ -16,17 +16,12 @@
 using namespace kiln::dist::test;
 
 namespace {
-std::string fresh_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + name;
-  run_command("rm -rf " + d);
-  return d;
-}
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
 TEST(Faults, SleeperTimesOutNamingOpAndRankWithDump) {
   KILN_SKIP_WITHOUT_GLOO();
-  const std::string dir = fresh_dir("kiln_fault_sleeper");
+  const std::string dir = fresh_test_dir("fault_sleeper");
   const auto t0 = Clock::now();
   const auto r = run_ranks(3, "sleeper", "KILN_TEST_TIMEOUT_MS=1500", "--log-dir " + dir);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -49,7 +44,7 @@ TEST(Faults, AnalyzerNamesTheSleeperThatLeftNoDump) {
   // Ranks 0 and 2 time out in all_reduce #3 and dump; the launcher then stops rank 1, still
   // asleep, which leaves no dump. The analyzer learns from the others' dumps that the job has 3
   // ranks and names rank 1 and the op they waited in.
-  const std::string dir = fresh_dir("kiln_fault_analyze");
+  const std::string dir = fresh_test_dir("fault_analyze");
   const auto r = run_ranks(3, "sleeper", "KILN_TEST_TIMEOUT_MS=1000", "--log-dir " + dir);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_FALSE(contains(run_command("ls " + dir).output, "kiln_fr_rank1.json")) << run_command("ls " + dir).output;
@@ -90,7 +85,7 @@ TEST(Faults, DeadTcpPeerDetectedWithinTwoSeconds) {
 
 TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
   KILN_SKIP_WITHOUT_GLOO();
-  const std::string dir = fresh_dir("kiln_fault_abort");
+  const std::string dir = fresh_test_dir("fault_abort");
   const auto t0 = Clock::now();
   const auto r = run_ranks(3, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--log-dir " + dir);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -110,7 +105,7 @@ TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
 
 TEST(Faults, KilledRankUnderShrinkSurvivorsContinue) {
   KILN_SKIP_WITHOUT_GLOO();
-  const std::string dir = fresh_dir("kiln_fault_shrink");
+  const std::string dir = fresh_test_dir("fault_shrink");
   const auto t0 = Clock::now();
   const auto r = run_ranks(4, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--policy shrink --log-dir " + dir);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -15,16 +15,11 @@
 #include "kiln/nn/llama.h"
 #include "kiln/ops/ops.h"
 #include "kiln/train/trainer.h"
+#include "tests/temp_dir.h"
 
 namespace kiln::test {
 
-inline std::filesystem::path temp_dir(const std::string& name) {
-  std::filesystem::path p =
-      std::filesystem::temp_directory_path() / ("kiln_train_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p);
-  return p;
-}
+inline std::filesystem::path temp_dir(const std::string& name) { return fresh_temp_dir("train_" + name); }
 
 inline train::TrainConfig tiny_run(const std::filesystem::path& out, int64_t steps) {
   train::TrainConfig c = train::preset("tiny");
