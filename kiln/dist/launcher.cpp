@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -67,6 +68,18 @@ struct Child {
   std::unique_ptr<std::ofstream> log;
   bool noted = false;  // a later failure under shrink, said
 };
+
+// As torchrun: ranks that share a machine share its cores, so unless OMP_NUM_THREADS is set each
+// rank gets the cores this launcher may run on divided by the ranks per node (torchrun sets 1);
+// "" leaves it as it is.
+std::string omp_threads_per_rank(int nproc_per_node) {
+  if (nproc_per_node <= 1 || std::getenv("OMP_NUM_THREADS") != nullptr) return "";
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                                : static_cast<int>(std::thread::hardware_concurrency());
+  return std::to_string(std::max(1, cores / nproc_per_node));
+}
 
 bool exited_ok(const Child& c) { return c.status && WIFEXITED(*c.status) && WEXITSTATUS(*c.status) == 0; }
 
@@ -228,6 +241,7 @@ class Job {
     env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt_);
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o_.max_restarts);
     if (!o_.policy.empty()) env["KILN_DIST_POLICY"] = o_.policy;
+    if (const std::string t = omp_threads_per_rank(o_.nproc_per_node); !t.empty()) env["OMP_NUM_THREADS"] = t;
     if (!o_.log_dir.empty()) {
       env["KILN_DIST_LOG_DIR"] = o_.log_dir;
       if (!env.count("KILN_FR_DUMP_DIR")) env["KILN_FR_DUMP_DIR"] = o_.log_dir;
@@ -417,6 +431,9 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   g_launcher_signal = 0;
   const bool shrink = o.policy == "shrink";
+  if (const std::string t = omp_threads_per_rank(o.nproc_per_node); !t.empty())
+    std::fprintf(stderr, "kiln launch: OMP_NUM_THREADS=%s for each of the %d ranks of this machine (set it to choose)\n",
+                 t.c_str(), o.nproc_per_node);
   for (int attempt = 0;; ++attempt) {
     json::Value e = json::Value::object();
     e["event"] = "start";

@@ -2,6 +2,9 @@
 // output is prefixed, the first failure is reported (rank, exit code or signal, last lines),
 // the others are stopped (SIGTERM, then SIGKILL after the grace), restarts happen up to
 // --max-restarts, and bad arguments are errors that name the flag.
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 
 #include <gtest/gtest.h>
@@ -20,6 +23,31 @@ TEST(Launch, VariablesAndPrefixes) {
     EXPECT_TRUE(contains(r.output, "[rank " + s + "] v " + s + " " + s + " 3 3 127.0.0.1 0 64")) << r.output;
     EXPECT_TRUE(contains(r.output, "[rank " + s + "] e" + s)) << r.output;
   }
+}
+
+// As torchrun, ranks sharing a machine split its cores: OMP_NUM_THREADS, when unset, is the
+// cores this process may run on divided by the ranks per node (at least 1); a set value stays,
+// and one rank per node is left alone.
+TEST(Launch, OmpThreadsSplitTheCoresUnlessSet) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const int cores = CPU_COUNT(&set);
+  const std::string show = " -- sh -c 'echo t=$OMP_NUM_THREADS.'";
+  for (int n : {2, 3}) {
+    const auto r = run_command("env -u OMP_NUM_THREADS " + kiln_cli() + " launch --nproc-per-node " + std::to_string(n) +
+                               " --master-port 0" + show);
+    EXPECT_EQ(r.status, 0) << r.output;
+    const std::string want = "t=" + std::to_string(std::max(1, cores / n)) + ".";
+    for (int i = 0; i < n; ++i)
+      EXPECT_TRUE(contains(r.output, "[rank " + std::to_string(i) + "] " + want)) << want << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "kiln launch: OMP_NUM_THREADS=")) << r.output;
+  }
+  auto r = run_command("env OMP_NUM_THREADS=3 " + kiln_cli() + " launch --nproc-per-node 2 --master-port 0" + show);
+  EXPECT_TRUE(contains(r.output, "[rank 1] t=3.")) << r.output;
+  EXPECT_FALSE(contains(r.output, "kiln launch: OMP_NUM_THREADS=")) << r.output;
+  r = run_command("env -u OMP_NUM_THREADS " + kiln_cli() + " launch --nproc-per-node 1 --master-port 0" + show);
+  EXPECT_TRUE(contains(r.output, "[rank 0] t=.")) << r.output;
 }
 
 TEST(Launch, FailureReportStopAndRestart) {
