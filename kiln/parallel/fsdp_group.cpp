@@ -298,14 +298,26 @@ void FsdpGroup::finish_reduce_scatter() {
   stats->reduce_scatter_wait_s += seconds_since(t0);
   rs_input_ = Tensor();
   count(stats->reduce_scatter_buffers, stats->peak_reduce_scatter_buffers, -1);
+  // Views of the output keep all of it alive: only when this rank's gradients fill it (no
+  // padding, no frozen parameter's rows), else copies, so a gradient never holds more than its rows.
+  int64_t filled = 0;
+  for (const auto& p : params)
+    if (p.trainable) filled += p.local_rows * p.inner;
+  const bool as_views = filled == slice_numel;
   for (auto& p : params) {
     if (!p.trainable) continue;
     Tensor g = rs_output_.narrow(0, p.offset, p.local_rows * p.inner).view(p.shard.shape());
     if (options.gradient_divide_factor != 1.0) g = mul(g, 1.0 / options.gradient_divide_factor);
-    g = g.dtype() == p.shard.dtype() ? g.clone() : g.to(p.shard.dtype());
     Tensor existing = p.shard.grad();
-    if (existing.defined()) existing.copy_(add(existing, g));
-    else p.shard.set_grad(g);
+    if (existing.defined()) {
+      existing.copy_(add(existing, g.to(existing.dtype())));
+    } else if (g.dtype() == p.shard.dtype()) {
+      // The reduced rows themselves where they may be (as FSDP2's sharded .grad): a view of this
+      // group's output, which lives until the last of its parameters' gradients is dropped.
+      p.shard.set_grad(as_views ? g : g.clone());
+    } else {
+      p.shard.set_grad(g.to(p.shard.dtype()));
+    }
   }
   rs_output_ = Tensor();
   if (root_->pending_rs_ == this) root_->pending_rs_ = nullptr;

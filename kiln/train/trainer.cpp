@@ -85,10 +85,11 @@ StepResult Trainer::step() {
   }
   {
     profile::Label label("optimizer:", "step");
-    if (s.fsdp) {  // the norm over every rank's shards: one all-reduce (parallel/fsdp.h)
-      r.grad_norm = cfg.clip > 0 ? s.fsdp->clip_grad_norm(cfg.clip) : s.fsdp->grad_norm();
-      r.skipped = !std::isfinite(r.grad_norm);
-      if (!r.skipped) s.opt->step();
+    if (s.fsdp) {
+      // The norm over every rank's shards (one all-reduce, parallel/fsdp.h), its clip folded into
+      // the multi-tensor update as below; a non-finite norm skips the step.
+      r.grad_norm = s.fsdp->grad_norm();
+      r.skipped = !s.opt->step_with_norm(r.grad_norm, cfg.clip > 0 ? cfg.clip : INFINITY);
     } else {
       // The multi-tensor update with the clip folded in (docs/optim.md): the norm from one
       // reduction, the clip's scale applied inside the update, no step when the norm is not
