@@ -3,11 +3,24 @@
 // may differ (the copy casts through float/double/int64 as the types require).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kiln/core/tensor.h"
 
 namespace kiln::kernels {
+
+// One block of a batched same-dtype copy: `rows` runs of `row_bytes` bytes, consecutive runs
+// `dst_pitch` / `src_pitch` bytes apart (a contiguous range is one row). No destination overlaps
+// any source or another destination.
+struct CopyBlock {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  int64_t rows = 0, row_bytes = 0, dst_pitch = 0, src_pitch = 0;
+};
+
 namespace cpu {
+// Every block's bytes in one parallel pass (pieces of at most 64 KiB over the threads).
+void copy_blocks(Device device, const std::vector<CopyBlock>& blocks);
 void copy(const Tensor& dst, const Tensor& src);
 void fill(const Tensor& dst, double value);
 void arange(const Tensor& dst, double start, double step);  // dst contiguous 1-D
@@ -15,6 +28,8 @@ void rand_uniform(const Tensor& dst, uint64_t seed, uint64_t offset);  // dst co
 void rand_normal(const Tensor& dst, uint64_t seed, uint64_t offset);   // dst contiguous
 }  // namespace cpu
 namespace cuda {
+// One cudaMemcpy2DAsync per block on the device's stream.
+void copy_blocks(Device device, const std::vector<CopyBlock>& blocks);
 void copy(const Tensor& dst, const Tensor& src);
 void fill(const Tensor& dst, double value);
 void arange(const Tensor& dst, double start, double step);

@@ -82,6 +82,47 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
+namespace {
+// The pair as one block of rows, when both sides are contiguous or 2-D with contiguous rows.
+bool as_copy_block(const Tensor& d, const Tensor& s, kernels::CopyBlock& b) {
+  const auto item = static_cast<int64_t>(itemsize(d.dtype()));
+  if (d.is_contiguous() && s.is_contiguous()) {
+    b = {d.data_ptr(), s.data_ptr(), 1, d.numel() * item, d.numel() * item, d.numel() * item};
+    return true;
+  }
+  if (d.dim() == 2 && s.dim() == 2 && d.strides()[1] == 1 && s.strides()[1] == 1 && d.strides()[0] >= d.shape()[1] &&
+      s.strides()[0] >= s.shape()[1]) {
+    b = {d.data_ptr(), s.data_ptr(), d.shape()[0], d.shape()[1] * item, d.strides()[0] * item, s.strides()[0] * item};
+    return true;
+  }
+  return false;
+}
+}  // namespace
+
+void copy_many(const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs) {
+  KILN_CHECK(dsts.size() == srcs.size(), "copy_many: ", dsts.size(), " destinations and ", srcs.size(), " sources");
+  std::vector<kernels::CopyBlock> blocks;
+  Device device = kCPU;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const Tensor &d = dsts[i], &s = srcs[i];
+    KILN_CHECK(d.defined() && s.defined(), "copy_many: pair ", i, " has an undefined tensor");
+    KILN_CHECK(d.shape() == s.shape(), "copy_many: pair ", i, ": shapes ", d.shape(), " and ", s.shape(), " differ");
+    kernels::CopyBlock b;
+    const bool batched = d.dtype() == s.dtype() && d.device() == s.device() && d.data_ptr() != s.data_ptr() &&
+                         (blocks.empty() || d.device() == device) && as_copy_block(d, s, b);
+    if (!batched) {
+      Tensor(d).copy_(s);
+      continue;
+    }
+    check_inplace_source(s, "copy_many");
+    check_inplace(d, "copy_many");
+    if (d.numel() == 0) continue;
+    device = d.device();
+    blocks.push_back(b);
+  }
+  if (!blocks.empty()) KILN_DEVICE_CALL(device, copy_blocks, device, blocks);
+}
+
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
   check_value_fits(value, dtype(), "fill_");

@@ -111,6 +111,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x [..., in] · weight [out, in]ᵀ + bias [out]
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
+// ---- batched copies (kiln/ops/copy.cpp) ----
+// dsts[i].copy_(srcs[i]) for every i, with copy_'s rules and version bumps, as one batched
+// kernel where a pair allows it (same dtype and device, each side contiguous or 2-D with
+// contiguous rows: CPU one parallel pass over every pair, CUDA one 2-D memcpy each), else
+// copy_ for that pair. FSDP's copy-in and copy-out. No destination may overlap a source.
+void copy_many(const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs);
+
 // ---- shape ops (kiln/ops/shape.cpp) ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);

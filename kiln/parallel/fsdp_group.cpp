@@ -39,18 +39,27 @@ void resize_storage(Storage& s, size_t nbytes) {
   ::new (static_cast<void*>(&s)) Storage(nullptr, 0, d, nullptr);
 }
 
-// Copies between a parameter viewed [rows, inner] and the rank-major flat buffer viewed
-// [N, slice]: rows [r * c, (r + 1) * c) of the parameter are elements [offset, offset + c * inner)
-// of rank r's slice. Two strided copies at most: the ranks whose rows are all there, then the one
-// cut short (padding is neither read nor written).
-void copy_rows(const Tensor& flat2d, const FsdpParam& p, const Tensor& param2d, bool into_param) {
+// The copies between a parameter viewed [rows, inner] and the rank-major flat buffer viewed
+// [N, slice], appended to one batch (copy_many): rows [r * c, (r + 1) * c) of the parameter are
+// elements [offset, offset + c * inner) of rank r's slice. Two strided copies at most: the ranks
+// whose rows are all there, then the one cut short (padding is neither read nor written).
+struct CopyBatch {
+  std::vector<Tensor> dsts, srcs;
+  void add(const Tensor& dst, const Tensor& src) {
+    dsts.push_back(dst);
+    srcs.push_back(src);
+  }
+  void run() { copy_many(dsts, srcs); }
+};
+
+void copy_rows(CopyBatch& batch, const Tensor& flat2d, const FsdpParam& p, const Tensor& param2d, bool into_param) {
   const int64_t c = p.chunk_rows;
   if (c == 0 || p.rows == 0 || p.inner == 0) return;
   const int64_t q = p.rows / c, rem = p.rows - q * c;
   const Tensor cols = flat2d.narrow(1, p.offset, c * p.inner);
-  auto copy = [&](Tensor buf, Tensor par) {
-    if (into_param) par.copy_(buf);
-    else buf.copy_(par);
+  auto copy = [&](const Tensor& buf, const Tensor& par) {
+    if (into_param) batch.add(par, buf);
+    else batch.add(buf, par);
   };
   if (q > 0) copy(cols.narrow(0, 0, q), param2d.narrow(0, 0, q * c).view({q, c * p.inner}));
   if (rem > 0) copy(cols.narrow(0, q, 1).narrow(1, 0, rem * p.inner), param2d.narrow(0, q * c, rem).view({1, rem * p.inner}));
@@ -118,9 +127,11 @@ void FsdpGroup::start_all_gather() {
   const int N = comm->size();
   ag_buffer_ = Tensor::empty({N * slice_numel}, param_dtype, device);
   Tensor mine = ag_buffer_.narrow(0, comm->rank() * slice_numel, slice_numel);
-  for (const auto& p : params)  // copy-in: each shard (cast to param_dtype) into this rank's slice
+  CopyBatch copy_in;  // each shard (cast to param_dtype) into this rank's slice
+  for (const auto& p : params)
     if (p.local_rows > 0 && p.inner > 0)
-      mine.narrow(0, p.offset, p.local_rows * p.inner).copy_(p.shard.detach().view({p.local_rows * p.inner}));
+      copy_in.add(mine.narrow(0, p.offset, p.local_rows * p.inner), p.shard.detach().view({p.local_rows * p.inner}));
+  copy_in.run();
   ag_work_ = comm->all_gather_single(ag_buffer_, mine);
   stats->all_gathers++;
   count(stats->all_gather_buffers, stats->peak_all_gather_buffers, +1);
@@ -135,10 +146,12 @@ void FsdpGroup::finish_all_gather() {
   w->wait();
   stats->all_gather_wait_s += seconds_since(t0);
   const Tensor flat2d = ag_buffer_.view({comm->size(), slice_numel});
-  for (auto& p : params) {  // copy-out: every rank's rows into the gathered parameter
+  CopyBatch copy_out;  // every rank's rows into the gathered parameters
+  for (auto& p : params) {
     resize_storage(*p.full.storage(), p.full.nbytes());
-    copy_rows(flat2d, p, p.full.detach().view({p.rows, p.inner}), true);
+    copy_rows(copy_out, flat2d, p, p.full.detach().view({p.rows, p.inner}), true);
   }
+  copy_out.run();
   ag_buffer_ = Tensor();
   count(stats->all_gather_buffers, stats->peak_all_gather_buffers, -1);
   state = GroupState::unsharded;
@@ -276,12 +289,15 @@ void FsdpGroup::start_reduce_scatter() {
     if (p.trainable && (!p.full.grad().defined() || p.chunk_rows * N != p.rows)) gaps = true;
   if (gaps) rs_input_.zero_();
   const Tensor flat2d = rs_input_.view({N, slice_numel});
+  CopyBatch grads_in;
   for (auto& p : params) {
     if (!p.trainable) continue;
     const Tensor g = p.full.grad();
-    if (g.defined()) copy_rows(flat2d, p, g.contiguous().view({p.rows, p.inner}), false);
-    p.full.set_grad(Tensor());  // the gathered gradient is freed once copied
+    if (g.defined()) copy_rows(grads_in, flat2d, p, g.contiguous().view({p.rows, p.inner}), false);
   }
+  grads_in.run();
+  for (auto& p : params)
+    if (p.trainable) p.full.set_grad(Tensor());  // the gathered gradients are freed once copied
   rs_output_ = Tensor::empty({slice_numel}, reduce_dtype, device);
   rs_work_ = rs_comm->reduce_scatter_single(rs_output_, rs_input_, dist::ReduceOp::sum);
   stats->reduce_scatters++;

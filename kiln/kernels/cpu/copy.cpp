@@ -1,8 +1,10 @@
 // CPU bodies of copy/cast, fill, arange and the Philox draws.
 #include "kiln/kernels/copy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kiln/core/rng.h"
 #include "kiln/kernels/cast.h"
@@ -10,6 +12,26 @@
 #include "kiln/kernels/cpu/loops.h"
 
 namespace kiln::kernels::cpu {
+
+void copy_blocks(Device, const std::vector<CopyBlock>& blocks) {
+  constexpr int64_t kPiece = 64 << 10;
+  struct Piece {
+    char* dst;
+    const char* src;
+    int64_t bytes;
+  };
+  std::vector<Piece> pieces;
+  for (const CopyBlock& b : blocks)
+    for (int64_t r = 0; r < b.rows; ++r)
+      for (int64_t o = 0; o < b.row_bytes; o += kPiece)
+        pieces.push_back({static_cast<char*>(b.dst) + r * b.dst_pitch + o,
+                          static_cast<const char*>(b.src) + r * b.src_pitch + o, std::min(kPiece, b.row_bytes - o)});
+  // A piece is 64 KiB at most: a grain of 4 keeps copies of less than 256 KiB on one thread.
+  parallel_for(static_cast<int64_t>(pieces.size()), 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) std::memcpy(pieces[static_cast<size_t>(i)].dst, pieces[static_cast<size_t>(i)].src,
+                                                  static_cast<size_t>(pieces[static_cast<size_t>(i)].bytes));
+  });
+}
 
 void copy(const Tensor& dst, const Tensor& src) {
   KILN_CHECK(dst.shape() == src.shape(), "copy: shapes ", dst.shape(), " and ", src.shape(), " differ");

@@ -84,6 +84,17 @@ void check_cuda_tensor(const Tensor& t, const char* op) {
 
 }  // namespace
 
+void copy_blocks(Device device, const std::vector<CopyBlock>& blocks) {
+  cudaStream_t stream = cuda::stream(device.index);
+  for (const CopyBlock& b : blocks) {
+    if (b.rows == 0 || b.row_bytes == 0) continue;
+    // One row: its pitch is its width (cudaMemcpy2D wants pitch >= width).
+    const size_t dp = b.rows == 1 ? b.row_bytes : b.dst_pitch, sp = b.rows == 1 ? b.row_bytes : b.src_pitch;
+    KILN_CUDA_CHECK(cudaMemcpy2DAsync(b.dst, dp, b.src, sp, static_cast<size_t>(b.row_bytes), static_cast<size_t>(b.rows),
+                                      cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
 void copy(const Tensor& dst, const Tensor& src) {
   KILN_CHECK(dst.shape() == src.shape(), "copy: shapes ", dst.shape(), " and ", src.shape(), " differ");
   check_cuda_tensor(dst, "copy");
