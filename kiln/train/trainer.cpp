@@ -267,6 +267,89 @@ std::string sample_text(nn::LlamaForCausalLM& model, const data::Tokenizer& tok,
   return prompt + tok.decode_continuation(ids, nn::generate(model, ids, go));
 }
 
+// One metrics.jsonl record of a step. `logged`: the profile's phase totals at the last record.
+json::Value step_record(Trainer::State& s, const StepResult& r, double tps, double run_s, double eval_loss,
+                        int64_t mem, PhaseTimes& logged) {
+  const TrainConfig& cfg = s.cfg;
+  json::Value m = json::Value::object();
+  m["step"] = r.step;
+  m["loss"] = r.loss;
+  m["lr"] = r.lr;
+  m["grad_norm"] = r.grad_norm;
+  m["tokens_per_s"] = tps;
+  m["tokens"] = s.tokens_seen;
+  m["elapsed_s"] = s.elapsed_before + run_s;
+  m["memory_bytes"] = mem;
+  if (eval_loss >= 0) m["eval_loss"] = eval_loss;
+  if (r.skipped) m["skipped"] = true;
+  if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops * s.world_size);
+  if (s.step_profile.on()) {  // the steps since the last record, by phase (step_profile.h)
+    const PhaseTimes now = s.step_profile.totals(), d = now.minus(logged);
+    logged = now;
+    m["profile"] = d.to_json();
+  }
+  if (cfg.telemetry_every > 0 && (r.step % cfg.telemetry_every == 0 || r.step == 1)) {
+    try {
+      m["telemetry"] = telemetry::to_json(telemetry::sample(s.dev));
+    } catch (const Error&) {
+      // telemetry is informative only: a platform that cannot say is not a training error
+    }
+  }
+  return m;
+}
+
+// Why the loop stops early: a signal (hooks.stop), --max-time, or metrics that can no longer be
+// written. The ranks agree (one rank's signal, clock or disk stops all): one all-reduce.
+struct StopReasons {
+  bool signal = false, out_of_time = false, log_failed = false;
+  bool any() const { return signal || out_of_time || log_failed; }
+};
+StopReasons agree_to_stop(Trainer::State& s, StopReasons mine) {
+  if (!s.world) return mine;
+  Tensor flags = from_vector<int32_t>({mine.signal, mine.out_of_time, mine.log_failed}, {3}, s.dev);
+  s.world->all_reduce(flags, dist::ReduceOp::max)->wait();
+  const std::vector<int32_t> f = flags.to_vector<int32_t>();
+  return {f[0] != 0, f[1] != 0, f[2] != 0};
+}
+
+// Rank 0 writes profile.json and prints the kernel and phase tables of the profiled steps.
+void report_profile(Trainer::State& s, Progress& progress, profile::Profiler& prof, int64_t prof_from,
+                    const PhaseTimes& phases) {
+  const TrainConfig& cfg = s.cfg;
+  json::Value pj = profile_to_json(prof);
+  pj["steps"] = s.step - prof_from;
+  pj["device"] = s.dev.str();
+  pj["phases"] = phases.to_json();
+  const double step_tps =
+      phases.step_ms > 0 ? phases.steps * cfg.batch * cfg.seq * s.micro_total / (phases.step_ms / 1e3) : 0.0;
+  pj["mfu"] = mfu_json(s, step_tps);
+  std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";
+  progress.message("profile of steps " + std::to_string(prof_from + 1) + ".." + std::to_string(s.step) + " (" +
+                   (fs::path(cfg.out) / "profile.json").string() + "):\n" + prof.table() + "\n" +
+                   phase_table(phases, s, step_tps));
+}
+
+// The sample of a sharded run: every rank gathers each parameter (one all-gather each), rank 0
+// builds the whole model and generates; "" elsewhere, or when a rank is lost meanwhile.
+std::string sharded_sample(Trainer::State& s, Progress& progress) {
+  std::unique_ptr<nn::LlamaForCausalLM> whole;
+  try {
+    std::vector<std::pair<std::string, Tensor>> full;
+    for (const auto& [name, shard] : s.fsdp->named_shards()) {
+      Tensor t = s.fsdp->full_tensor(name);
+      if (s.is_rank0()) full.emplace_back(name, t);
+    }
+    if (s.is_rank0()) {
+      whole = std::make_unique<nn::LlamaForCausalLM>(s.model->config, s.cfg.seed, s.dev);
+      load_model_state(*whole, full);
+    }
+  } catch (const dist::PeerLost& e) {
+    progress.message(std::string("note: no sample: a rank was lost while the parameters were gathered (") + e.what() +
+                     ")");
+  }
+  return whole ? sample_text(*whole, *s.tok, s.cfg) : "";
+}
+
 }  // namespace
 
 TrainSummary Trainer::run() {
@@ -327,30 +410,7 @@ TrainSummary Trainer::run() {
         }
         const int64_t mem = memory_stats(s.dev).current_bytes;
         if (r.step % cfg.log_every == 0 || eval_loss >= 0 || r.step == cfg.steps) {
-          json::Value m = json::Value::object();
-          m["step"] = r.step;
-          m["loss"] = r.loss;
-          m["lr"] = r.lr;
-          m["grad_norm"] = r.grad_norm;
-          m["tokens_per_s"] = tps;
-          m["tokens"] = s.tokens_seen;
-          m["elapsed_s"] = s.elapsed_before + run_s;
-          m["memory_bytes"] = mem;
-          if (eval_loss >= 0) m["eval_loss"] = eval_loss;
-          if (r.skipped) m["skipped"] = true;
-          if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops * s.world_size);
-          if (s.step_profile.on()) {  // the steps since the last record, by phase (step_profile.h)
-            const PhaseTimes now = s.step_profile.totals(), d = now.minus(logged);
-            logged = now;
-            m["profile"] = d.to_json();
-          }
-          if (cfg.telemetry_every > 0 && (r.step % cfg.telemetry_every == 0 || r.step == 1)) {
-            try {
-              m["telemetry"] = telemetry::to_json(telemetry::sample(s.dev));
-            } catch (const Error&) {
-              // telemetry is informative only: a platform that cannot say is not a training error
-            }
-          }
+          const json::Value m = step_record(s, r, tps, run_s, eval_loss, mem, logged);
           if (metrics) {
             metrics->write(m);
             if (const std::string w = metrics->take_warning(); !w.empty()) progress->message(w);
@@ -378,21 +438,15 @@ TrainSummary Trainer::run() {
           prof_from = r.step;
         }
         if (hooks.on_step) hooks.on_step(r.step);
-        bool stop = hooks.stop && hooks.stop->load();
-        bool out_of_time = cfg.max_time > 0 && run_s >= cfg.max_time;
-        bool log_failed = metrics && metrics->stop_at(r.step, cfg.ckpt_every);  // a full disk: stop at a checkpoint
-        if (s.world) {  // the ranks stop together (one rank's signal, clock or disk stops all)
-          Tensor flags = from_vector<int32_t>({stop, out_of_time, log_failed}, {3}, s.dev);
-          s.world->all_reduce(flags, dist::ReduceOp::max)->wait();
-          const std::vector<int32_t> f = flags.to_vector<int32_t>();
-          stop = f[0] != 0, out_of_time = f[1] != 0, log_failed = f[2] != 0;
-        }
-        if (stop || out_of_time || log_failed) {
-          sum.interrupted = stop;
-          sum.out_of_time = !stop && out_of_time;
-          progress->message(stop          ? "interrupted: saving a checkpoint"
-                            : out_of_time ? "time limit reached: saving a checkpoint"
-                                          : "metrics cannot be written: saving a checkpoint and stopping");
+        const StopReasons why = agree_to_stop(
+            s, {hooks.stop && hooks.stop->load(), cfg.max_time > 0 && run_s >= cfg.max_time,
+                metrics && metrics->stop_at(r.step, cfg.ckpt_every)});  // a full disk: stop at a checkpoint
+        if (why.any()) {
+          sum.interrupted = why.signal;
+          sum.out_of_time = !why.signal && why.out_of_time;
+          progress->message(why.signal        ? "interrupted: saving a checkpoint"
+                            : why.out_of_time ? "time limit reached: saving a checkpoint"
+                                              : "metrics cannot be written: saving a checkpoint and stopping");
           break;
         }
         if (cfg.ckpt_every > 0 && r.step % cfg.ckpt_every == 0 && r.step < cfg.steps) checkpoint("interval");
@@ -404,17 +458,7 @@ TrainSummary Trainer::run() {
         const PhaseTimes phases = s.step_profile.totals();
         s.step_profile = StepProfile(nullptr);
         prof_on.reset();
-        json::Value pj = profile_to_json(*prof);
-        pj["steps"] = s.step - prof_from;
-        pj["device"] = s.dev.str();
-        pj["phases"] = phases.to_json();
-        const double step_tps =
-            phases.step_ms > 0 ? phases.steps * cfg.batch * cfg.seq * s.micro_total / (phases.step_ms / 1e3) : 0.0;
-        pj["mfu"] = mfu_json(s, step_tps);
-        std::ofstream(fs::path(cfg.out) / "profile.json") << pj.dump(1) << "\n";
-        progress->message("profile of steps " + std::to_string(prof_from + 1) + ".." + std::to_string(s.step) + " (" +
-                          (fs::path(cfg.out) / "profile.json").string() + "):\n" + prof->table() + "\n" +
-                          phase_table(phases, s, step_tps));
+        report_profile(s, *progress, *prof, prof_from, phases);
       }
       profile_done = true;
       sum.steps_done = s.step;
@@ -459,26 +503,7 @@ TrainSummary Trainer::run() {
   KILN_CHECK(!metrics || metrics->ok(), "train: ", metrics ? metrics->error() : "", "; the run stopped at step ", s.step,
              " with checkpoint ", sum.checkpoint, ": free space and continue it with --resume ", cfg.out);
   if (cfg.sample_tokens > 0 && !sum.interrupted && s.tok) {  // token data without a tokenizer: no sample
-    if (s.fsdp) {  // sharded: every rank gathers each parameter (one all-gather each), rank 0 generates
-      std::unique_ptr<nn::LlamaForCausalLM> whole;
-      try {
-        std::vector<std::pair<std::string, Tensor>> full;
-        for (const auto& [name, shard] : s.fsdp->named_shards()) {
-          Tensor t = s.fsdp->full_tensor(name);
-          if (s.is_rank0()) full.emplace_back(name, t);
-        }
-        if (s.is_rank0()) {
-          whole = std::make_unique<nn::LlamaForCausalLM>(s.model->config, cfg.seed, s.dev);
-          load_model_state(*whole, full);
-        }
-      } catch (const dist::PeerLost& e) {
-        progress->message(std::string("note: no sample: a rank was lost while the parameters were gathered (") +
-                          e.what() + ")");
-      }
-      if (whole) sum.sample = sample_text(*whole, *s.tok, cfg);
-    } else {
-      sum.sample = sample_text(*s.model, *s.tok, cfg);
-    }
+    sum.sample = s.fsdp ? sharded_sample(s, *progress) : sample_text(*s.model, *s.tok, cfg);
   }
   return sum;
 }
