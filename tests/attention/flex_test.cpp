@@ -757,7 +757,7 @@ TEST(FlexCpu, TemporaryDocumentMaskOutlivesTheCall) {
 // Runs the library masks on the GPU and compares with the CPU kernels (same dtype) and the
 // float64 reference; messages name the mask, dtype, shape and tensor that disagree.
 TEST(FlexCuda, MatchesCpuAndReference) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   const Device gpu = Device::parse("cuda:0");
   struct Shp {
     int64_t B, Hq, Hkv, L, S, E;
@@ -963,7 +963,7 @@ void check_cuda_forward(const Tensor& qg, const Tensor& kg, const Tensor& vg, MM
 // mask empties, q as a transposed view, a q whose rows are not 16-byte aligned (SIMT fallback),
 // B = 2 with per-(b, h) K/V offsets.
 TEST(FlexCuda, ForwardTensorCoresMatchCpuAndReference) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   const Device gpu = Device::parse("cuda:0");
   for (DType dt : {DType::bf16, DType::f16}) {
     const std::string dn = dtype_name(dt);
@@ -1042,7 +1042,7 @@ TEST(FlexCuda, ForwardTensorCoresMatchCpuAndReference) {
 }
 
 TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   const Device gpu = Device::parse("cuda:0");
   const DType bf = DType::bf16, hf = DType::f16;
   // GQA ratios 1 / 2 / 4, blocks 64 (the mma.sync backward) / 128 (the Hopper backward,
@@ -1157,7 +1157,7 @@ TEST(FlexCuda, BackwardMmaMatchesCpuAndReference) {
 // against the CPU kernel run in f32 on the same bf16 inputs (a tile walked for the wrong
 // (b, head) or left out moves the mean error far past the rounding's).
 TEST(FlexCuda, HeadMajorTileOrderMatchesCpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   const Device gpu = Device::parse("cuda:0");
   const int64_t B = 1, Hq = 2, Hkv = 1, L = 128 * 160 + 77, E = 64;
   const DType bf = DType::bf16;
@@ -1190,7 +1190,7 @@ TEST(FlexCuda, HeadMajorTileOrderMatchesCpu) {
 // tile), against the CPU kernel and the float64 reference, with bitwise equal gradients across
 // runs; past 256 the CUDA path is an error naming the limit.
 TEST(FlexCuda, HeadDimsUpTo256) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   const Device gpu = Device::parse("cuda:0");
   auto check = [&]<class MM>(int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t E, int64_t Ev, DType dt, MM mm) {
     SCOPED_TRACE(testing::Message() << dtype_name(dt) << " Hq=" << Hq << " Hkv=" << Hkv << " L=" << L << " S=" << S
@@ -1255,7 +1255,7 @@ TEST(FlexCuda, HeadDimsUpTo256) {
 // check_nan_rows on each CUDA forward: the Hopper one (bf16, E = 64 and 128, blocks of 128), the
 // mma.sync one (blocks of 64, and E = 256) and the SIMT one (f32).
 TEST(FlexCuda, NaNScoresGiveNaNRows) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   const Device gpu = Device::parse("cuda:0");
   check_nan_rows(gpu, DType::bf16, 64, 128, FlexBackend::hopper);
   check_nan_rows(gpu, DType::bf16, 128, 128, FlexBackend::hopper);
@@ -1268,7 +1268,7 @@ TEST(FlexCuda, NaNScoresGiveNaNRows) {
 // what it needs (hopper for f32; sm80 for blocks of 32); simt runs a shape the tensor-core
 // kernels would take (bf16, E = 128, block 128) and agrees with them and with the reference.
 TEST(FlexCuda, BackendOptionRequiresOrFails) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   const Device gpu = Device::parse("cuda:0");
   Generator gen(41);
   auto expect_refusal = [&](DType dt, int64_t block, FlexBackend b, const std::string& needs) {
@@ -1362,7 +1362,7 @@ void check_cuda_score_mod(SM sm, SM sm_host, const char* name) {
 }
 
 TEST(FlexCuda, ScoreModsMatchReference) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   Tensor slopes = Tensor::empty({4}, DType::f32, kCPU);
   alibi_slopes(4, slopes.data<float>());
   Tensor slopes_gpu = slopes.to(Device::parse("cuda:0"));
@@ -1374,7 +1374,7 @@ TEST(FlexCuda, ScoreModsMatchReference) {
 // The GPU BlockMask builder (create_block_mask of a MaskSpec on a CUDA device: the classifier
 // each instantiation file registers in the kernel registry) gives the CPU builder's tiles.
 TEST(FlexCuda, GpuBlockMaskBuilderMatchesTheCpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   const Device gpu = Device::parse("cuda:0");
   for (int64_t L : {1, 127, 300, 1000}) {
     for (int64_t bs : {64, 128}) {

@@ -7,7 +7,7 @@
 #include "tests/cuda/cuda_test_util.h"
 
 using namespace kiln;
-using namespace kiln::testing;
+using namespace kiln::test;
 
 TEST(CudaMemory, KnownSequenceGivesExactCounters) {
   KILN_SKIP_WITHOUT_CUDA();

@@ -12,7 +12,7 @@
 #include "tests/cuda/cuda_test_util.h"
 
 using namespace kiln;
-using namespace kiln::testing;
+using namespace kiln::test;
 
 namespace {
 // Work that keeps the current stream busy for milliseconds: f32 products of 4096² (137 GFLOP

@@ -12,13 +12,9 @@
 
 #include "kiln/core/device.h"
 #include "kiln/ops/ops.h"
+#include "tests/skip.h"
 
-namespace kiln::testing {
-
-#define KILN_SKIP_WITHOUT_CUDA()                                         \
-  do {                                                                   \
-    if (::kiln::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
-  } while (0)
+namespace kiln::test {
 
 inline Device gpu() { return cuda(0); }
 
@@ -78,4 +74,4 @@ inline const std::vector<DType>& float_dtypes() {
   return v;
 }
 
-}  // namespace kiln::testing
+}  // namespace kiln::test

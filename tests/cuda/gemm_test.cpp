@@ -18,7 +18,7 @@
 #include "tests/cuda/cuda_test_util.h"
 
 using namespace kiln;
-using namespace kiln::testing;
+using namespace kiln::test;
 namespace kg = kiln::kernels::gemm;
 
 namespace {

@@ -11,7 +11,7 @@
 #include "tests/cuda/cuda_test_util.h"
 
 using namespace kiln;
-using namespace kiln::testing;
+using namespace kiln::test;
 namespace rn = kiln::kernels::cuda::rmsnorm;
 
 namespace {

@@ -20,6 +20,7 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/ops/ops.h"
+#include "tests/skip.h"
 
 namespace kiln::test {
 
@@ -29,12 +30,6 @@ inline std::vector<Device> test_devices() {
   if (cuda_device_count() > 0) d.push_back(cuda(0));
   return d;
 }
-
-// Skips the calling test on machines without a GPU.
-#define KILN_REQUIRE_CUDA()                                           \
-  do {                                                               \
-    if (::kiln::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
-  } while (0)
 
 // The seed of a test's random inputs: KILN_TEST_SEED when set; else, under --gtest_shuffle,
 // GoogleTest's random seed mixed with the test's name (so --gtest_random_seed replays a run);

@@ -10,15 +10,13 @@
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/clip.h"
 #include "kiln/optim/sgd.h"
+#include "tests/skip.h"
 
 using namespace kiln;
 using namespace kiln::optim;
-using namespace kiln::optim::testing;
+using namespace kiln::optim::test;
 
 namespace {
-
-#define KILN_REQUIRE_CUDA() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 const std::vector<Shape> kShapes = {{1}, {7}, {129, 3}, {70000}};
 
@@ -68,7 +66,7 @@ void compare_devices(const Options& o, DType gd) {
 }  // namespace
 
 TEST(OptimCuda, AdamWMatchesCpu) {
-  KILN_REQUIRE_CUDA();
+  KILN_SKIP_WITHOUT_CUDA();
   AdamWOptions o;
   o.weight_decay = 0.1;
   o.decay = decay_matrices_only;
@@ -77,7 +75,7 @@ TEST(OptimCuda, AdamWMatchesCpu) {
 }
 
 TEST(OptimCuda, SgdMatchesCpu) {
-  KILN_REQUIRE_CUDA();
+  KILN_SKIP_WITHOUT_CUDA();
   SgdOptions o;
   o.momentum = 0.9;
   o.nesterov = true;
@@ -86,7 +84,7 @@ TEST(OptimCuda, SgdMatchesCpu) {
 }
 
 TEST(OptimCuda, ResumesFromCpuStateBitwise) {
-  KILN_REQUIRE_CUDA();
+  KILN_SKIP_WITHOUT_CUDA();
   NamedTensors init = make_params(kShapes, 6);
   NamedTensors a = on_device(init, cuda(0)), b = on_device(init, cuda(0));
   AdamW oa(a), ob(b);
@@ -104,7 +102,7 @@ TEST(OptimCuda, ResumesFromCpuStateBitwise) {
 }
 
 TEST(OptimCuda, ClipGradNormMatchesCpu) {
-  KILN_REQUIRE_CUDA();
+  KILN_SKIP_WITHOUT_CUDA();
   NamedTensors init = make_params(kShapes, 8);
   NamedTensors c = on_device(init, kCPU), g = on_device(init, cuda(0));
   Generator gen(9);
@@ -212,7 +210,7 @@ void compare_multi(const Options& o, DType gd, double clip, double bf16_clip_tol
 }  // namespace
 
 TEST(OptimCuda, MultiTensorAdamWMatchesPerParameterAndCpu) {
-  KILN_REQUIRE_CUDA();
+  KILN_SKIP_WITHOUT_CUDA();
   AdamWOptions o;
   o.weight_decay = 0.1;
   o.decay = decay_matrices_only;
@@ -225,7 +223,7 @@ TEST(OptimCuda, MultiTensorAdamWMatchesPerParameterAndCpu) {
 }
 
 TEST(OptimCuda, MultiTensorSgdMatchesPerParameterAndCpu) {
-  KILN_REQUIRE_CUDA();
+  KILN_SKIP_WITHOUT_CUDA();
   SgdOptions o;
   o.momentum = 0.9;
   o.nesterov = true;
@@ -239,7 +237,7 @@ TEST(OptimCuda, MultiTensorSgdMatchesPerParameterAndCpu) {
 }
 
 TEST(OptimCuda, FusedClipSkipsANonFiniteStep) {
-  KILN_REQUIRE_CUDA();
+  KILN_SKIP_WITHOUT_CUDA();
   const std::vector<Shape> shapes = {{7}, {1000003}, {129, 3}};
   NamedTensors ps = on_device(make_params(shapes, 31), cuda(0));
   AdamW opt(ps);

@@ -14,7 +14,7 @@
 #include "kiln/ops/ops.h"
 #include "kiln/optim/optimizer.h"
 
-namespace kiln::optim::testing {
+namespace kiln::optim::test {
 
 // Named f32 leaf parameters (requires_grad) of the given shapes, drawn from randn(seed).
 inline NamedTensors make_params(const std::vector<Shape>& shapes, uint64_t seed) {
@@ -77,4 +77,4 @@ inline void expect_close(const std::vector<double>& got, const std::vector<doubl
   EXPECT_EQ(bad, 0u) << what;
 }
 
-}  // namespace kiln::optim::testing
+}  // namespace kiln::optim::test

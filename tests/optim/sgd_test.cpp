@@ -7,7 +7,7 @@
 
 using namespace kiln;
 using namespace kiln::optim;
-using namespace kiln::optim::testing;
+using namespace kiln::optim::test;
 
 namespace {
 

@@ -12,6 +12,7 @@
 #include "kiln/core/error.h"
 #include "kiln/telemetry/nvml.h"
 #include "kiln/telemetry/telemetry.h"
+#include "tests/skip.h"
 
 using namespace kiln;
 using namespace kiln::telemetry;
@@ -428,7 +429,7 @@ TEST(RealGpu, NvmlIndexZero) {
 }
 
 TEST(RealGpu, SamplerCudaZero) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KILN_SKIP_WITHOUT_CUDA();
   Sampler sampler;
   Sample s = sampler.sample(cuda(0));
   if (!s.memory_total_bytes && !s.notes.empty()) GTEST_SKIP() << "NVML: " << s.notes[0];
