@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "kiln/core/error.h"
 #include "kiln/dist/auth.h"
@@ -85,8 +86,9 @@ bool exited_ok(const Child& c) { return c.status && WIFEXITED(*c.status) && WEXI
 
 class Job {
  public:
-  Job(const LaunchOptions& o, const std::string& token, int store_port, int attempt)
-      : o_(o), token_(token), store_port_(store_port), attempt_(attempt) {}
+  // omp_threads: every rank's OMP_NUM_THREADS ("" leaves the environment's).
+  Job(const LaunchOptions& o, const std::string& token, int store_port, int attempt, std::string omp_threads)
+      : o_(o), token_(token), store_port_(store_port), attempt_(attempt), omp_threads_(std::move(omp_threads)) {}
 
   void start() {
     KILN_CHECK(pipe2(wake_, O_CLOEXEC | O_NONBLOCK) == 0, "kiln launch: pipe: ", std::strerror(errno));
@@ -241,7 +243,7 @@ class Job {
     env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt_);
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o_.max_restarts);
     if (!o_.policy.empty()) env["KILN_DIST_POLICY"] = o_.policy;
-    if (const std::string t = omp_threads_per_rank(o_.nproc_per_node); !t.empty()) env["OMP_NUM_THREADS"] = t;
+    if (!omp_threads_.empty()) env["OMP_NUM_THREADS"] = omp_threads_;
     if (!o_.log_dir.empty()) {
       env["KILN_DIST_LOG_DIR"] = o_.log_dir;
       if (!env.count("KILN_FR_DUMP_DIR")) env["KILN_FR_DUMP_DIR"] = o_.log_dir;
@@ -379,6 +381,7 @@ class Job {
   std::string token_;
   int store_port_;
   int attempt_;
+  std::string omp_threads_;
   std::mutex mu_;
   std::vector<Child> children_;
   std::thread pump_;
@@ -431,9 +434,10 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   g_launcher_signal = 0;
   const bool shrink = o.policy == "shrink";
-  if (const std::string t = omp_threads_per_rank(o.nproc_per_node); !t.empty())
+  const std::string omp_threads = omp_threads_per_rank(o.nproc_per_node);
+  if (!omp_threads.empty())
     std::fprintf(stderr, "kiln launch: OMP_NUM_THREADS=%s for each of the %d ranks of this machine (set it to choose)\n",
-                 t.c_str(), o.nproc_per_node);
+                 omp_threads.c_str(), o.nproc_per_node);
   for (int attempt = 0;; ++attempt) {
     json::Value e = json::Value::object();
     e["event"] = "start";
@@ -441,7 +445,7 @@ int launch(const LaunchOptions& o) {
     e["world_size"] = o.nnodes * o.nproc_per_node;
     e["master_port"] = port;
     launcher_event(o.log_dir, e);
-    Job job(o, token, port, attempt);
+    Job job(o, token, port, attempt, omp_threads);
     job.start();
     job.monitor(shrink);
     if (const int sig = g_launcher_signal.load()) {

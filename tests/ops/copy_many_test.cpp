@@ -3,9 +3,11 @@
 // wider buffers (as the all-gather buffer's [ranks, slice] columns), odd sizes, empty pairs, and
 // pairs larger than the 64 KiB pieces so the parallel split runs (a row of 300,001 bytes cut into
 // pieces that are not a multiple of the element); pairs that need copy_ (a cast, a strided
-// non-2-D view) in the same call; version bumps; and bad input named by its pair.
+// non-2-D view) in the same call, the batchable ones in one kernel call (the profiler counts);
+// version bumps; and bad input named by its pair.
 #include <functional>
 
+#include "kiln/core/profile.h"
 #include "tests/ops/harness.h"
 
 using namespace kiln;
@@ -56,7 +58,19 @@ TEST(CopyMany, EveryPairEqualsCopyPairByPair) {
     add(Tensor::empty({4, 6}, DType::f32, dev), random_of({6, 4}, DType::f32, gen, dev).transpose(0, 1));
     std::vector<uint64_t> versions;
     for (const Tensor& d : dsts) versions.push_back(d.version());
-    copy_many(dsts, srcs);
+    profile::Profiler prof;
+    {
+      profile::Session on(prof);
+      copy_many(dsts, srcs);
+    }
+    // One batched call for every same-dtype pair; copy_ only for the cast and the transposed view.
+    int64_t batched = 0, single = 0;
+    for (const auto& e : prof.entries()) {
+      if (e.name == "copy_blocks") batched += e.count;
+      if (e.name == "copy") single += e.count;
+    }
+    EXPECT_EQ(batched, 1);
+    EXPECT_EQ(single, 2);
     for (size_t i = 0; i < dsts.size(); ++i) {
       expect_same(dsts[i], wants[i], "pair " + std::to_string(i));
       EXPECT_GT(dsts[i].version(), versions[i]) << "pair " << i << ": copy_many must bump the version as copy_ does";

@@ -1,4 +1,4 @@
-// CPU bodies of copy/cast, fill, arange and the Philox draws.
+// CPU bodies of copy/cast, the batched block copy, fill, arange and the Philox draws.
 #include "kiln/kernels/copy.h"
 
 #include <algorithm>
@@ -22,17 +22,20 @@ void copy_blocks(Device, const std::vector<CopyBlock>& blocks) {
   };
   std::vector<Piece> pieces;
   int64_t total = 0;
-  for (const CopyBlock& b : blocks)
+  for (const CopyBlock& b : blocks) {
+    total += b.rows * b.row_bytes;
     for (int64_t r = 0; r < b.rows; ++r)
       for (int64_t o = 0; o < b.row_bytes; o += kPiece)
         pieces.push_back({static_cast<char*>(b.dst) + r * b.dst_pitch + o,
                           static_cast<const char*>(b.src) + r * b.src_pitch + o, std::min(kPiece, b.row_bytes - o)});
-  for (const Piece& p : pieces) total += p.bytes;
+  }
   // Less than 256 KiB in all stays on one thread (a parallel region costs more than it saves).
   const auto n = static_cast<int64_t>(pieces.size());
   parallel_for(n, total < (256 << 10) ? n : 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) std::memcpy(pieces[static_cast<size_t>(i)].dst, pieces[static_cast<size_t>(i)].src,
-                                                  static_cast<size_t>(pieces[static_cast<size_t>(i)].bytes));
+    for (int64_t i = lo; i < hi; ++i) {
+      const Piece& p = pieces[static_cast<size_t>(i)];
+      std::memcpy(p.dst, p.src, static_cast<size_t>(p.bytes));
+    }
   });
 }
 

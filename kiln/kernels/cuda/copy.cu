@@ -1,6 +1,7 @@
 // CUDA bodies of copy/cast, fill, arange and the Philox draws (the same element functions as
 // kernels/cpu/copy.cpp: cast_value from kernels/cast.h and philox_element from core/rng.h, so
-// CPU and CUDA give the same bits), and the synchronous host/device byte copies.
+// CPU and CUDA give the same bits), the batched block copy (2-D memcpys), and the synchronous
+// host/device byte copies.
 #include <cmath>
 
 #include "kiln/core/profile.h"
