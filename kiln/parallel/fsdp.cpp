@@ -3,6 +3,7 @@
 // (shards, gradient sync, the global gradient norm) and global_count.
 #include "kiln/parallel/fsdp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -19,6 +20,16 @@ std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
 FsdpGroup* group_of(const nn::Module& m) { return dynamic_cast<FsdpGroup*>(m.state()); }
+// NOTE [slice alignment]: each parameter's elements in a slice begin at a multiple of 16 bytes
+// in both buffers' dtypes (8 elements when either is bf16, 4 in f32): at one rank the gathered
+// parameters are views of the all-gather buffer itself (NOTE [one rank's gathered parameters] in
+// fsdp_group.cpp), and kernels want 16-byte aligned operands (the GEMMs' tensor-memory copies,
+// vector loads). The padding is never read into a parameter or a gradient; at a few elements a
+// parameter it is kept alive with views of the reduce-scatter output.
+int64_t align_in_slice(int64_t n, DType param_dtype, DType reduce_dtype) {
+  const int64_t align = std::max<int64_t>(1, 16 / static_cast<int64_t>(std::min(itemsize(param_dtype), itemsize(reduce_dtype))));
+  return (n + align - 1) / align * align;
+}
 }  // namespace
 
 FsdpGroup::FsdpGroup(nn::Module& m, std::shared_ptr<dist::Communicator> c, const FsdpOptions& o)
@@ -72,8 +83,8 @@ std::shared_ptr<FsdpModule> fully_shard(nn::Module& module, std::shared_ptr<dist
     p.chunk_rows = (p.rows + N - 1) / N;
     p.row_begin = std::min(p.rows, R * p.chunk_rows);
     p.local_rows = std::max<int64_t>(0, std::min(p.chunk_rows, p.rows - p.row_begin));
-    p.offset = G.slice_numel;
-    G.slice_numel += p.chunk_rows * p.inner;
+    p.offset = align_in_slice(G.slice_numel, G.param_dtype, G.reduce_dtype);
+    G.slice_numel = p.offset + p.chunk_rows * p.inner;
     p.trainable = t->requires_grad();
     {
       NoGradGuard ng;
@@ -84,6 +95,7 @@ std::shared_ptr<FsdpModule> fully_shard(nn::Module& module, std::shared_ptr<dist
     p.full = Tensor::empty(p.shape, G.param_dtype, G.device);
     G.params.push_back(std::move(p));
   }
+  G.slice_numel = align_in_slice(G.slice_numel, G.param_dtype, G.reduce_dtype);  // every rank's slice aligned
   G.attach_params();
   module.set_state(group);
   FsdpGroup* gp = &G;

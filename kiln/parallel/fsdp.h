@@ -33,10 +33,12 @@
 //
 // Shards: dim 0 of a parameter of d0 rows is padded to ceil(d0 / N) * N rows and rank r holds
 // rows [r * c, min((r + 1) * c, d0)) with c = ceil(d0 / N) (trailing ranks may hold fewer rows,
-// or none). A group all-gathers one flat buffer of N * sum_p(c_p * inner_p) elements in
-// param_dtype (copy-in: each shard into this rank's slice; copy-out: each rank's slice into the
-// parameters, one strided copy kernel per parameter and block of ranks) and reduce-scatters one
-// buffer of the same size in reduce_dtype. Padding is never read or stored.
+// or none). A group all-gathers one flat buffer of N * sum_p(c_p * inner_p) elements (each
+// parameter's place aligned to 16 bytes) in param_dtype (copy-in: each shard into this rank's
+// slice; copy-out: each rank's slice into the parameters, one strided copy kernel per parameter
+// and block of ranks; at one rank none: the parameters are views of the buffer) and
+// reduce-scatters one buffer of the same size in reduce_dtype (in place at one rank). Padding is
+// never read into a parameter or a gradient.
 //
 // Between steps the module's parameters keep their shapes but hold no memory (their storage is
 // empty): read parameters through named_shards() or full_tensor(), not through the module, and
@@ -86,7 +88,8 @@ struct FsdpStats {
   int64_t gathered_groups = 0, peak_gathered_groups = 0;  // groups other than the root gathered now / at most
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;    // bytes of gathered parameters, every group
   // Flat buffers alive now / at most: all-gather outputs (freed at the copy-out, before the next
-  // group's gather starts) and reduce-scatter inputs (one in flight at a time).
+  // group's gather starts; at one rank counted until the copy-out's place, though the
+  // parameters then keep it) and reduce-scatter inputs (one in flight at a time).
   int64_t all_gather_buffers = 0, peak_all_gather_buffers = 0;
   int64_t reduce_scatter_buffers = 0, peak_reduce_scatter_buffers = 0;
   double all_gather_wait_s = 0, reduce_scatter_wait_s = 0;  // time spent waiting for them (exposed)

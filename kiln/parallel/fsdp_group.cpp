@@ -1,5 +1,5 @@
-// FsdpGroup's state machine: copy-in, the flat all-gather and copy-out before a forward or a
-// backward, the prefetch of the neighbour group, freeing after, and the reduce-scatter of the
+// FsdpGroup's state machine: copy-in, the flat all-gather and copy-out (at one rank, views of
+// the buffer instead) before a forward or a backward, the prefetch of the neighbour group, freeing after, and the reduce-scatter of the
 // gathered gradients onto the shards when the last of them has accumulated.
 #include "kiln/parallel/fsdp_group.h"
 
@@ -23,13 +23,19 @@ using Clock = std::chrono::steady_clock;
 // an owned block of `nbytes` through the device's allocator (counted by memory_stats), or an
 // empty borrowed one. Its version counter restarts at 0; every gather makes the same copies
 // into it, so the version a saved alias recorded in the forward is found again in the backward.
-void resize_storage(Storage& s, size_t nbytes) {
-  if (s.nbytes() == nbytes && (nbytes == 0 || !s.borrowed())) return;
+// `borrow_from`, when given, is a buffer whose bytes [byte_offset, byte_offset + nbytes) the
+// storage borrows instead (keeping the buffer's storage alive).
+void resize_storage(Storage& s, size_t nbytes, const Tensor* borrow_from = nullptr, size_t byte_offset = 0) {
+  if (!borrow_from && s.nbytes() == nbytes && (nbytes == 0 || !s.borrowed())) return;
   const Device d = s.device();
   s.~Storage();
   if (nbytes > 0) {
     try {
-      ::new (static_cast<void*>(&s)) Storage(nbytes, d);
+      if (borrow_from)
+        ::new (static_cast<void*>(&s)) Storage(static_cast<uint8_t*>(borrow_from->data_ptr()) + byte_offset, nbytes, d,
+                                                borrow_from->storage());
+      else
+        ::new (static_cast<void*>(&s)) Storage(nbytes, d);
       return;
     } catch (...) {
       ::new (static_cast<void*>(&s)) Storage(nullptr, 0, d, nullptr);
@@ -145,13 +151,23 @@ void FsdpGroup::finish_all_gather() {
   dist::WorkPtr w = std::move(ag_work_);
   w->wait();
   stats->all_gather_wait_s += seconds_since(t0);
-  const Tensor flat2d = ag_buffer_.view({comm->size(), slice_numel});
-  CopyBatch copy_out;  // every rank's rows into the gathered parameters
-  for (auto& p : params) {
-    resize_storage(*p.full.storage(), p.full.nbytes());
-    copy_rows(copy_out, flat2d, p, p.full.detach().view({p.rows, p.inner}), true);
+  // NOTE [one rank's gathered parameters]: at one rank the buffer holds each parameter whole,
+  // contiguous at its offset (aligned: NOTE [slice alignment] in fsdp.cpp), so the gathered
+  // parameters borrow its bytes and no copy-out runs; the buffer lives until the last of them is
+  // resharded. Over more ranks a parameter's rows lie in every rank's slice: they are copied out.
+  if (comm->size() == 1) {
+    const size_t item = itemsize(param_dtype);
+    for (auto& p : params)
+      resize_storage(*p.full.storage(), p.full.nbytes(), &ag_buffer_, static_cast<size_t>(p.offset) * item);
+  } else {
+    const Tensor flat2d = ag_buffer_.view({comm->size(), slice_numel});
+    CopyBatch copy_out;  // every rank's rows into the gathered parameters
+    for (auto& p : params) {
+      resize_storage(*p.full.storage(), p.full.nbytes());
+      copy_rows(copy_out, flat2d, p, p.full.detach().view({p.rows, p.inner}), true);
+    }
+    copy_out.run();
   }
-  copy_out.run();
   ag_buffer_ = Tensor();
   count(stats->all_gather_buffers, stats->peak_all_gather_buffers, -1);
   state = GroupState::unsharded;
@@ -298,7 +314,8 @@ void FsdpGroup::start_reduce_scatter() {
   grads_in.run();
   for (auto& p : params)
     if (p.trainable) p.full.set_grad(Tensor());  // the gathered gradients are freed once copied
-  rs_output_ = Tensor::empty({slice_numel}, reduce_dtype, device);
+  // One rank reduces in place (its slice is the whole input): no copy from input to output.
+  rs_output_ = N == 1 ? rs_input_ : Tensor::empty({slice_numel}, reduce_dtype, device);
   rs_work_ = rs_comm->reduce_scatter_single(rs_output_, rs_input_, dist::ReduceOp::sum);
   stats->reduce_scatters++;
   count(stats->reduce_scatter_buffers, stats->peak_reduce_scatter_buffers, +1);
@@ -315,11 +332,11 @@ void FsdpGroup::finish_reduce_scatter() {
   rs_input_ = Tensor();
   count(stats->reduce_scatter_buffers, stats->peak_reduce_scatter_buffers, -1);
   // Views of the output keep all of it alive: only when this rank's gradients fill it (no
-  // padding, no frozen parameter's rows), else copies, so a gradient never holds more than its rows.
-  int64_t filled = 0;
+  // padding rows, no frozen parameter's rows; the few elements that align each parameter aside),
+  // else copies, so a gradient never holds more than its rows.
+  bool as_views = true;
   for (const auto& p : params)
-    if (p.trainable) filled += p.local_rows * p.inner;
-  const bool as_views = filled == slice_numel;
+    if (!p.trainable || p.local_rows != p.chunk_rows) as_views = false;
   for (auto& p : params) {
     if (!p.trainable) continue;
     Tensor g = rs_output_.narrow(0, p.offset, p.local_rows * p.inner).view(p.shard.shape());

@@ -20,6 +20,7 @@
 #include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/parallel/dcp.h"
+#include "kiln/parallel/fsdp_group.h"
 #include "kiln/train/hf_export.h"
 #include "tests/dist/dist_test_util.h"
 #include "tests/dist/fsdp_harness.h"
@@ -180,6 +181,39 @@ TEST(Fsdp, ShardsAreTheRowsOfEachParameterAndTheModuleHoldsNoMemoryBetweenSteps)
   EXPECT_EQ(run.fsdp->stats().reduce_scatters, 3);
   // Sharding twice is refused.
   EXPECT_THROW(fully_shard(*run.model, w.comm), Error);
+}
+
+// At one rank the gathered parameters are the all-gather buffer itself (no copy-out): each
+// borrows its bytes, 16-byte aligned, one group's in order in one block, holding the shard's
+// values (bf16 gathers too); resharding frees them. The bitwise runs above check the training.
+TEST(Fsdp, OneRankGathersIntoTheBufferItselfAligned) {
+  KILN_SKIP_WITHOUT_GLOO();
+  LocalWorld w;
+  for (DType param_dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(param_dtype));
+    FsdpOptions o;
+    o.mixed_precision.param_dtype = param_dtype;
+    ShardedRun run = make_sharded(w.comm, o);
+    run.fsdp->unshard();
+    for (FsdpGroup* g : run.fsdp->group().all_groups()) {
+      const uint8_t* end = nullptr;
+      ASSERT_FALSE(g->params.empty());
+      for (const FsdpParam& p : g->params) {
+        SCOPED_TRACE(p.name);
+        const auto* begin = static_cast<const uint8_t*>(p.full.data_ptr());
+        EXPECT_TRUE(p.full.storage()->borrowed());
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(begin) % 16, 0u);
+        if (end) {
+          EXPECT_GE(begin, end);
+          EXPECT_LT(begin, end + 16);  // the next place in the same buffer
+        }
+        end = begin + p.full.nbytes();
+        expect_bitwise(p.full, p.shard.to(param_dtype), p.name);
+      }
+    }
+    run.fsdp->reshard();
+    for (const auto& [n, t] : run.model->named_parameters()) EXPECT_EQ(t->storage()->nbytes(), 0u) << n;
+  }
 }
 
 TEST(Fsdp, EvaluationWithoutGradientsFreesEveryGroupAndMatchesThePlainModel) {
