@@ -46,9 +46,10 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenMP threads sleep rather than spin between parallel regions unless the user says
-  // otherwise: spinning makes kiln many times slower on a shared or oversubscribed machine.
-  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
+  // The OpenMP wait policy is the runtime's (libgomp spins a while at a barrier, then sleeps):
+  // libgomp reads OMP_WAIT_POLICY when it is loaded, before main, so a setenv here would reach
+  // only the processes kiln starts. It did: launched ranks slept at every barrier (a world of
+  // one 0.85 x the same run unlaunched, on 2 cores). docs/training.md: passive on a shared machine.
   kiln::kernels::cpu::own_blas_threads();  // a pthreads OpenBLAS's threads would fight OpenMP's
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
