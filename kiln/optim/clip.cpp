@@ -1,5 +1,7 @@
-// clip_grad_norm_ and grad_norm: per-chunk partial norms on each gradient's device (kernel
-// grad_norm_partials), one transfer per device, a host sum in parameter order, then scaling.
+// clip_grad_norm_, grad_norm and sum_of_norm_partials: per-chunk partial norms on each
+// gradient's device (one multi-tensor call per device when every gradient there is contiguous
+// f32 or bf16, else grad_norm_partials per gradient), one transfer per device, a host sum in
+// parameter order, then scaling.
 #include "kiln/optim/clip.h"
 
 #include <cmath>
@@ -29,46 +31,78 @@ void check_norm_type(double norm_type, const char* op) {
   KILN_CHECK(norm_type > 0.0 && !std::isnan(norm_type), op, ": norm_type=", norm_type, " must be > 0 (or inf)");
 }
 
-double total_norm(const std::vector<Tensor>& grads, double norm_type, const char* op) {
-  check_norm_type(norm_type, op);
+// One device's gradients (all contiguous f32 / bf16: one multi-tensor call; else one call per
+// gradient) into `partials`, each gradient's chunks at its slot.
+void device_partials(Device d, const std::vector<Tensor>& grads, const std::vector<int64_t>& first,
+                     double norm_type, const Tensor& partials) {
+  bool multi = true;
+  std::vector<kernels::NormSlot> slots;
+  for (const Tensor& g : grads) {
+    multi = multi && g.is_contiguous() && (g.dtype() == DType::f32 || g.dtype() == DType::bf16);
+    slots.push_back({g.data_ptr(), g.numel(), g.dtype() == DType::bf16});
+  }
+  if (multi) {
+    KILN_DEVICE_CALL(d, grad_norm_partials_multi, d, slots, norm_type, partials);
+    return;
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const int64_t count = kernels::norm_partials_count(grads[i].numel());
+    if (count == 0) continue;
+    Tensor g = grads[i].is_contiguous() ? grads[i].detach() : grads[i].detach().contiguous();
+    KILN_DEVICE_CALL(d, grad_norm_partials, g, norm_type, partials.narrow(0, first[i], count));
+  }
+}
+
+}  // namespace
+
+double sum_of_norm_partials(const std::vector<Tensor>& grads, double norm_type) {
+  check_norm_type(norm_type, "sum_of_norm_partials");
   NoGradGuard no_grad;
   // Per device, one f64 buffer of partials; each gradient fills its own slice.
-  std::vector<std::pair<Device, int64_t>> slot(grads.size());  // device, first partial
-  std::vector<std::pair<Device, int64_t>> devices;             // device, partials count
+  std::vector<Device> devices;
+  std::vector<size_t> device_of(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
-    Device d = grads[i].device();
     size_t k = 0;
-    while (k < devices.size() && !(devices[k].first == d)) ++k;
-    if (k == devices.size()) devices.emplace_back(d, 0);
-    slot[i] = {d, devices[k].second};
-    devices[k].second += kernels::norm_partials_count(grads[i].numel());
+    while (k < devices.size() && !(devices[k] == grads[i].device())) ++k;
+    if (k == devices.size()) devices.push_back(grads[i].device());
+    device_of[i] = k;
   }
+  std::vector<int64_t> first(grads.size());  // a gradient's first partial in its device's buffer
   std::vector<std::vector<double>> host(devices.size());
   for (size_t k = 0; k < devices.size(); ++k) {
-    const Device d = devices[k].first;
-    Tensor partials = Tensor::empty({devices[k].second}, DType::f64, d);
+    std::vector<Tensor> mine;
+    std::vector<int64_t> mine_first;
+    int64_t count = 0;
     for (size_t i = 0; i < grads.size(); ++i) {
-      if (!(slot[i].first == d)) continue;
-      const int64_t count = kernels::norm_partials_count(grads[i].numel());
-      if (count == 0) continue;
-      Tensor g = grads[i].is_contiguous() ? grads[i].detach() : grads[i].detach().contiguous();
-      KILN_DEVICE_CALL(d, grad_norm_partials, g, norm_type, partials.narrow(0, slot[i].second, count));
+      if (device_of[i] != k) continue;
+      first[i] = count;
+      mine.push_back(grads[i]);
+      mine_first.push_back(count);
+      count += kernels::norm_partials_count(grads[i].numel());
     }
+    if (count == 0) continue;
+    Tensor partials = Tensor::empty({count}, DType::f64, devices[k]);
+    device_partials(devices[k], mine, mine_first, norm_type, partials);
     host[k] = partials.to_vector<double>();
   }
   const bool inf_norm = std::isinf(norm_type);
   double acc = 0;
   for (size_t i = 0; i < grads.size(); ++i) {  // parameter order, then chunk order
-    size_t k = 0;
-    while (!(devices[k].first == slot[i].first)) ++k;
     const int64_t count = kernels::norm_partials_count(grads[i].numel());
     for (int64_t c = 0; c < count; ++c) {
-      const double v = host[k][static_cast<size_t>(slot[i].second + c)];
+      const double v = host[device_of[i]][static_cast<size_t>(first[i] + c)];
       if (inf_norm) acc = (v != v || v > acc) ? v : acc;
       else acc += v;
     }
   }
-  return kernels::norm_from_sum(acc, kernels::norm_mode(norm_type), norm_type);
+  return acc;
+}
+
+namespace {
+
+double total_norm(const std::vector<Tensor>& grads, double norm_type, const char* op) {
+  check_norm_type(norm_type, op);
+  return kernels::norm_from_sum(sum_of_norm_partials(grads, norm_type), kernels::norm_mode(norm_type), norm_type);
 }
 
 }  // namespace

@@ -25,5 +25,9 @@ double clip_grad_norm_(const NamedTensors& params, double max_norm, const ClipGr
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const ClipGradOptions& options = {});
 // The total norm of the gradients alone (no clipping).
 double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
+// The sum of the partial norms (|g|^p per chunk; their max for inf) of the tensors `grads`
+// themselves, in that fixed order: what grad_norm turns into a norm, and what a sharded norm
+// sums over ranks before the root (FSDP's grad_norm).
+double sum_of_norm_partials(const std::vector<Tensor>& grads, double norm_type = 2.0);
 
 }  // namespace kiln::optim

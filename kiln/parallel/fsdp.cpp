@@ -8,9 +8,8 @@
 #include <set>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/kernels/dispatch.h"
-#include "kiln/kernels/optim.h"
 #include "kiln/ops/ops.h"
+#include "kiln/optim/clip.h"
 #include "kiln/parallel/fsdp_group.h"
 
 namespace kiln::parallel {
@@ -165,43 +164,6 @@ void FsdpModule::reshard() {
 }
 
 namespace {
-// Sum over this rank's shards of the squared gradient, in clip_grad_norm_'s order (parameter
-// order, then its fixed chunks), so one rank gives its bits.
-// Every partial is computed in one multi-tensor pass (one launch, one transfer) when the
-// gradients are contiguous f32 / bf16 on one device, as the shards' are; else one per gradient.
-double local_sum_of_squares(const std::vector<Tensor>& grads) {
-  NoGradGuard ng;
-  if (grads.empty()) return 0.0;
-  const Device d = grads[0].device();
-  bool multi = true;
-  int64_t total = 0;
-  std::vector<kernels::NormSlot> slots;
-  for (const Tensor& g : grads) {
-    multi = multi && g.device() == d && g.is_contiguous() && (g.dtype() == DType::f32 || g.dtype() == DType::bf16);
-    slots.push_back({g.data_ptr(), g.numel(), g.dtype() == DType::bf16});
-    total += kernels::norm_partials_count(g.numel());
-  }
-  if (total == 0) return 0.0;
-  std::vector<double> partials;
-  if (multi) {
-    Tensor buf = Tensor::empty({total}, DType::f64, d);
-    KILN_DEVICE_CALL(d, grad_norm_partials_multi, d, slots, 2.0, buf);
-    partials = buf.to_vector<double>();
-  } else {
-    for (const Tensor& g0 : grads) {
-      const int64_t count = kernels::norm_partials_count(g0.numel());
-      if (count == 0) continue;
-      Tensor g = g0.is_contiguous() ? g0.detach() : g0.detach().contiguous();
-      Tensor buf = Tensor::empty({count}, DType::f64, g.device());
-      KILN_DEVICE_CALL(g.device(), grad_norm_partials, g, 2.0, buf);
-      for (double v : buf.to_vector<double>()) partials.push_back(v);
-    }
-  }
-  double acc = 0;
-  for (double v : partials) acc += v;
-  return acc;
-}
-
 std::vector<Tensor> shard_grads(FsdpGroup& root) {
   std::vector<Tensor> out;
   for (FsdpGroup* g : root.all_groups())
@@ -210,8 +172,11 @@ std::vector<Tensor> shard_grads(FsdpGroup& root) {
   return out;
 }
 
+// This rank's sum of squares in clip_grad_norm_'s order (optim::sum_of_norm_partials: one
+// multi-tensor pass for the shards' contiguous f32 / bf16 gradients), summed over the ranks, so
+// one rank gives clip_grad_norm_'s bits.
 double global_norm(FsdpGroup& root, const std::vector<Tensor>& grads) {
-  Tensor s = from_vector<double>({local_sum_of_squares(grads)}, {1}, root.device);
+  Tensor s = from_vector<double>({optim::sum_of_norm_partials(grads, 2.0)}, {1}, root.device);
   root.comm->all_reduce(s, dist::ReduceOp::sum)->wait();
   return std::sqrt(s.item());
 }

@@ -85,6 +85,32 @@ TEST(ClipGradNorm, Bf16Gradients) {
   }
 }
 
+// sum_of_norm_partials (what FSDP sums over ranks): the f64 reference's sum of |g|^p (max for
+// inf); contiguous f32 / bf16 gradients take one multi-tensor call, a list with a transposed or
+// f64 gradient one call per gradient: the same partials, so the same bits either way.
+TEST(ClipGradNorm, SumOfPartialsOneCallOrOnePerGradientSameBits) {
+  Generator gen(21);
+  const std::vector<Tensor> contiguous = {randn({7}, gen), randn({20000}, gen).to(DType::bf16), randn({129, 3}, gen),
+                                          randn({0}, gen)};
+  for (double p : {2.0, 1.0, static_cast<double>(INFINITY)}) {
+    SCOPED_TRACE(std::to_string(p));
+    std::vector<std::vector<double>> f64;
+    for (const Tensor& g : contiguous) f64.push_back(as_f64(g));
+    const double ref = ref_norm(f64, p), want = std::isinf(p) ? ref : std::pow(ref, p);
+    const double multi = sum_of_norm_partials(contiguous, p);
+    EXPECT_NEAR(multi, want, 1e-12 * want);
+    // The same values with a strided copy of the third and an f64 tensor appended as zeros: per gradient.
+    std::vector<Tensor> mixed = contiguous;
+    mixed[2] = contiguous[2].t().contiguous().t();
+    ASSERT_FALSE(mixed[2].is_contiguous());
+    mixed.push_back(zeros({5}, DType::f64));
+    const double each = sum_of_norm_partials(mixed, p);
+    EXPECT_EQ(std::memcmp(&multi, &each, sizeof multi), 0) << multi << " vs " << each;
+  }
+  EXPECT_EQ(sum_of_norm_partials({}, 2.0), 0.0);
+  EXPECT_THROW(sum_of_norm_partials(contiguous, -1.0), Error);
+}
+
 TEST(ClipGradNorm, IndependentOfThreadCount) {
   const int threads = omp_get_max_threads();
   NamedTensors ps = with_grads(5, 1.0);
