@@ -1,6 +1,5 @@
 // kiln: the command-line program. Dispatches to one subcommand per file of cli/.
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>

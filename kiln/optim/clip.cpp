@@ -32,9 +32,8 @@ void check_norm_type(double norm_type, const char* op) {
 }
 
 // One device's gradients (all contiguous f32 / bf16: one multi-tensor call; else one call per
-// gradient) into `partials`, each gradient's chunks at its slot.
-void device_partials(Device d, const std::vector<Tensor>& grads, const std::vector<int64_t>& first,
-                     double norm_type, const Tensor& partials) {
+// gradient) into `partials`, each gradient's chunks after the previous gradient's.
+void device_partials(Device d, const std::vector<Tensor>& grads, double norm_type, const Tensor& partials) {
   bool multi = true;
   std::vector<kernels::NormSlot> slots;
   for (const Tensor& g : grads) {
@@ -45,18 +44,18 @@ void device_partials(Device d, const std::vector<Tensor>& grads, const std::vect
     KILN_DEVICE_CALL(d, grad_norm_partials_multi, d, slots, norm_type, partials);
     return;
   }
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const int64_t count = kernels::norm_partials_count(grads[i].numel());
+  int64_t first = 0;
+  for (const Tensor& g0 : grads) {
+    const int64_t count = kernels::norm_partials_count(g0.numel());
     if (count == 0) continue;
-    Tensor g = grads[i].is_contiguous() ? grads[i].detach() : grads[i].detach().contiguous();
-    KILN_DEVICE_CALL(d, grad_norm_partials, g, norm_type, partials.narrow(0, first[i], count));
+    Tensor g = g0.is_contiguous() ? g0.detach() : g0.detach().contiguous();
+    KILN_DEVICE_CALL(d, grad_norm_partials, g, norm_type, partials.narrow(0, first, count));
+    first += count;
   }
 }
 
-}  // namespace
-
-double sum_of_norm_partials(const std::vector<Tensor>& grads, double norm_type) {
-  check_norm_type(norm_type, "sum_of_norm_partials");
+// sum_of_norm_partials once norm_type is checked.
+double partials_sum(const std::vector<Tensor>& grads, double norm_type) {
   NoGradGuard no_grad;
   // Per device, one f64 buffer of partials; each gradient fills its own slice.
   std::vector<Device> devices;
@@ -71,18 +70,16 @@ double sum_of_norm_partials(const std::vector<Tensor>& grads, double norm_type) 
   std::vector<std::vector<double>> host(devices.size());
   for (size_t k = 0; k < devices.size(); ++k) {
     std::vector<Tensor> mine;
-    std::vector<int64_t> mine_first;
     int64_t count = 0;
     for (size_t i = 0; i < grads.size(); ++i) {
       if (device_of[i] != k) continue;
       first[i] = count;
       mine.push_back(grads[i]);
-      mine_first.push_back(count);
       count += kernels::norm_partials_count(grads[i].numel());
     }
     if (count == 0) continue;
     Tensor partials = Tensor::empty({count}, DType::f64, devices[k]);
-    device_partials(devices[k], mine, mine_first, norm_type, partials);
+    device_partials(devices[k], mine, norm_type, partials);
     host[k] = partials.to_vector<double>();
   }
   const bool inf_norm = std::isinf(norm_type);
@@ -98,14 +95,17 @@ double sum_of_norm_partials(const std::vector<Tensor>& grads, double norm_type) 
   return acc;
 }
 
-namespace {
-
 double total_norm(const std::vector<Tensor>& grads, double norm_type, const char* op) {
   check_norm_type(norm_type, op);
-  return kernels::norm_from_sum(sum_of_norm_partials(grads, norm_type), kernels::norm_mode(norm_type), norm_type);
+  return kernels::norm_from_sum(partials_sum(grads, norm_type), kernels::norm_mode(norm_type), norm_type);
 }
 
 }  // namespace
+
+double sum_of_norm_partials(const std::vector<Tensor>& grads, double norm_type) {
+  check_norm_type(norm_type, "sum_of_norm_partials");
+  return partials_sum(grads, norm_type);
+}
 
 double grad_norm(const std::vector<Tensor>& params, double norm_type) {
   return total_norm(grads_of(params, "grad_norm"), norm_type, "grad_norm");

@@ -26,7 +26,8 @@ FsdpGroup* group_of(const nn::Module& m) { return dynamic_cast<FsdpGroup*>(m.sta
 // vector loads). The padding is never read into a parameter or a gradient; at a few elements a
 // parameter it is kept alive with views of the reduce-scatter output.
 int64_t align_in_slice(int64_t n, DType param_dtype, DType reduce_dtype) {
-  const int64_t align = std::max<int64_t>(1, 16 / static_cast<int64_t>(std::min(itemsize(param_dtype), itemsize(reduce_dtype))));
+  const auto item = static_cast<int64_t>(std::min(itemsize(param_dtype), itemsize(reduce_dtype)));
+  const int64_t align = std::max<int64_t>(1, 16 / item);
   return (n + align - 1) / align * align;
 }
 }  // namespace

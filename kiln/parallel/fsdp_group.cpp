@@ -1,6 +1,7 @@
 // FsdpGroup's state machine: copy-in, the flat all-gather and copy-out (at one rank, views of
-// the buffer instead) before a forward or a backward, the prefetch of the neighbour group, freeing after, and the reduce-scatter of the
-// gathered gradients onto the shards when the last of them has accumulated.
+// the buffer instead) before a forward or a backward, the prefetch of the neighbour group,
+// freeing after, and the reduce-scatter of the gathered gradients onto the shards when the last
+// of them has accumulated.
 #include "kiln/parallel/fsdp_group.h"
 
 #include <new>

@@ -91,8 +91,8 @@ void copy_blocks(Device device, const std::vector<CopyBlock>& blocks) {
     if (b.rows == 0 || b.row_bytes == 0) continue;
     // One row: its pitch is its width (cudaMemcpy2D wants pitch >= width).
     const size_t dp = b.rows == 1 ? b.row_bytes : b.dst_pitch, sp = b.rows == 1 ? b.row_bytes : b.src_pitch;
-    KILN_CUDA_CHECK(cudaMemcpy2DAsync(b.dst, dp, b.src, sp, static_cast<size_t>(b.row_bytes), static_cast<size_t>(b.rows),
-                                      cudaMemcpyDeviceToDevice, stream));
+    KILN_CUDA_CHECK(cudaMemcpy2DAsync(b.dst, dp, b.src, sp, static_cast<size_t>(b.row_bytes),
+                                      static_cast<size_t>(b.rows), cudaMemcpyDeviceToDevice, stream));
   }
 }
 
