@@ -8,21 +8,20 @@
 #include "kiln/core/rng.h"
 #include "kiln/kernels/cpu/attention_impl.h"
 #include "kiln/ops/ops.h"
+#include "tests/expect.h"
 
 using namespace kiln;
 using namespace kiln::kernels::cpu::flex_detail;
+using namespace kiln::test;
 
 namespace {
+
+// f32 tile products against float64: within 1e-4 · (1 + |want|).
+constexpr Tol kTileTol = finite_only({1e-4, 1e-4});
 
 std::vector<float> random_vec(int64_t n, Generator& gen) {
   Tensor t = randn({n}, gen, DType::f32);
   return std::vector<float>(t.data<float>(), t.data<float>() + n);
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<double>& want, const char* what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], 1e-4 * (1.0 + std::fabs(want[i]))) << what << " at " << i;
 }
 
 }  // namespace
@@ -47,7 +46,7 @@ TEST(FlexTiles, ProductsMatchFloat64) {
             got.push_back(s[i * ld + j]);
             want.push_back(j < nk ? acc : 12345.0);
           }
-        expect_close(got, want, "tile_abt");
+        EXPECT_TRUE(all_close(got, want, kTileTol, "tile_abt"));
         // acc [m, n] += w [m, ld] · x [nk, n]
         std::vector<float> w = random_vec(m * ld, gen), x = random_vec(nk * n, gen), acc0 = random_vec(m * n, gen);
         std::vector<float> acc = acc0;
@@ -56,7 +55,7 @@ TEST(FlexTiles, ProductsMatchFloat64) {
         for (int64_t r = 0; r < m; ++r)
           for (int64_t c = 0; c < nk; ++c)
             for (int64_t e = 0; e < n; ++e) want[r * n + e] += static_cast<double>(w[r * ld + c]) * x[c * n + e];
-        expect_close(acc, want, "tile_ax");
+        EXPECT_TRUE(all_close(acc, want, kTileTol, "tile_ax"));
         // acc [nk, n] += wᵀ · x, w [m, ld], x [m, n]
         std::vector<float> x2 = random_vec(m * n, gen), acc1 = random_vec(nk * n, gen);
         acc = acc1;
@@ -65,6 +64,6 @@ TEST(FlexTiles, ProductsMatchFloat64) {
         for (int64_t r = 0; r < m; ++r)
           for (int64_t c = 0; c < nk; ++c)
             for (int64_t e = 0; e < n; ++e) want[c * n + e] += static_cast<double>(w[r * ld + c]) * x2[r * n + e];
-        expect_close(acc, want, "tile_atx");
+        EXPECT_TRUE(all_close(acc, want, kTileTol, "tile_atx"));
       }
 }

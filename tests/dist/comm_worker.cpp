@@ -17,9 +17,11 @@
 
 #include "kiln/dist/backends.h"
 #include "kiln/ops/ops.h"
+#include "tests/dist/dist_test_util.h"
 
 using namespace kiln;
 using namespace kiln::dist;
+using kiln::dist::test::matches_reference;
 
 namespace {
 
@@ -55,17 +57,6 @@ double reduce_ref(const std::vector<double>& xs, ReduceOp op) {
   return op == ReduceOp::avg ? acc / static_cast<double>(xs.size()) : acc;
 }
 
-void expect_close(const Tensor& got, const std::vector<double>& want, DType dt, const std::string& what) {
-  const std::vector<double> g = got.to(DType::f64).to_vector<double>();
-  ASSERT_EQ(g.size(), want.size()) << what;
-  // The reference rounded to the dtype: exact except avg's division.
-  const std::vector<double> w = make(want, dt).to(DType::f64).to_vector<double>();
-  const double tol = dt == DType::bf16 ? 1e-2 : dt == DType::f16 ? 1e-3 : dt == DType::f32 ? 1e-6 : 0;
-  for (size_t i = 0; i < g.size(); ++i)
-    ASSERT_LE(std::fabs(g[i] - w[i]), tol * std::max(1.0, std::fabs(w[i])))
-        << what << " element " << i << ": got " << g[i] << " want " << w[i];
-}
-
 // `p2p_tensors` gets the send / recv tensors, which the caller checks no thread of the
 // communicator still holds once it is destroyed.
 void run_collectives(Communicator& c, std::vector<Tensor>& p2p_tensors) {
@@ -87,7 +78,7 @@ void run_collectives(Communicator& c, std::vector<Tensor>& p2p_tensors) {
           want[static_cast<size_t>(i)] = reduce_ref(xs, op);
         }
         c.all_reduce(t, op)->wait();
-        expect_close(t, want, dt, "all_reduce " + tag);
+        EXPECT_TRUE(matches_reference(t, want, dt, "all_reduce " + tag));
         // reduce_scatter_single: input of W*n, output n; and in place (output = this rank's chunk).
         Tensor in = make(input_of(R, W * n, k, dt, op), dt);
         std::vector<double> rs(static_cast<size_t>(n));
@@ -98,11 +89,11 @@ void run_collectives(Communicator& c, std::vector<Tensor>& p2p_tensors) {
         }
         Tensor out = Tensor::empty({n}, dt);
         c.reduce_scatter_single(out, in, op)->wait();
-        expect_close(out, rs, dt, "reduce_scatter " + tag);
+        EXPECT_TRUE(matches_reference(out, rs, dt, "reduce_scatter " + tag));
         Tensor in2 = make(input_of(R, W * n, k, dt, op), dt);
         Tensor view = in2.narrow(0, R * n, n);
         c.reduce_scatter_single(view, in2, op)->wait();
-        expect_close(view, rs, dt, "reduce_scatter in place " + tag);
+        EXPECT_TRUE(matches_reference(view, rs, dt, "reduce_scatter in place " + tag));
       }
     }
   // all_gather_single, all_to_all_single, broadcast for every dtype (no reduction).
@@ -125,11 +116,11 @@ void run_collectives(Communicator& c, std::vector<Tensor>& p2p_tensors) {
       }
       Tensor out = Tensor::empty({W * n}, dt);
       c.all_gather_single(out, make(vals(R, n), dt))->wait();
-      expect_close(out, gathered, dt, "all_gather " + tag);
+      EXPECT_TRUE(matches_reference(out, gathered, dt, "all_gather " + tag));
       Tensor out2 = make(std::vector<double>(static_cast<size_t>(W * n), 0.0), dt);
       out2.narrow(0, R * n, n).copy_(make(vals(R, n), dt));
       c.all_gather_single(out2, out2.narrow(0, R * n, n))->wait();
-      expect_close(out2, gathered, dt, "all_gather in place " + tag);
+      EXPECT_TRUE(matches_reference(out2, gathered, dt, "all_gather in place " + tag));
       // all_to_all with equal chunks: chunk j of rank i holds (i, j)-dependent values.
       auto a2a = [&](int from, int to, int64_t m) {
         std::vector<double> v(static_cast<size_t>(m));
@@ -144,7 +135,7 @@ void run_collectives(Communicator& c, std::vector<Tensor>& p2p_tensors) {
       }
       Tensor a_out = Tensor::empty({W * n}, dt);
       c.all_to_all_single(a_out, make(send, dt))->wait();
-      expect_close(a_out, want, dt, "all_to_all " + tag);
+      EXPECT_TRUE(matches_reference(a_out, want, dt, "all_to_all " + tag));
       // Uneven all_to_all: rank i sends (i + j + n) % 3 elements to rank j.
       std::vector<int64_t> in_splits, out_splits;
       std::vector<double> us, uw;
@@ -158,11 +149,11 @@ void run_collectives(Communicator& c, std::vector<Tensor>& p2p_tensors) {
       }
       Tensor u_out = Tensor::empty({static_cast<int64_t>(uw.size())}, dt);
       c.all_to_all_single(u_out, make(us, dt), out_splits, in_splits)->wait();
-      expect_close(u_out, uw, dt, "all_to_all uneven " + tag);
+      EXPECT_TRUE(matches_reference(u_out, uw, dt, "all_to_all uneven " + tag));
       // broadcast from the last rank.
       Tensor b = R == W - 1 ? make(vals(W - 1, n), dt) : make(std::vector<double>(static_cast<size_t>(n), 0.0), dt);
       c.broadcast(b, W - 1)->wait();
-      expect_close(b, vals(W - 1, n), dt, "broadcast " + tag);
+      EXPECT_TRUE(matches_reference(b, vals(W - 1, n), dt, "broadcast " + tag));
     }
   // send / recv around a ring, and a barrier.
   if (W > 1) {
@@ -172,7 +163,8 @@ void run_collectives(Communicator& c, std::vector<Tensor>& p2p_tensors) {
     auto wr = c.recv(r, (R + W - 1) % W);
     ws->wait();
     wr->wait();
-    expect_close(r, input_of((R + W - 1) % W, 5, 99, DType::f32, ReduceOp::sum), DType::f32, "send/recv");
+    EXPECT_TRUE(
+        matches_reference(r, input_of((R + W - 1) % W, 5, 99, DType::f32, ReduceOp::sum), DType::f32, "send/recv"));
     p2p_tensors = {s, r};
   }
   c.barrier()->wait();
@@ -198,8 +190,9 @@ void run_in_flight(Communicator& world) {
   }
   for (auto& w : works) w->wait();
   for (int i = 0; i < 8; ++i) {
-    expect_close(ts[i], std::vector<double>(9, W * (W - 1) / 2.0 + W * i), DType::f32, "in flight world");
-    expect_close(os[i], std::vector<double>(3, (W - 1) * 10 + i), DType::i64, "in flight reversed");
+    EXPECT_TRUE(
+        matches_reference(ts[i], std::vector<double>(9, W * (W - 1) / 2.0 + W * i), DType::f32, "in flight world"));
+    EXPECT_TRUE(matches_reference(os[i], std::vector<double>(3, (W - 1) * 10 + i), DType::i64, "in flight reversed"));
     EXPECT_TRUE(works[2 * i]->is_completed());
   }
   // split into a sub-group: the even ranks.
@@ -213,7 +206,7 @@ void run_in_flight(Communicator& world) {
     sub->all_reduce(t, ReduceOp::sum)->wait();
     double want = 0;
     for (int r : evens) want += r;
-    expect_close(t, {want}, DType::f64, "split evens");
+    EXPECT_TRUE(matches_reference(t, {want}, DType::f64, "split evens"));
   }
   world.barrier()->wait();
 }
@@ -233,13 +226,13 @@ void run_bad_input(Communicator& c) {
     }
     Tensor ok = make({1.0, 2.0}, DType::f32);
     c.all_reduce(ok, ReduceOp::sum)->wait();
-    expect_close(ok, {1.0 * W, 2.0 * W}, DType::f32, "usable after the error '" + what + "'");
+    EXPECT_TRUE(matches_reference(ok, {1.0 * W, 2.0 * W}, DType::f32, "usable after the error '" + what + "'"));
     if (++checked % 4 == 0) {
       Tensor out = Tensor::empty({W}, DType::i64);
       c.all_gather_single(out, make({static_cast<double>(c.rank())}, DType::i64))->wait();
       std::vector<double> want;
       for (int r = 0; r < W; ++r) want.push_back(r);
-      expect_close(out, want, DType::i64, "all_gather after the error '" + what + "'");
+      EXPECT_TRUE(matches_reference(out, want, DType::i64, "all_gather after the error '" + what + "'"));
     }
   };
   Tensor i16 = Tensor::empty({4}, DType::i16);
@@ -349,7 +342,7 @@ TEST(DistWorker, Run) {
           Tensor u = make({static_cast<double>(next->rank()), 1.0}, DType::f64);
           next->all_reduce(u, ReduceOp::sum)->wait();
           const int n = next->size();
-          expect_close(u, {n * (n - 1) / 2.0, static_cast<double>(n)}, DType::f64, "after shrink");
+          EXPECT_TRUE(matches_reference(u, {n * (n - 1) / 2.0, static_cast<double>(n)}, DType::f64, "after shrink"));
         }
         // The old communicator raises at once.
         try {

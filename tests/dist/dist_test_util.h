@@ -1,6 +1,7 @@
 // Helpers of the multi-process tests: run a command line with a hard deadline (coreutils
 // timeout, so no test can hang) and capture its combined output and exit status; a local store
-// for one-process worlds; a fresh folder per test process.
+// for one-process worlds; a fresh folder per test process; a collective's result against its
+// float64 reference.
 #pragma once
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 
 #include "kiln/dist/backends.h"
 #include "kiln/dist/store.h"
+#include "kiln/ops/ops.h"
+#include "tests/expect.h"
 #include "tests/temp_dir.h"
 
 namespace kiln::dist::test {
@@ -88,5 +91,14 @@ inline bool contains(const std::string& s, const std::string& what) { return s.f
 
 // An empty folder of this test process's own, as a string (tests/temp_dir.h).
 inline std::string fresh_test_dir(const std::string& name) { return kiln::test::fresh_temp_dir(name).string(); }
+
+// A collective's result (any device) against the float64 reference of every rank's inputs,
+// rounded to the dtype first: equal but for avg's division (kiln::test::collective_tol).
+inline ::testing::AssertionResult matches_reference(const Tensor& got, const std::vector<double>& want, DType dt,
+                                                    const std::string& what) {
+  const std::vector<double> rounded =
+      from_vector<double>(want, {static_cast<int64_t>(want.size())}).to(dt).to_vector<double>();
+  return kiln::test::all_close(got, rounded, kiln::test::collective_tol(dt), what);
+}
 
 }  // namespace kiln::dist::test

@@ -24,10 +24,12 @@
 #include "kiln/train/hf_export.h"
 #include "tests/dist/dist_test_util.h"
 #include "tests/dist/fsdp_harness.h"
+#include "tests/expect.h"
 
 using namespace kiln;
 using namespace kiln::parallel;
 using namespace kiln::parallel::test;
+using namespace kiln::test;
 using kiln::dist::test::contains;
 using kiln::dist::test::fresh_test_dir;
 using kiln::dist::test::run_command;
@@ -64,30 +66,16 @@ Tensor find(const io::TensorMap& m, const std::string& name) {
 
 std::vector<double> as_f64(const Tensor& t) { return t.to(DType::f64).to_vector<double>(); }
 
-void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  EXPECT_EQ(std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()), 0) << what;
+// Every tensor of `want` but the losses against got's of the same name: within 1e-5.
+void expect_tensors_close(const io::TensorMap& got, const io::TensorMap& want, const std::string& what) {
+  for (const auto& [n, t] : want)
+    if (n != "losses") {
+      EXPECT_TRUE(all_close(find(got, n), t, {1e-5, 0}, what + " " + n));
+    }
 }
 
-// Largest |a - b| over the parameters of a result file against the reference's.
-double max_param_diff(const io::TensorMap& got, const RunResult& ref) {
-  double worst = 0;
-  for (const auto& [n, t] : ref.params) {
-    const auto g = as_f64(find(got, n)), w = as_f64(t);
-    EXPECT_EQ(g.size(), w.size()) << n;
-    for (size_t i = 0; i < std::min(g.size(), w.size()); ++i) worst = std::max(worst, std::abs(g[i] - w[i]));
-  }
-  return worst;
-}
-
-void expect_losses_close(const io::TensorMap& got, const std::vector<double>& want, const std::string& what) {
-  const auto g = as_f64(find(got, "losses"));
-  ASSERT_EQ(g.size(), want.size()) << what;
-  for (size_t i = 0; i < g.size(); ++i)
-    EXPECT_LE(std::abs(g[i] - want[i]), 1e-5 * std::abs(want[i])) << what << " step " << i << ": " << g[i] << " vs "
-                                                                   << want[i];
-}
+// The losses of a result file: within 1e-5 of the reference's, relative.
+constexpr Tol kLossTol = finite_only({0, 1e-5});
 
 }  // namespace
 
@@ -102,7 +90,8 @@ TEST(Fsdp, WorldSizeOneIsBitwiseTheUnshardedRun) {
     const std::vector<double> losses = train_sharded(run, 0, 3, accum);
     ASSERT_EQ(losses.size(), ref.losses.size());
     for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], ref.losses[i]) << "accum " << accum << " step " << i;
-    for (const auto& [n, t] : ref.params) expect_bitwise(run.fsdp->full_tensor(n), t, n + " accum " + std::to_string(accum));
+    for (const auto& [n, t] : ref.params)
+      EXPECT_TRUE(same_bits(run.fsdp->full_tensor(n), t, n + " accum " + std::to_string(accum)));
   }
 }
 
@@ -117,7 +106,7 @@ TEST(Fsdp, ActivationCheckpointingRecomputesWithTheGatheredParametersBitwise) {
     ShardedRun run = make_sharded(w.comm, {}, c);
     const std::vector<double> losses = train_sharded(run, 0, 2, 1);
     for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], ref.losses[i]) << mode << " step " << i;
-    for (const auto& [n, t] : ref.params) expect_bitwise(run.fsdp->full_tensor(n), t, n + " " + mode);
+    for (const auto& [n, t] : ref.params) EXPECT_TRUE(same_bits(run.fsdp->full_tensor(n), t, n + " " + mode));
     EXPECT_EQ(run.fsdp->stats().gathered_bytes, 0) << mode;
   }
 }
@@ -143,7 +132,8 @@ TEST(Fsdp, ABackwardThatFailsLeavesNothingBehind) {
   const RunResult ref = train_plain(1, 1);
   const std::vector<double> losses = train_sharded(run, 0, 1, 1);
   EXPECT_EQ(losses[0], ref.losses[0]);
-  for (const auto& [n, t] : ref.params) expect_bitwise(run.fsdp->full_tensor(n), t, n + " after a failed backward");
+  for (const auto& [n, t] : ref.params)
+    EXPECT_TRUE(same_bits(run.fsdp->full_tensor(n), t, n + " after a failed backward"));
   const FsdpStats st = run.fsdp->stats();
   EXPECT_EQ(st.gathered_bytes, 0);
   EXPECT_EQ(st.all_gather_buffers, 0);
@@ -162,7 +152,7 @@ TEST(Fsdp, ShardsAreTheRowsOfEachParameterAndTheModuleHoldsNoMemoryBetweenSteps)
     for (const auto& s : infos)
       if (s.name == n) {
         found = true;
-        expect_bitwise(s.shard, *t, n);
+        EXPECT_TRUE(same_bits(s.shard, *t, n));
         EXPECT_EQ(s.global_shape, t->shape());
       }
     EXPECT_TRUE(found) << n;
@@ -208,7 +198,7 @@ TEST(Fsdp, OneRankGathersIntoTheBufferItselfAligned) {
           EXPECT_LT(begin, end + 16);  // the next place in the same buffer
         }
         end = begin + p.full.nbytes();
-        expect_bitwise(p.full, p.shard.to(param_dtype), p.name);
+        EXPECT_TRUE(same_bits(p.full, p.shard.to(param_dtype), p.name));
       }
     }
     run.fsdp->reshard();
@@ -223,7 +213,7 @@ TEST(Fsdp, EvaluationWithoutGradientsFreesEveryGroupAndMatchesThePlainModel) {
   ShardedRun run = make_sharded(w.comm);
   const Batch b = batch_rows(0, 0, 2, ref.config.vocab_size);
   NoGradGuard ng;
-  expect_bitwise(run.model->logits(b.input), ref.logits(b.input), "logits");
+  EXPECT_TRUE(same_bits(run.model->logits(b.input), ref.logits(b.input), "logits"));
   EXPECT_EQ(run.fsdp->stats().gathered_bytes, 0);
 }
 
@@ -243,8 +233,8 @@ static io::Metadata train_and_compare(int n, const std::string& name, int steps,
   if (r.status != 0) return meta;
   const RunResult ref = train_plain(steps, 1);  // accumulation too equals the one large batch
   const io::TensorMap got = read(out + "/train.safetensors", &meta);
-  expect_losses_close(got, ref.losses, what);
-  EXPECT_LE(max_param_diff(got, ref), 1e-5) << what;
+  EXPECT_TRUE(all_close(find(got, "losses"), ref.losses, kLossTol, what + " losses"));
+  expect_tensors_close(got, ref.params, what);
   EXPECT_EQ(meta["gathered_bytes"], "0") << what;  // nothing is left gathered between steps
   return meta;
 }
@@ -298,7 +288,8 @@ TEST(FsdpDeterminism, TwoRunsAtOneWorldSizeAreBitwiseIdentical) {
     runs[i] = read(out + "/train.safetensors");
   }
   ASSERT_EQ(runs[0].size(), runs[1].size());
-  for (size_t i = 0; i < runs[0].size(); ++i) expect_bitwise(runs[0][i].second, runs[1][i].second, runs[0][i].first);
+  for (size_t i = 0; i < runs[0].size(); ++i)
+    EXPECT_TRUE(same_bits(runs[0][i].second, runs[1][i].second, runs[0][i].first));
 }
 
 namespace {
@@ -403,20 +394,15 @@ TEST_F(FsdpCheckpoint, SavedAtTwoLoadsAtOneAndThreeBitExactAndTrainingContinues)
     size_t compared = 0;
     for (const auto& [name, t] : saved) {
       if (name == "losses") continue;
-      expect_bitwise(find(loaded, name), t, name + " loaded at world size " + std::to_string(n));
+      EXPECT_TRUE(same_bits(find(loaded, name), t, name + " loaded at world size " + std::to_string(n)));
       ++compared;
     }
     EXPECT_GT(compared, 3 * tiny_config().num_hidden_layers * 9u);  // parameters and both Adam moments
     // Steps 2 and 3 from the checkpoint follow the run that saved it.
     const io::TensorMap cont = read(dir_ + "/" + tag + "-at4.safetensors");
-    expect_losses_close(cont, as_f64(find(at4, "losses")), "continued at world size " + std::to_string(n));
-    for (const auto& [name, t] : at4) {
-      if (name == "losses") continue;
-      const auto g = as_f64(find(cont, name)), w = as_f64(t);
-      double worst = 0;
-      for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - w[i]));
-      EXPECT_LE(worst, 1e-5) << name;
-    }
+    const std::string what = "continued at world size " + std::to_string(n);
+    EXPECT_TRUE(all_close(find(cont, "losses"), as_f64(find(at4, "losses")), kLossTol, what + " losses"));
+    expect_tensors_close(cont, at4, what);
   }
 }
 
@@ -428,7 +414,7 @@ TEST_F(FsdpCheckpoint, ConsolidatesToASingleProcessCheckpointThatLoadsIntoTwoRan
   const io::TensorMap saved = read(dir_ + "/w2-at2.safetensors");
   io::TensorMap model, opt;
   for (const auto& [n, t] : whole) {
-    expect_bitwise(t, find(saved, n), n + " consolidated");
+    EXPECT_TRUE(same_bits(t, find(saved, n), n + " consolidated"));
     (n.rfind("exp_avg", 0) == 0 ? opt : model).emplace_back(n, t);
   }
   const std::string single = fresh_test_dir("single");
@@ -443,7 +429,8 @@ TEST_F(FsdpCheckpoint, ConsolidatesToASingleProcessCheckpointThatLoadsIntoTwoRan
                                  single);
   ASSERT_EQ(r.status, 0) << r.output;
   const io::TensorMap loaded = read(dir_ + "/single-loaded.safetensors");
-  for (const auto& [n, t] : whole) expect_bitwise(find(loaded, n), t, n + " from the single-process checkpoint");
+  for (const auto& [n, t] : whole)
+    EXPECT_TRUE(same_bits(find(loaded, n), t, n + " from the single-process checkpoint"));
 }
 
 namespace {
@@ -477,9 +464,10 @@ void expect_load_error(const std::string& dir, const std::vector<std::string>& w
     for (const auto& s : want) EXPECT_TRUE(contains(e.what(), s)) << e.what() << "\nmissing: " << s;
   }
   size_t i = 0;
-  for (auto& [n, t] : run.fsdp->named_shards()) expect_bitwise(t, before[i++], n + " after a failed load");
+  for (auto& [n, t] : run.fsdp->named_shards()) EXPECT_TRUE(same_bits(t, before[i++], n + " after a failed load"));
   i = 0;
-  for (auto& [n, t] : run.opt->state_dict().tensors) expect_bitwise(t, opt_copy[i++], n + " after a failed load");
+  for (auto& [n, t] : run.opt->state_dict().tensors)
+    EXPECT_TRUE(same_bits(t, opt_copy[i++], n + " after a failed load"));
 }
 }  // namespace
 
@@ -497,14 +485,15 @@ TEST(FsdpSave, ReplacesAWholeCheckpointOnlyOnceTheNewOneIsComplete) {
   EXPECT_FALSE(fs::exists(dir + ".tmp-sharded"));
   const auto kept = load_full(dir);
   ASSERT_EQ(kept.size(), first.size());
-  for (size_t i = 0; i < kept.size(); ++i) expect_bitwise(kept[i].second, first[i].second, kept[i].first);
+  for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(same_bits(kept[i].second, first[i].second, kept[i].first));
   // A save that succeeds replaces it whole, with the extra files.
   save_checkpoint(dir, *run.fsdp, *run.opt, [](const std::string& tmp) { std::ofstream(tmp + "/config.json") << "{}"; });
   EXPECT_TRUE(fs::exists(dir + "/config.json"));
   EXPECT_FALSE(fs::exists(dir + ".old-sharded"));
   for (const auto& [n, t] : load_full(dir))
-    if (n.find('.') != std::string::npos && n.rfind("exp_avg", 0) != 0)
-      expect_bitwise(t, run.fsdp->full_tensor(n), n + " after the second save");
+    if (n.find('.') != std::string::npos && n.rfind("exp_avg", 0) != 0) {
+      EXPECT_TRUE(same_bits(t, run.fsdp->full_tensor(n), n + " after the second save"));
+    }
 }
 
 TEST_F(FsdpCheckpoint, DamagedCheckpointsNameTheFileAndTensorAndChangeNothing) {
@@ -594,20 +583,21 @@ TEST_F(FsdpCheckpoint, ConvertsToTheHuggingFaceLayoutWithTheLogitsOfTheUnsharded
   const auto ref = plain_with(saved);
   const io::TensorMap written = read(out + "/model.safetensors");
   ASSERT_EQ(written.size(), ref->named_parameters().size());
-  for (const auto& [n, t] : ref->named_parameters()) expect_bitwise(find(written, n), *t, n + " in model.safetensors");
+  for (const auto& [n, t] : ref->named_parameters())
+    EXPECT_TRUE(same_bits(find(written, n), *t, n + " in model.safetensors"));
   // The logits of the unsharded model with the same weights, on a batch.
   const auto hf = train::load_model(out);
   const Batch b = batch_rows(7, 0, 4, tiny_config().vocab_size);
   NoGradGuard ng;
   const Tensor want = ref->logits(b.input);
-  expect_bitwise(hf->logits(b.input), want, "logits of the consolidated model");
+  EXPECT_TRUE(same_bits(hf->logits(b.input), want, "logits of the consolidated model"));
   // The same from the checkpoint folder itself, and with --step.
   for (const std::string& args : {run + "/step-2 " + out + "2", run + " " + out + "3 --step 2"}) {
     const auto r2 = run_command(dist::test::kiln_cli() + " convert " + args + " --hf", 60);
     ASSERT_EQ(r2.status, 0) << r2.output;
   }
-  expect_bitwise(train::load_model(out + "2")->logits(b.input), want, "converted from step-2");
-  expect_bitwise(train::load_model(out + "3")->logits(b.input), want, "converted with --step 2");
+  EXPECT_TRUE(same_bits(train::load_model(out + "2")->logits(b.input), want, "converted from step-2"));
+  EXPECT_TRUE(same_bits(train::load_model(out + "3")->logits(b.input), want, "converted with --step 2"));
   // No step-9; --force without --hf.
   auto bad = run_command(dist::test::kiln_cli() + " convert " + run + " " + out + "4 --hf --step 9", 60);
   EXPECT_EQ(bad.status, 1);
@@ -642,7 +632,7 @@ TEST(FsdpConvert, AOneProcessCheckpointConvertsWithoutItsOptimizerState) {
   EXPECT_EQ(r.checkpoint, dir);
   EXPECT_EQ(names_in(out), (std::vector<std::string>{"config.json", "model.safetensors"}));
   NoGradGuard ng;
-  expect_bitwise(train::load_model(out)->logits(b.input), model.logits(b.input), "logits");
+  EXPECT_TRUE(same_bits(train::load_model(out)->logits(b.input), model.logits(b.input), "logits"));
   EXPECT_EQ(train::trained_seq_len(out), kSeq);
 }
 

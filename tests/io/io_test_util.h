@@ -1,5 +1,6 @@
 // Helpers for the io tests: a temporary folder, random tensors of any dtype (random bytes for
-// the storage-only ones), bitwise comparison, raw file writing.
+// the storage-only ones), a tensor's bytes, raw file writing; bitwise comparison is
+// tests/expect.h's same_bits.
 #pragma once
 #include <cstdint>
 #include <gtest/gtest.h>
@@ -14,8 +15,11 @@
 #include "kiln/core/rng.h"
 #include "kiln/core/tensor.h"
 #include "kiln/ops/ops.h"
+#include "tests/expect.h"
 
 namespace kiln::io {
+
+using kiln::test::same_bits;
 
 class TempDir {
  public:
@@ -56,13 +60,6 @@ inline std::vector<uint8_t> tensor_bytes(const Tensor& t) {
   std::vector<uint8_t> out(c.nbytes());
   if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size());
   return out;
-}
-
-inline void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_TRUE(b.defined()) << what;
-  EXPECT_EQ(a.dtype(), b.dtype()) << what;
-  EXPECT_EQ(a.shape(), b.shape()) << what;
-  EXPECT_EQ(tensor_bytes(a), tensor_bytes(b)) << what;
 }
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {

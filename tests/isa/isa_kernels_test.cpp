@@ -19,8 +19,10 @@
 #include "kiln/kernels/cpu/isa/isa.h"
 #include "kiln/kernels/cpu/vec_math.h"
 #include "kiln/kernels/optim.h"
+#include "tests/expect.h"
 
 using namespace kiln;
+using kiln::test::all_close;
 namespace cpu = kiln::kernels::cpu;
 namespace isa = kiln::kernels::cpu::isa;
 
@@ -67,16 +69,6 @@ std::vector<float> inputs(int64_t n, uint64_t seed) {
 double sigmoid(double x) {
   const double e = std::exp(-std::fabs(x));
   return x >= 0 ? 1 / (1 + e) : e / (1 + e);
-}
-
-void expect_value(double got, double want, double tol, const std::string& what) {
-  if (std::isnan(want)) {
-    EXPECT_TRUE(std::isnan(got)) << what << ": want NaN, got " << got;
-  } else if (std::isinf(want)) {
-    EXPECT_EQ(got, want) << what;
-  } else {
-    EXPECT_NEAR(got, want, tol) << what;
-  }
 }
 
 uint64_t seed() { return std::random_device{}(); }
@@ -131,12 +123,13 @@ TEST(Isa, SiluAndSwigluMatchFloat64AtOddLengths) {
           continue;
         }
         // the tolerances of tests/ops (Unary.SiluF32FastPathMatchesFloat64); below 1e-35 results may flush to 0
-        expect_value(y[i], silu, 4e-7 * std::fabs(silu) + 1e-35, "silu" + at);
-        expect_value(g[i], d, 4e-7 * sg * (1 + std::fabs(xi)) + 1e-35, "silu'" + at);
-        expect_value(sw[i], silu * u[i], 6e-7 * std::fabs(silu * u[i]) + 1e-35, "swiglu" + at);
-        expect_value(du[i], dy[i] * silu, 6e-7 * std::fabs(dy[i] * silu) + 1e-35, "swiglu du" + at);
-        expect_value(dg[i], dy[i] * u[i] * d, 6e-7 * std::fabs(dy[i] * u[i]) * sg * (1 + std::fabs(xi)) + 1e-35,
-                     "swiglu dg" + at);
+        EXPECT_TRUE(all_close(y[i], silu, {4e-7 * std::fabs(silu) + 1e-35, 0}, "silu" + at));
+        EXPECT_TRUE(all_close(g[i], d, {4e-7 * sg * (1 + std::fabs(xi)) + 1e-35, 0}, "silu'" + at));
+        EXPECT_TRUE(all_close(sw[i], silu * u[i], {6e-7 * std::fabs(silu * u[i]) + 1e-35, 0}, "swiglu" + at));
+        EXPECT_TRUE(all_close(du[i], dy[i] * silu, {6e-7 * std::fabs(dy[i] * silu) + 1e-35, 0}, "swiglu du" + at));
+        EXPECT_TRUE(all_close(dg[i], dy[i] * u[i] * d,
+                              {6e-7 * std::fabs(dy[i] * u[i]) * sg * (1 + std::fabs(xi)) + 1e-35, 0},
+                              "swiglu dg" + at));
       }
     }
 }
@@ -210,8 +203,8 @@ TEST(Isa, AttentionGradientRowsAndTileProductsMatchFloat64AtOddLengths) {
         const std::string at = " at " + std::to_string(j) + " s=" + std::to_string(sc[j]);
         // fast_expf's ~2 ulp and the f32 rounding of s − lse (|s − lse| · 2^-24 relative in exp)
         const double rel = 4e-7 + (std::isfinite(sc[j]) ? 1.2e-7 * std::fabs(double(sc[j]) - lse) : 0.0);
-        expect_value(p[j], pj, rel * pj + 1e-35, "P" + at);
-        expect_value(d[j], dj, rel * pj * (std::fabs(double(dp[j])) + delta) + 1e-35, "dS" + at);
+        EXPECT_TRUE(all_close(p[j], pj, {rel * pj + 1e-35, 0}, "P" + at));
+        EXPECT_TRUE(all_close(d[j], dj, {rel * pj * (std::fabs(double(dp[j])) + delta) + 1e-35, 0}, "dS" + at));
       }
       // acc [rows, n] += w [rows, ld] · x [cols, n] and acc [cols, n] += wᵀ [cols, rows] · x2 [rows, n]
       const int64_t rows = 3, cols = 5, ld = cols + 2;

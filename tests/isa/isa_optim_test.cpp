@@ -22,8 +22,10 @@
 #include "kiln/kernels/cpu/isa/isa.h"
 #include "kiln/kernels/optim.h"
 #include "kiln/ops/ops.h"
+#include "tests/expect.h"
 
 using namespace kiln;
+using kiln::test::same_bits;
 namespace isa = kiln::kernels::cpu::isa;
 using kernels::AdamWSlot;
 using kernels::AdamWStep;
@@ -54,10 +56,6 @@ State random_state(int64_t n, uint64_t seed) {
   for (auto& e : s.v) e = e * e * 1e-2f;
   for (auto& e : s.m) e *= 0.1f;
   return s;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 void expect_same_state(const State& a, const State& b, const std::string& what) {

@@ -1,16 +1,13 @@
 // Shared by the JIT tests: one disk cache for the whole test run (under the test binary's
 // folder, so a kernel compiled by one test process is reused by the next where the test is not
-// about the cache), a fresh private folder for the cache tests, and bit comparisons.
+// about the cache), a fresh private folder for the cache tests, and a scoped environment variable.
 #pragma once
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <filesystem>
 #include <string>
-
-#include "kiln/core/tensor.h"
 
 namespace kiln::test {
 
@@ -61,13 +58,5 @@ struct ScopedEnv {
     else ::unsetenv(name.c_str());
   }
 };
-
-inline void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_TRUE(a.defined() && b.defined()) << what;
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << what << ": the bits differ";
-}
 
 }  // namespace kiln::test

@@ -94,7 +94,7 @@ TEST(JitNvrtc, RuntimeMaskOnTheGpuMatchesTheCpu) {
   const auto cpu = attention::create_block_mask(attention::RuntimeMaskMod{expr, {{"doc", doc}}}, 1, 1, 300, 300, 32, 32);
   const auto gpu = attention::create_block_mask(attention::RuntimeMaskMod{expr, {{"doc", doc.to(cuda(0))}}},
                                                 1, 1, 300, 300, 32, 32, cuda(0));
-  test::expect_same_bits(cpu.layout.to_dense(), gpu.layout.to(kCPU).to_dense(), "tile classes");
+  EXPECT_TRUE(test::same_bits(cpu.layout.to_dense(), gpu.layout.to(kCPU).to_dense(), "tile classes"));
 }
 
 // A run-time pair on the GPU (the NVRTC SIMT kernels, f32) against the same pair on the CPU:
@@ -152,7 +152,7 @@ TEST(JitNvrtc, CapturedGradientOnTheGpuMatchesTheCpu) {
   const char* names[] = {"out", "dq", "dk", "dv", "dbias"};
   for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(test::all_close(g[i], c[i], {3e-5, 3e-4}, names[i]));
   // deterministic: a second run gives the same bits
-  test::expect_same_bits(run(cuda(0))[4], g[4], "dbias run to run");
+  EXPECT_TRUE(test::same_bits(run(cuda(0))[4], g[4], "dbias run to run"));
 }
 
 // The same pair on 16-bit storage (the NVRTC kernels on __nv_bfloat16 / __half, f32 math), on a

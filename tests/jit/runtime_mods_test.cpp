@@ -50,11 +50,11 @@ template <class F> Outcome run(const Inputs& in, F&& call) {
   return Outcome{r.out.detach(), r.lse.detach(), c.q.grad(), c.k.grad(), c.v.grad()};
 }
 void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
-  test::expect_same_bits(a.out, b.out, what + " out");
-  test::expect_same_bits(a.lse, b.lse, what + " lse");
-  test::expect_same_bits(a.dq, b.dq, what + " dq");
-  test::expect_same_bits(a.dk, b.dk, what + " dk");
-  test::expect_same_bits(a.dv, b.dv, what + " dv");
+  EXPECT_TRUE(test::same_bits(a.out, b.out, what + " out"));
+  EXPECT_TRUE(test::same_bits(a.lse, b.lse, what + " lse"));
+  EXPECT_TRUE(test::same_bits(a.dq, b.dq, what + " dq"));
+  EXPECT_TRUE(test::same_bits(a.dk, b.dk, what + " dk"));
+  EXPECT_TRUE(test::same_bits(a.dv, b.dv, what + " dv"));
 }
 
 class RuntimeMods : public ::testing::Test {
@@ -72,7 +72,7 @@ TEST_F(RuntimeMods, LibraryMasksGiveBuiltinBits) {
     SCOPED_TRACE(expr);
     const auto bm = create_block_mask(builtin, 1, 1, L, S, BS, BS);
     const RuntimeBlockMask rm = create_block_mask(RuntimeMaskMod{expr, caps}, 1, 1, L, S, BS, BS);
-    test::expect_same_bits(bm.layout.to_dense(), rm.layout.to_dense(), "tile classes");
+    EXPECT_TRUE(test::same_bits(bm.layout.to_dense(), rm.layout.to_dense(), "tile classes"));
     const Outcome a = run(in, [&](auto& q, auto& k, auto& v, auto& o) { return flex_attention(q, k, v, NoScoreMod{}, bm, o); });
     const Outcome b = run(in, [&](auto& q, auto& k, auto& v, auto& o) {
       return flex_attention(q, k, v, RuntimeScoreMod{}, rm, o);
@@ -124,7 +124,7 @@ TEST_F(RuntimeMods, LibraryScoreModsGiveBuiltinBits) {
                             rcausal, o);
     });
     expect_same(a, b, "relative bias");
-    test::expect_same_bits(b1.grad(), b2.grad(), "relative bias d table");
+    EXPECT_TRUE(test::same_bits(b1.grad(), b2.grad(), "relative bias d table"));
   }
 }
 
@@ -139,7 +139,7 @@ TEST_F(RuntimeMods, AutomaticDerivativeAndCapturedGradient) {
   const Outcome b = run(in, [&](auto& q, auto& k, auto& v, auto& o) {
     return flex_attention(q, k, v, RuntimeScoreMod{"3.0f * tanh(score * (1.0f / 3.0f))"}, rcausal, o);
   });
-  test::expect_same_bits(a.out, b.out, "softcap out");
+  EXPECT_TRUE(test::same_bits(a.out, b.out, "softcap out"));
   EXPECT_TRUE(test::all_close(b.dq, a.dq, {1e-5, 1e-4})) << "softcap dq";
   EXPECT_TRUE(test::all_close(b.dk, a.dk, {1e-5, 1e-4})) << "softcap dk";
   // d loss / d slopes[h] = Σ dS_raw · (kv − q): against finite differences of the loss.
@@ -174,7 +174,7 @@ TEST_F(RuntimeMods, AutomaticDerivativeAndCapturedGradient) {
   flex_attention(in.q.detach(), in.k.detach(), in.v.detach(),
                  RuntimeScoreMod{"score + slopes[h] * (kv_idx - q_idx)", {{"slopes", s2}}}, rcausal)
       .out.backward(in.dout);
-  test::expect_same_bits(s.grad(), s2.grad(), "d slopes twice");
+  EXPECT_TRUE(test::same_bits(s.grad(), s2.grad(), "d slopes twice"));
 }
 
 // Rows that keep nothing give 0 / −inf and zero gradients; a mod returning NaN on kept pairs

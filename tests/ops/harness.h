@@ -20,6 +20,7 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/ops/ops.h"
+#include "tests/expect.h"
 #include "tests/skip.h"
 
 namespace kiln::test {
@@ -50,38 +51,6 @@ inline uint64_t test_seed() {
   SCOPED_TRACE("seed " + std::to_string(gen##_seed) + " (replay with KILN_TEST_SEED=" + \
                std::to_string(gen##_seed) + ")");                            \
   ::kiln::Generator gen(gen##_seed)
-
-struct Tol {
-  double atol, rtol;
-};
-inline Tol default_tol(DType t) {
-  switch (t) {
-    case DType::f64: return {1e-10, 1e-10};
-    case DType::f32: return {1e-5, 1e-5};
-    case DType::f16: return {2e-3, 2e-3};
-    default: return {1.6e-2, 1.6e-2};  // bf16
-  }
-}
-
-// Elementwise |a - b| <= atol + rtol * |b| (NaN only where b is NaN); reports the worst element.
-inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, Tol tol,
-                                            const std::string& what = "") {
-  if (actual.shape() != expected.shape())
-    return ::testing::AssertionFailure() << what << ": shape " << shape_str(actual.shape()) << " vs expected "
-                                         << shape_str(expected.shape());
-  auto a = actual.to_vector<double>();
-  auto b = expected.to_vector<double>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    bool ok = std::isnan(b[i]) ? std::isnan(a[i])
-              : std::isinf(b[i]) ? a[i] == b[i]
-                                 : std::fabs(a[i] - b[i]) <= tol.atol + tol.rtol * std::fabs(b[i]);
-    if (!ok)
-      return ::testing::AssertionFailure() << what << ": element " << i << " of " << a.size() << " is " << a[i]
-                                           << ", expected " << b[i] << " (atol " << tol.atol << ", rtol "
-                                           << tol.rtol << ", shape " << shape_str(actual.shape()) << ")";
-  }
-  return ::testing::AssertionSuccess();
-}
 
 // One input of an op under test.
 struct Input {
@@ -224,7 +193,7 @@ inline void check_op(const OpCase& c) {
           const double at = eval(vals[k]), up = eval(vals[k] + h), down = eval(vals[k] - h);
           fd[k] = fd_at_kink_or_central(analytic[k], (up - at) / h, (at - down) / h);
         }
-        EXPECT_TRUE(all_close(ref_grads[i], from_vector(fd, base.shape()), {c.fd_tol, c.fd_tol},
+        EXPECT_TRUE(all_close(ref_grads[i].to(DType::f64), from_vector(fd, base.shape()), {c.fd_tol, c.fd_tol},
                               "grad of input " + std::to_string(i) + " vs finite differences"));
       }
     }
@@ -247,7 +216,7 @@ inline void check_op(const OpCase& c) {
         Tol tol = default_tol(dt);
         tol.atol *= c.tol_scale;
         tol.rtol *= c.tol_scale;
-        EXPECT_TRUE(all_close(y, ref, tol, "output"));
+        EXPECT_TRUE(all_close(y.to(DType::f64), ref.to(DType::f64), tol, "output"));  // y in dt, ref in f64
         if (c.check_grad && dt != DType::f64) {
           // Reference gradients: f64 on the same rounded inputs (kinks such as max/relu move
           // with the rounding), on the same device.

@@ -161,13 +161,13 @@ TEST(Matmul, SplitOverKilnThreadsGivesEveryBlockItsOperands) {
         Tensor out = full({c.batch, c.m, c.n}, std::nan(""), dt);  // a block left unwritten stays NaN
         kernels::cpu::gemm_split_over_threads(g, out, a64.to(dt), b64.to(dt));
         const double tol = dt == DType::f32 ? 1e-4 : 1e-12;
-        EXPECT_TRUE(all_close(out, from_vector(ref, {c.batch, c.m, c.n}), {tol, tol}, "split"))
+        EXPECT_TRUE(all_close(out, ref, {tol, tol}, "split"))
             << dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " layout " << layout;
         g.beta = 1.0;  // accumulates into what each block wrote
         kernels::cpu::gemm_split_over_threads(g, out, a64.to(dt), b64.to(dt));
         std::vector<double> twice(ref);
         for (double& v : twice) v *= 2;
-        EXPECT_TRUE(all_close(out, from_vector(twice, {c.batch, c.m, c.n}), {tol, tol}, "split, beta 1"));
+        EXPECT_TRUE(all_close(out, twice, {tol, tol}, "split, beta 1"));
       }
   omp_set_num_threads(omp_before);
 }

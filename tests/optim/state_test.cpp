@@ -15,6 +15,7 @@
 using namespace kiln;
 using namespace kiln::optim;
 using namespace kiln::optim::test;
+using namespace kiln::test;
 
 namespace {
 
