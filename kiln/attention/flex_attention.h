@@ -19,10 +19,10 @@
 
 #include "kiln/attention/block_mask.h"
 #include "kiln/attention/mods.h"
-#include "kiln/autograd/node.h"
 #include "kiln/core/profile.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cpu/attention_impl.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln::attention {

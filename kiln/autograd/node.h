@@ -1,8 +1,10 @@
 // Node: one step of the backward graph. An op that records history makes a FunctionNode whose
 // backward closure maps the gradients of its outputs to the gradients of its inputs; edges
-// lead to the nodes that produced those inputs (or to the accumulator of a leaf).
-// SavedTensor keeps a tensor for backward together with its version at save time, so that an
-// in-place edit in between makes backward fail with a clear message.
+// lead to the nodes that produced those inputs (or to the accumulator of a leaf: AccumulateGrad,
+// with recording and the engine that runs the graph, is kiln/ops/backward.h's, a layer up, since
+// they sum and cast gradients with ops). SavedTensor keeps a tensor for backward together with
+// its version at save time, so that an in-place edit in between makes backward fail with a
+// clear message. Bodies in autograd/graph.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -27,7 +29,7 @@ struct OutputMeta {
 
 class Node {
  public:
-  virtual ~Node();  // frees long chains iteratively (engine.cpp)
+  virtual ~Node();  // frees long chains iteratively (graph.cpp)
   // grads[i] is the gradient of output i (always defined: zeros stand in for unused outputs).
   virtual std::vector<Tensor> apply(const std::vector<Tensor>& grads) = 0;
   virtual std::string name() const = 0;
@@ -66,54 +68,7 @@ class FunctionNode final : public Node {
   bool released_ = false;
 };
 
-// Runs after a leaf's gradient was accumulated into its .grad (torch's
-// register_post_accumulate_grad_hook); `leaf` is the leaf, its .grad the sum so far.
-using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
-
-// Accumulates the incoming gradient into a leaf's .grad, then runs its post-accumulate hooks.
-// Graphs share one per leaf while any holds it (the leaf keeps only a weak reference), so hooks
-// stay on it for as long as the caller of grad_accumulator() keeps the pointer.
-class AccumulateGrad final : public Node {
- public:
-  explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
-  std::vector<Tensor> apply(const std::vector<Tensor>& grads) override;
-  std::string name() const override { return "AccumulateGrad"; }
-  void add_post_hook(PostAccumulateGradHook hook) { post_hooks_.push_back(std::move(hook)); }
-
- private:
-  void accumulate(const std::shared_ptr<TensorImpl>& impl, const std::vector<Tensor>& grads);
-  std::weak_ptr<TensorImpl> leaf_;
-  std::vector<PostAccumulateGradHook> post_hooks_;
-};
-
-// The accumulator of a leaf that requires grad (made when it has none; kiln::Error for a
-// non-leaf or a tensor that needs no gradient). Holding the pointer keeps it, and its hooks,
-// for every later graph over the leaf.
-std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf);
-// Adds a post-accumulate hook to `leaf`; the returned accumulator must be kept for the hook to stay.
-std::shared_ptr<AccumulateGrad> register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
-
-// Queues `fn` to run when the backward running on this thread ends (the outermost one, when
-// backwards nest, as activation checkpointing's do), after its last node (torch's
-// Variable._execution_engine.queue_callback). kiln::Error outside a backward. Callbacks run in
-// queue order; one queued by a callback runs too. When the backward fails they are dropped.
-void queue_backward_callback(std::function<void()> fn);
-// Whether a backward is running on this thread.
-bool in_backward();
-
 // True when grad mode is on and any input requires grad.
 bool any_requires_grad(const std::vector<Tensor>& inputs);
-
-// Connects `outputs` to a new FunctionNode over `inputs` when any_requires_grad(inputs).
-// The backward returns one gradient per input (undefined where an input needs none).
-void record(const std::string& op, const std::vector<Tensor>& inputs, const std::vector<Tensor*>& outputs,
-            BackwardFn backward);
-inline void record(const std::string& op, const std::vector<Tensor>& inputs, Tensor& output, BackwardFn backward) {
-  record(op, inputs, std::vector<Tensor*>{&output}, std::move(backward));
-}
-
-// Runs backward from `roots` with the given output gradients: each defined, with its root's
-// shape, dtype and device (checked: an error names the gradient).
-void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph);
 
 }  // namespace kiln

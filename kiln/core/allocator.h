@@ -1,6 +1,6 @@
 // Allocators: every byte of tensor memory goes through one of these, which keep current and
 // peak bytes per device. The CPU allocator hands out 64-byte aligned blocks; the CUDA one
-// (CachingAllocator of kiln/core/caching_allocator.h, given cudaMalloc in kernels/cuda/runtime.cu)
+// (CachingAllocator of kiln/core/caching_allocator.h, given cudaMalloc in core/cuda/runtime.cu)
 // caches freed blocks in size bins so that a steady-state training loop never calls cudaMalloc.
 #pragma once
 #include <atomic>

@@ -1,6 +1,6 @@
 // CachingAllocator: the device-independent logic of kiln's GPU allocator, written against an
 // injectable DeviceMemoryApi (pattern 9 of ARCHITECTURE.md) so that it is tested on CPU with a
-// fake API (tests/core/caching_allocator_test.cpp); kernels/cuda/runtime.cu plugs cudaMalloc,
+// fake API (tests/core/caching_allocator_test.cpp); core/cuda/runtime.cu plugs cudaMalloc,
 // cudaFree and CUDA events into it. Freed blocks are kept in one pool per stream and handed
 // out again without a system call:
 //   - every request is rounded up to a multiple of 512 bytes (at least 512);

@@ -1,7 +1,7 @@
 // Streams and events: opaque handles over a device's queues of work, the per-thread current
 // stream (StreamGuard), and the per-device stream registry (compute, communication and copy
 // streams, created on demand with priorities). The system calls go through a StreamApi, which
-// the CUDA backend provides (kernels/cuda/stream_api.cu) and tests replace with a fake; a build
+// the CUDA backend provides (core/cuda/stream_api.cu) and tests replace with a fake; a build
 // without CUDA has no StreamApi, and CPU work has no stream (it runs synchronously).
 //
 // NOTE [current stream]: current_stream(device) is the stream work of `device` should go on
@@ -47,7 +47,7 @@ class Stream {
   void* native_ = nullptr;
 };
 
-// The calls the registry and Event make, per device type (CUDA's in kernels/cuda/stream_api.cu).
+// The calls the registry and Event make, per device type (CUDA's in core/cuda/stream_api.cu).
 // Handles are opaque. Every call throws kiln::Error on failure.
 class StreamApi {
  public:
@@ -64,11 +64,11 @@ class StreamApi {
   virtual void synchronize_stream(void* stream) = 0;
 };
 
-// The CUDA backend's StreamApi; nullptr in a build without CUDA (kernels/cuda/stream_api_stub.cpp).
+// The CUDA backend's StreamApi; nullptr in a build without CUDA (core/cuda/runtime_stub.cpp).
 StreamApi* cuda_stream_api();
 
 // The stream registry of one device type: one stream per (device, kind), created on first use
-// through `api` and never destroyed (NOTE [CUDA registry] in kernels/cuda/runtime.cu says why).
+// through `api` and never destroyed (NOTE [CUDA registry] in core/cuda/runtime.h says why).
 class StreamRegistry {
  public:
   explicit StreamRegistry(StreamApi* api);

@@ -1,7 +1,8 @@
 // Tensor: a view (shape, strides, offset, dtype) of a shared Storage, plus the autograd
 // metadata (requires_grad, grad, grad_fn). Copying a Tensor copies a handle; views share
 // storage. Methods that compute are defined with the ops (kiln/ops/) and are listed here so
-// that `t.transpose(0, 1).contiguous()` reads as users of PyTorch expect.
+// that `t.transpose(0, 1).contiguous()` reads as users of PyTorch expect; code below the ops
+// layer cannot call them (each layer links alone against the ones below it: cmake/layers.cmake).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -118,11 +119,11 @@ class Tensor {
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
 
-  // ---- element access (syncs with the device) ----
+  // ---- element access (syncs with the device) — kiln/ops/readout.cpp ----
   double item() const;               // one-element tensors
   template <class T> std::vector<T> to_vector() const;  // any layout, any device
 
-  // ---- autograd — kiln/autograd/ ----
+  // ---- autograd — kiln/autograd/graph.cpp; set_grad and backward kiln/ops/backward.cpp ----
   bool requires_grad() const;
   Tensor& requires_grad_(bool on = true);
   bool is_leaf() const;
@@ -134,7 +135,7 @@ class Tensor {
   uint64_t version() const { return impl()->storage->version(); }
   void bump_version() const { impl()->storage->bump_version(); }
 
-  std::string str() const;  // printed like PyTorch: values, shape, dtype, device
+  std::string str() const;  // printed like PyTorch: values, shape, dtype, device (ops/readout.cpp)
 
  private:
   std::shared_ptr<TensorImpl> impl_;

@@ -2,7 +2,7 @@
 #include "kiln/nn/checkpoint.h"
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
+#include "kiln/ops/backward.h"
 
 namespace kiln::nn {
 namespace {

@@ -2,11 +2,11 @@
 // (which bump the version counter and are refused on leaves that require grad), and the
 // in-place guards (check_inplace, check_inplace_source).
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/dispatch.h"
-#include "kiln/ops/ops.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/inplace.h"
+#include "kiln/ops/ops.h"
 
 namespace kiln {
 

@@ -3,9 +3,9 @@
 #include <cmath>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/elementwise.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/inplace.h"
 #include "kiln/ops/ops.h"
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/nn.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/index_check.h"
 #include "kiln/ops/ops.h"
 

@@ -1,8 +1,8 @@
 // matmul (numpy semantics, broadcast batch dims) and linear, with autograd. Operands whose
 // last two dims are a transposed contiguous matrix go to the gemm kernel without a copy.
-#include "kiln/autograd/node.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/matmul.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln {

@@ -5,9 +5,9 @@
 #include <string>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/nn.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/index_check.h"
 #include "kiln/ops/ops.h"
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <numeric>
 
-#include "kiln/autograd/node.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/reduce.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln {

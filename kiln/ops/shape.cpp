@@ -1,6 +1,6 @@
 // cat, stack and split, built on views and copies so they work on every device.
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln {

@@ -5,7 +5,7 @@
 #include <functional>
 #include <numeric>
 
-#include "kiln/autograd/node.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/autograd/node.h"
+#include "kiln/ops/backward.h"
 #include "kiln/parallel/fsdp.h"
 
 namespace kiln::parallel {

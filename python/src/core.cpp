@@ -12,9 +12,9 @@
 #include <cstring>
 #include <memory>
 
-#include "kiln/autograd/node.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/ops.h"
 #include "python/src/bindings.h"
 #include "python/src/dlpack.h"

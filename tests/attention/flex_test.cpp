@@ -14,10 +14,10 @@
 
 #include "kiln/attention/flex_attention.h"
 #include "kiln/attention/reference.h"
-#include "kiln/autograd/node.h"
 #include "kiln/core/device.h"
 #include "kiln/core/kernel_registry.h"
 #include "kiln/kernels/flex_files.h"
+#include "kiln/ops/backward.h"
 #include "tests/ops/harness.h"
 
 using namespace kiln;

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
+#include "kiln/ops/backward.h"
 #include "kiln/optim/clip.h"
 #include "tests/ops/harness.h"
 

@@ -1,6 +1,7 @@
 // The layers of docs/design.md, checked on the sources: every `#include "kiln/<folder>/..."` in
 // kiln/ names a folder of a lower layer or its own, so an arrow that runs up fails here (the
-// message names the file, the line and both layers). One known exception, listed with its reason.
+// message names the file, the line and both layers). The build checks the same table on the
+// symbols (cmake/layers.cmake: each layer links alone against the ones below it).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,28 +9,44 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
+#include <sstream>
 #include <string>
 
 namespace {
 
 namespace fs = std::filesystem;
 
-// Bottom (0) to top; folders of one rank are siblings and may not include each other. The same
-// table is drawn in docs/design.md ("Layers").
-const std::map<std::string, int>& layer_of() {
-  static const std::map<std::string, int> m = {
-      {"core", 0},      {"autograd", 1}, {"kernels", 2},   {"io", 3},     {"telemetry", 4}, {"ops", 4},
-      {"jit", 5},       {"data", 6},     {"dist", 6},      {"attention", 6}, {"loss", 6},
-      {"nn", 7},        {"optim", 7},    {"parallel", 8},  {"train", 9},
-  };
+// Folder -> rank, from the one table of the layers: KILN_LAYER_RANKS in cmake/layers.cmake (the
+// build's per-layer libraries and their link checks; docs/design.md draws it). Each entry is
+// "RANK:folder,folder" on a line of its own inside set(KILN_LAYER_RANKS ...).
+std::map<std::string, int> read_layer_table() {
+  std::ifstream in(fs::path(KILN_SOURCE_DIR) / "cmake" / "layers.cmake");
+  EXPECT_TRUE(in.good()) << "cmake/layers.cmake not found";
+  std::map<std::string, int> m;
+  const std::regex entry_re(R"re(^\s*"(\d+):([a-z_,]+)"\)?\s*$)re");
+  bool inside = false;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("set(KILN_LAYER_RANKS") != std::string::npos) {
+      inside = true;
+      continue;
+    }
+    if (!inside) continue;
+    std::smatch e;
+    if (!std::regex_match(line, e, entry_re)) break;
+    const int rank = std::stoi(e[1]);
+    std::stringstream folders(e[2]);
+    for (std::string f; std::getline(folders, f, ',');) m[f] = rank;
+    if (line.find(')') != std::string::npos) break;
+  }
   return m;
 }
 
-// (including file, included folder): the backward engine sums gradients with ops' add, the one
-// arrow that still runs up (autograd below ops, which record autograd nodes). Link order cannot
-// express it either: the Tensor methods of core/tensor.h are defined in ops/ (copy, views), as
-// ATen's are above c10's TensorImpl, so the layers are one library and this test is their check.
-const std::set<std::pair<std::string, std::string>> kKnownExceptions = {{"kiln/autograd/engine.cpp", "ops"}};
+const std::map<std::string, int>& layer_of() {
+  static const std::map<std::string, int> m = read_layer_table();
+  return m;
+}
 
 std::string folder_of(const std::string& rel) {  // "kiln/kernels/cpu/x.h" -> "kernels"
   const size_t a = rel.find('/');
@@ -66,7 +83,7 @@ TEST(Layers, EveryIncludeOfKilnRunsDownOrSideways) {
         ADD_FAILURE() << rel << ":" << n << " includes kiln/" << to << "/, a folder with no layer";
         continue;
       }
-      if (to == from || lt->second < lf->second || kKnownExceptions.count({rel, to})) continue;
+      if (to == from || lt->second < lf->second) continue;
       ADD_FAILURE() << rel << ":" << n << ": " << from << " (layer " << lf->second << ") includes " << to
                     << " (layer " << lt->second << "): an arrow that runs " << (lt->second == lf->second ? "sideways" : "up");
     }
@@ -76,14 +93,35 @@ TEST(Layers, EveryIncludeOfKilnRunsDownOrSideways) {
   EXPECT_GT(includes, 400);
 }
 
-// The exceptions still exist (else they would hide a new arrow of the same pair).
-TEST(Layers, KnownExceptionsAreStillThere) {
-  for (const auto& [file, to] : kKnownExceptions) {
-    std::ifstream in(fs::path(KILN_SOURCE_DIR) / file);
-    ASSERT_TRUE(in.good()) << file;
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_NE(text.find("#include \"kiln/" + to + "/"), std::string::npos)
-        << file << " no longer includes kiln/" << to << "/: remove it from kKnownExceptions";
+// The table has every layer of docs/design.md, bottom to top, and the drawing there matches it.
+TEST(Layers, TableMatchesTheDesignDocument) {
+  const auto& m = layer_of();
+  ASSERT_GE(m.size(), 15u) << "cmake/layers.cmake's KILN_LAYER_RANKS was not read";
+  EXPECT_EQ(m.at("core"), 0);
+  EXPECT_LT(m.at("autograd"), m.at("ops"));
+  EXPECT_LT(m.at("ops"), m.at("io"));  // io writes tensors through contiguous() and to()
+  std::ifstream in(fs::path(KILN_SOURCE_DIR) / "docs" / "design.md");
+  ASSERT_TRUE(in.good());
+  // A row: the rank, then its folders ("6 kiln/attention/ loss/ data/ dist/"), then the text.
+  const std::regex row_re(R"(^(\d) (kiln/[a-z_]+/(?: [a-z_]+/)*))");
+  std::map<std::string, int> drawn;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch r;
+    if (!std::regex_search(line, r, row_re)) continue;
+    std::stringstream folders(r[2].str());
+    for (std::string f; folders >> f;) {
+      if (f.rfind("kiln/", 0) == 0) f = f.substr(5);
+      drawn[f.substr(0, f.size() - 1)] = std::stoi(r[1]);
+    }
+  }
+  EXPECT_EQ(drawn.size(), m.size()) << "docs/design.md draws " << drawn.size() << " folders, cmake/layers.cmake has "
+                                     << m.size();
+  for (const auto& [folder, rank] : drawn) {
+    auto it = m.find(folder);
+    ASSERT_NE(it, m.end()) << "docs/design.md draws kiln/" << folder << "/, which cmake/layers.cmake lacks";
+    EXPECT_EQ(it->second, rank) << "kiln/" << folder << "/: rank " << rank << " in docs/design.md, " << it->second
+                                << " in cmake/layers.cmake";
   }
 }
 

@@ -98,7 +98,7 @@ TEST(CudaDevices, ListAndCount) {
   EXPECT_TRUE(cuda_built());
 #else
   EXPECT_FALSE(cuda_built());
-  EXPECT_EQ(n, 0);  // the CPU-only build (runtime_stub.cpp)
+  EXPECT_EQ(n, 0);  // the CPU-only build (core/cuda/runtime_stub.cpp)
 #endif
   auto devs = list_cuda_devices();
   EXPECT_EQ(static_cast<int>(devs.size()), n);

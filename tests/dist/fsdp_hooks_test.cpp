@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
 #include "kiln/nn/checkpoint.h"
 #include "kiln/nn/module.h"
+#include "kiln/ops/backward.h"
 #include "kiln/ops/ops.h"
 
 using namespace kiln;

@@ -13,12 +13,12 @@
 #include <gtest/gtest.h>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/autograd/node.h"
 #include "kiln/core/allocator.h"
-#include "kiln/io/file.h"
 #include "kiln/dist/store.h"
+#include "kiln/io/file.h"
 #include "kiln/io/json.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/ops/backward.h"
 #include "kiln/parallel/dcp.h"
 #include "kiln/parallel/fsdp_group.h"
 #include "kiln/train/hf_export.h"

@@ -52,7 +52,7 @@ void run(const LceParams& p, const LceTensors& t) {
   const A* cw = CWt.defined() ? CWt.data<A>() : nullptr;
   const A* rs = t.row_scale.defined() ? t.row_scale.data<A>() : nullptr;
   const I* tgt = t.target.data<I>();
-  const double grad_scale = p.grad_scale * (t.grad_scale.defined() ? t.grad_scale.item() : 1.0);
+  const double grad_scale = p.grad_scale * (t.grad_scale.defined() ? *t.grad_scale.data<double>() : 1.0);
   A* loss = t.loss.data<A>();
   A* zloss = t.zloss.data<A>();
   A* lse_out = t.lse.data<A>();

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/cuda/runtime.h"
 #include "kiln/core/device.h"
 #include "kiln/core/stream.h"
 
@@ -19,11 +20,9 @@
 // of core/device.h, and a namespace of the same name does not compile next to it).
 namespace kiln::kernels::cuda {
 
-// Throws kiln::Error naming `what` (and the CUDA error string) when e != cudaSuccess.
-void check(cudaError_t e, const char* what);
-#define KILN_CUDA_CHECK(expr) ::kiln::kernels::cuda::check((expr), #expr)
-// Checks the last kernel launch.
-#define KILN_CUDA_CHECK_LAUNCH(name) ::kiln::kernels::cuda::check(cudaGetLastError(), name)
+// Throws kiln::Error naming `what` (and the CUDA error string) when e != cudaSuccess; with
+// KILN_CUDA_CHECK / KILN_CUDA_CHECK_LAUNCH, from the core layer's core/cuda/runtime.h.
+using ::kiln::core_cuda::check;
 
 struct DeviceContext {
   int device = 0;

@@ -1,8 +1,8 @@
 // The CUDA StreamApi (kiln/core/stream.h): streams, events and their waits through the CUDA
 // runtime. Streams are non-blocking (they do not wait for the legacy default stream); a
 // high-priority stream takes the device's greatest priority.
+#include "kiln/core/cuda/runtime.h"
 #include "kiln/core/stream.h"
-#include "kiln/kernels/cuda/context.h"
 
 namespace kiln {
 
