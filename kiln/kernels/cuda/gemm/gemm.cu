@@ -423,11 +423,19 @@ bool kiln_gemm_for_matmul(const GemmArgs& g, const Tensor& out, const Tensor& a,
   if (want == Backend::cublaslt) return false;
   if (a.dtype() != DType::bf16 && a.dtype() != DType::f16) return false;
   if (g.beta != 0.0 || g.k == 0) return false;
-  // matmul's operands are contiguous [batch, rows, cols] (kernels/matmul.h).
+  // matmul's operands are contiguous [batch, rows, cols] (kernels/matmul.h): seen as such over
+  // their own storage (a layout, not an op: no autograd here).
+  auto as_3d = [](const Tensor& t, int64_t batch, int64_t rows, int64_t cols) {
+    const Shape shape{batch, rows, cols};
+    return Tensor::from_storage(t.storage(), shape, contiguous_strides(shape), t.offset(), t.dtype());
+  };
+  const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
+  const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+  if (ar * ac == 0 || br * bc == 0) return false;
   GemmProblem p;
-  p.a = a.view({a.numel() / ((g.trans_a ? g.k : g.m) * (g.trans_a ? g.m : g.k)), g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k});
-  p.b = b.view({b.numel() / ((g.trans_b ? g.n : g.k) * (g.trans_b ? g.k : g.n)), g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n});
-  p.out = out.view({g.batch, g.m, g.n});
+  p.a = as_3d(a, a.numel() / (ar * ac), ar, ac);
+  p.b = as_3d(b, b.numel() / (br * bc), br, bc);
+  p.out = as_3d(out, g.batch, g.m, g.n);
   p.trans_a = g.trans_a, p.trans_b = g.trans_b;
   if ((g.batch_stride_a == 0 && p.a.size(0) != 1) || (g.batch_stride_b == 0 && p.b.size(0) != 1)) return false;
   EpilogueArgs e;
