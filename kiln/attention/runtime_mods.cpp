@@ -12,6 +12,7 @@
 #include "kiln/jit/expr_prelude.h"
 #include "kiln/jit/flex_source.h"
 #include "kiln/jit/sha256.h"
+#include "kiln/kernels/flex_hopper.h"
 
 namespace kiln::attention {
 namespace {
@@ -199,6 +200,79 @@ std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, con
   return std::shared_ptr<jit::CudaFunctions>(e.keep, static_cast<jit::CudaFunctions*>(const_cast<void*>(e.fn)));
 }
 
+// The Hopper kernels of a run-time pair (the built-in kernels' templates instantiated with the
+// generated functors through NVRTC, kiln/jit/flex_source.h), compiled in the pool, loaded on this
+// thread, their shared memory allowed: fwd {forward}, bwd {dQ, dK/dV}.
+std::shared_ptr<jit::CudaFunctions> hopper_flex_kernels(const jit::ModSpec& s, const jit::ModSpec& m,
+                                                        const kernels::FlexHopperPlan& plan, bool backward,
+                                                        Device device, DType dt) {
+  const std::string storage = dtype_name(dt);
+  jit::CompileRequest req{std::string(backward ? "flex_backward" : "flex_forward") + " hopper " + storage + " (" +
+                              s.expr + " | " + m.expr + ")",
+                          jit::flex_hopper_source(s, m, storage),
+                          {"score_mod", "score_mod_derivative", "mask_mod"},
+                          jit::flex_hopper_kernels(plan.head_dim, backward, storage)};
+  std::string names;
+  for (const auto& n : req.name_expressions) names += n + ";";
+  const KernelKey key{backward ? "flex_backward_hopper" : "flex_forward_hopper", "cuda", storage, plan.head_dim,
+                      jit::sha256_hex(req.source + names), "jit " + device.str()};
+  const KernelEntry e = KernelRegistry::global().get_or_make(key, [&] {
+    jit::Cubin cubin;
+    jit::CompileService::global()
+        .submit(req.name, [&](const jit::CancelToken& tok) { cubin = jit::compile_cuda(req, "sm_90a", &tok); })
+        .wait();
+    auto f = std::make_shared<jit::CudaFunctions>(jit::load_cuda_functions(cubin, cubin.lowered_names));
+    const kernels::FlexHopperLaunch* launches[] = {backward ? &plan.dq : &plan.fwd, &plan.dkdv};
+    for (size_t i = 0; i < f->functions.size(); ++i)
+      jit::allow_dynamic_smem(f->functions[i], static_cast<int>(launches[i]->smem), "flex_attention (Hopper, run-time mods)");
+    return KernelEntry{f.get(), f, "jit cuda hopper " + cubin.key};
+  });
+  return std::shared_ptr<jit::CudaFunctions>(e.keep, static_cast<jit::CudaFunctions*>(const_cast<void*>(e.fn)));
+}
+
+// Runs a run-time pair on the Hopper kernels when they apply (as the built-in mods' would:
+// automatic or hopper backends, 16-bit storage, no learnable capture in the backward, the layout
+// of kernels/flex_hopper.h) and returns true; false: nothing ran. A required hopper backend that
+// does not apply is an error.
+bool run_hopper_flex(bool backward, kernels::FlexParams& p, const jit::ModSpec& s, const jit::ModSpec& m,
+                     std::vector<unsigned char>& sm, std::vector<unsigned char>& mm, bool learn, Device device,
+                     DType dt, const Stream& stream) {
+  using kernels::FlexBackend;
+  if (p.backend != FlexBackend::automatic && p.backend != FlexBackend::hopper) return false;
+  const bool sixteen = dt == DType::bf16 || dt == DType::f16;
+  kernels::FlexHopperPlan plan;
+  const Tensor counters = detail::tile_counters(p, 2, device);  // alive until the launches are queued
+  const bool applies = sixteen && !(backward && learn) && kernels::plan_flex_hopper(p, dt == DType::bf16, backward, stream, plan);
+  if (!applies) {
+    KILN_CHECK(p.backend != FlexBackend::hopper, "flex_attention (run-time mods): backend hopper does not apply to ",
+               "this call (it takes bf16 / f16, head dims E = Ev of 64 or 128, 16-byte aligned rows, blocks multiples "
+               "of 128, and no learnable capture in the backward); use auto or simt");
+    return false;
+  }
+  const auto k = hopper_flex_kernels(s, m, plan, backward, device, dt);
+  auto launch = [&](void* fn, unsigned char* maps, const kernels::FlexHopperLaunch& l, const char* what) {
+    if (l.grid == 0) return;
+    bool heads_fastest = l.heads_fastest;
+    int32_t* counter = l.tile_counter;
+    std::vector<void*> args;
+    if (!backward)
+      for (int i = 0; i < 4; ++i) args.push_back(maps + 128 * i);
+    else
+      args.push_back(maps);
+    for (void* a : {static_cast<void*>(&p), static_cast<void*>(sm.data()), static_cast<void*>(mm.data()),
+                    static_cast<void*>(&heads_fastest), static_cast<void*>(&counter)})
+      args.push_back(a);
+    jit::launch_cuda(fn, l.grid, 1, 1, l.threads, args.data(), stream, what, l.smem);
+  };
+  if (!backward) {
+    launch(k->functions[0], plan.maps[0], plan.fwd, "flex_attention (run-time mods, Hopper forward)");
+  } else {  // dQ first: it writes the delta that the dK/dV pass reads
+    launch(k->functions[0], plan.maps[0], plan.dq, "flex_attention (run-time mods, Hopper dQ)");
+    launch(k->functions[1], plan.maps[6], plan.dkdv, "flex_attention (run-time mods, Hopper dK/dV)");
+  }
+  return true;
+}
+
 // Runs the forward or the backward of a run-time pair on CUDA (storage `dt`; the backward also
 // gives a learnable capture's gradient when p.dbias is set), on the thread's current stream of
 // `device`.
@@ -210,7 +284,6 @@ void run_cuda_flex(bool backward, const kernels::FlexParams& p, const jit::ModSp
   const int maxd = p.E <= 128 && p.Ev <= 128 ? 128 : 256;
   bool learn = false;
   for (const auto& c : s.captures) learn = learn || c.learnable;
-  const auto k = cuda_flex_kernels(s, m, maxd, backward, device, dt, learn);
   const Stream stream = current_stream(device);
   Tensor flags = zeros({std::max<int64_t>(static_cast<int64_t>(caps.size()), 1)}, DType::i32, device);
   std::vector<const void*> data;
@@ -230,6 +303,13 @@ void run_cuda_flex(bool backward, const kernels::FlexParams& p, const jit::ModSp
   };
   std::vector<unsigned char> sm = bytes(jit::is_identity(s), 0, n_score), mm = bytes(false, n_score, caps.size() - n_score);
   kernels::FlexParams pp = p;
+  if (run_hopper_flex(backward, pp, s, m, sm, mm, learn, device, dt, stream)) {
+    if (!caps.empty()) check_flags(flags.to(kCPU).to_vector<int32_t>(), named);
+    return;
+  }
+  KILN_CHECK(p.backend != kernels::FlexBackend::sm80, "flex_attention (run-time mods): backend sm80 has no run-time ",
+             "kernels (the hopper and simt ones do); use auto, hopper or simt");
+  const auto k = cuda_flex_kernels(s, m, maxd, backward, device, dt, learn);
   void* args[] = {&pp, sm.data(), mm.data()};
   const unsigned B = static_cast<unsigned>(p.B);
   if (!backward) {
@@ -438,6 +518,20 @@ std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const
                             s.expr + " | " + m.expr + ")",
                         jit::flex_cuda_source(s, m, maxd, bwd, dtype_name(dtype)),
                         {"score_mod", "score_mod_derivative", "mask_mod"}});
+      }
+    }
+    // The Hopper kernels of 16-bit storage (those calls run them where they apply).
+    bool learn = false;
+    for (const auto& c : s.captures) learn = learn || c.learnable;
+    for (int hd : {64, 128}) {
+      if ((head_dim > 0 && head_dim != hd) || dtype == DType::f32) continue;
+      for (bool bwd : {false, true}) {
+        if (bwd && (!backward || learn)) continue;
+        reqs.push_back({std::string(bwd ? "flex_backward" : "flex_forward") + " hopper " + dtype_name(dtype) + " (" +
+                            s.expr + " | " + m.expr + ")",
+                        jit::flex_hopper_source(s, m, dtype_name(dtype)),
+                        {"score_mod", "score_mod_derivative", "mask_mod"},
+                        jit::flex_hopper_kernels(hd, bwd, dtype_name(dtype))});
       }
     }
     std::vector<jit::Ticket> tickets;

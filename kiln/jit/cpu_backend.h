@@ -22,6 +22,9 @@ struct CompileRequest {
   std::string name;                     // what compiles (progress lines, messages)
   std::string source;                   // the translation unit
   std::vector<std::string> user_files;  // #line names of user code ("score_mod", "mask_mod")
+  // NVRTC only: name expressions of the kernels to instantiate and name
+  // ("&ns::kernel<T, 128, Mod>"); Cubin::lowered_names gives their symbols, in this order.
+  std::vector<std::string> name_expressions = {};
 };
 
 struct CpuCompiler {

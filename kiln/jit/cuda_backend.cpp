@@ -57,6 +57,8 @@ const NvrtcApi* nvrtc(std::string* why) {
     bind(h, "nvrtcGetCUBINSize", api.cubin_size, missing);
     bind(h, "nvrtcGetCUBIN", api.cubin, missing);
     bind(h, "nvrtcDestroyProgram", api.destroy, missing);
+    bind(h, "nvrtcAddNameExpression", api.add_name_expression, missing);
+    bind(h, "nvrtcGetLoweredName", api.lowered_name, missing);
     if (!missing.empty()) {
       reason = "libnvrtc lacks " + missing;
       return;
@@ -90,6 +92,7 @@ const DriverApi* driver(std::string* why) {
     bind(h, "cuLibraryUnload", api.library_unload, missing);
     bind(h, "cuLaunchKernel", api.launch, missing);
     bind(h, "cuGetErrorString", api.get_error_string, missing);
+    bind(h, "cuFuncSetAttribute", api.func_set_attribute, missing);
     if (!missing.empty()) {
       reason = "the CUDA driver lacks " + missing + " (CUDA 12 or newer is needed)";
       return;
@@ -126,9 +129,12 @@ Cubin compile_cuda(const CompileRequest& r, const std::string& arch, const Cance
   const std::vector<std::string> flags = nvrtc_flags(arch);
   std::string opts;
   for (const auto& f : flags) opts += f + " ";
+  std::string names;  // the name expressions, one a line
+  for (const auto& e : r.name_expressions) names += e + "\n";
   Sha256 h;
   h.field("backend", "nvrtc")
       .field("source", r.source)
+      .field("names", names)
       .field("headers", kiln_headers_of(r.source, include_root()))
       .field("options", opts)
       .field("target", arch)
@@ -136,11 +142,26 @@ Cubin compile_cuda(const CompileRequest& r, const std::string& arch, const Cance
       .field("kiln", KILN_VERSION);
   const std::string key = h.hex();
   DiskCache cache(cache_dir());
-  if (auto hit = cache.lookup(key, "cubin")) return Cubin{read_file(*hit), key, true};
+  auto split_lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+      out.push_back(text.substr(at, nl - at));
+    return out;
+  };
+  if (auto hit = cache.lookup(key, "cubin")) {
+    if (r.name_expressions.empty()) return Cubin{read_file(*hit), key, true, {}};
+    // The lowered names are an entry of their own (key + "-names"), stored before the cubin.
+    if (auto lowered = cache.lookup(key + "-names", "txt")) {
+      std::vector<std::string> l = split_lines(read_file(*lowered));
+      if (l.size() == r.name_expressions.size()) return Cubin{read_file(*hit), key, true, l};
+    }
+  }
   KILN_CHECK(!token || !token->cancelled, "jit: ", r.name, " cancelled");
   void* prog = nullptr;
   KILN_CHECK(api->create(&prog, r.source.c_str(), "kiln-generated.cu", 0, nullptr, nullptr) == 0,
              "jit: nvrtcCreateProgram failed for ", r.name);
+  for (const auto& e : r.name_expressions)
+    KILN_CHECK(api->add_name_expression(prog, e.c_str()) == 0, "jit: nvrtcAddNameExpression failed for ", e);
   std::vector<const char*> argv;
   for (const auto& f : flags) argv.push_back(f.c_str());
   const int rc = api->compile(prog, static_cast<int>(argv.size()), argv.data());
@@ -148,18 +169,29 @@ Cubin compile_cuda(const CompileRequest& r, const std::string& arch, const Cance
   api->log_size(prog, &n);
   std::string log(n, '\0');
   if (n) api->log(prog, log.data());
-  std::string image;
+  std::string image, lowered_lines;
+  std::vector<std::string> lowered;
   if (rc == 0) {
     size_t size = 0;
     api->cubin_size(prog, &size);
     image.resize(size);
     api->cubin(prog, image.data());
+    for (const auto& e : r.name_expressions) {
+      const char* l = nullptr;
+      if (api->lowered_name(prog, e.c_str(), &l) != 0 || l == nullptr) {
+        api->destroy(&prog);
+        fail("jit: ", r.name, ": NVRTC gives no symbol for ", e);
+      }
+      lowered.emplace_back(l);
+      lowered_lines += lowered.back() + "\n";
+    }
   }
   api->destroy(&prog);
   KILN_CHECK(rc == 0, "jit: ", r.name, " does not compile (NVRTC ", api->version_string, "):\n", log);
   KILN_CHECK(!token || !token->cancelled, "jit: ", r.name, " cancelled");
+  if (!lowered.empty()) cache.store(key + "-names", "txt", lowered_lines);
   cache.store(key, "cubin", image);
-  return Cubin{image, key, false};
+  return Cubin{image, key, false, lowered};
 }
 
 namespace {
@@ -195,8 +227,17 @@ CudaFunction load_cuda_function(const Cubin& cubin, const char* name) {
   return CudaFunction{f.library, f.functions[0]};
 }
 
+void allow_dynamic_smem(void* fn, int bytes, const char* what) {
+  std::string why;
+  const DriverApi* d = driver(&why);
+  KILN_CHECK(d != nullptr, what, ": no CUDA driver: ", why);
+  constexpr int kMaxDynamicSharedSizeBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+  const int rc = d->func_set_attribute(fn, kMaxDynamicSharedSizeBytes, bytes);
+  KILN_CHECK(rc == 0, what, ": cannot give the kernel ", bytes, " bytes of shared memory: ", driver_error(d, rc));
+}
+
 void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args, const Stream& stream,
-                 const char* what) {
+                 const char* what, unsigned smem) {
   std::string why;
   const DriverApi* d = driver(&why);
   KILN_CHECK(d != nullptr, what, ": no CUDA driver: ", why);
@@ -204,7 +245,7 @@ void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block
              ", expected a CUDA stream");
   // A cudaStream_t is a CUstream: the runtime's streams live in the device's primary context,
   // which the driver's loaded libraries use too.
-  const int rc = d->launch(fn, gx, gy, gz, block, 1, 1, 0, stream.native(), args, nullptr);
+  const int rc = d->launch(fn, gx, gy, gz, block, 1, 1, smem, stream.native(), args, nullptr);
   KILN_CHECK(rc == 0, what, ": the launch failed: ", driver_error(d, rc));
 }
 

@@ -25,6 +25,8 @@ struct NvrtcApi {
   int (*cubin_size)(void* prog, size_t*);
   int (*cubin)(void* prog, char*);
   int (*destroy)(void** prog);
+  int (*add_name_expression)(void* prog, const char* expr);
+  int (*lowered_name)(void* prog, const char* expr, const char** lowered);
   std::string version_string;  // "13.0"
 };
 // The driver's entry points used to load and launch (cuda.h's signatures with opaque handles).
@@ -38,6 +40,7 @@ struct DriverApi {
   int (*launch)(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                 unsigned smem, void* stream, void** params, void** extra);
   int (*get_error_string)(int, const char**);
+  int (*func_set_attribute)(void* fn, int attribute, int value);
 };
 
 // libnvrtc (KILN_NVRTC, else libnvrtc.so / .so.13 / .so.12 on the loader's path, else under
@@ -55,9 +58,11 @@ struct Cubin {
   std::string image;
   std::string key;
   bool from_cache = false;
+  std::vector<std::string> lowered_names;  // of CompileRequest::name_expressions, in order
 };
-// Compiles `r` with NVRTC for `arch` (or loads it from the cache). Errors: no NVRTC (saying how
-// to name one), a compile error (NVRTC's log about the user's code, nothing cached).
+// Compiles `r` with NVRTC for `arch` (or loads it from the cache: the cubin and, with name
+// expressions, their lowered names beside it). Errors: no NVRTC (saying how to name one), a
+// compile error (NVRTC's log about the user's code, nothing cached).
 Cubin compile_cuda(const CompileRequest& r, const std::string& arch = "sm_90a", const CancelToken* token = nullptr);
 
 struct CudaFunction {
@@ -78,7 +83,11 @@ CudaFunctions load_cuda_functions(const Cubin& cubin, const std::vector<std::str
 // work on that stream and before what follows on it, as any kiln kernel. A launch error names
 // `what`; a fault inside the kernel surfaces at the stream's next synchronisation, as for kiln's
 // own kernels.
+// `smem`: dynamic shared memory in bytes (beyond 48 KB, allow_dynamic_smem first).
 void launch_cuda(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, void** args, const Stream& stream,
-                 const char* what);
+                 const char* what, unsigned smem = 0);
+// Lets `fn` take `bytes` of dynamic shared memory (cuFuncSetAttribute's
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES); an error names `what`.
+void allow_dynamic_smem(void* fn, int bytes, const char* what);
 
 }  // namespace kiln::jit

@@ -53,6 +53,15 @@ std::string classify_cuda_source(const ModSpec& mask);
 // by value, the functors laid out as functor_bytes() says.
 std::string flex_cuda_source(const ModSpec& score, const ModSpec& mask, int maxd, bool backward,
                              const std::string& storage = "f32");
+// The Hopper kernels of one pair (NVRTC, device-only headers: kernels/cuda/attention_fwd_wgmma.cuh
+// and attention_bwd_wgmma.cuh, the very templates of the built-in mods, instantiated with the
+// generated functors) on "bf16" or "f16" storage. The source instantiates nothing itself:
+// flex_hopper_kernels gives the name expressions (CompileRequest::name_expressions) of the
+// kernels a call needs: the forward's, or the backward's dQ and dK/dV passes, at head dim 64 or
+// 128. Their arguments are kernels/flex_hopper.h's, the functors laid out as functor_bytes()
+// says. A learnable capture has no Hopper backward (the SIMT one computes its gradient).
+std::string flex_hopper_source(const ModSpec& score, const ModSpec& mask, const std::string& storage);
+std::vector<std::string> flex_hopper_kernels(int head_dim, bool backward, const std::string& storage);
 // A generated functor's bytes as a kernel argument: int64 q_len, kv_len, then per capture its
 // data pointer, sizes[4], strides[4] (int64) and flag pointer. The identity score_mod is
 // NoScoreMod: one byte.

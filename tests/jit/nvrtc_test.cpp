@@ -1,10 +1,13 @@
 // The CUDA side of the JIT where it can run: NVRTC compiles the device-only kernel headers
 // (kernels/flex_mods.h, flex_params.h, flex_tiles.h, cuda/mma.cuh, cuda/wgmma.cuh) and the
-// generated tile classifier of a run-time mask for sm_90a, with no GPU (skipped without
-// libnvrtc); with a GPU, create_block_mask of a run-time mask on CUDA gives the CPU's tiles.
+// generated tile classifier of a run-time mask and the Hopper flex kernels with run-time mods for
+// sm_90a, with no GPU (skipped without libnvrtc); with a GPU, create_block_mask of a run-time mask
+// on CUDA gives the CPU's tiles, and run-time mods give the CPU's results (SIMT kernels) or the
+// built-in mods' bits (Hopper kernels).
 #include <gtest/gtest.h>
 
 #include "kiln/attention/flex_attention.h"
+#include "kiln/attention/mods.h"
 #include "kiln/attention/runtime_mods.h"
 #include "kiln/core/device.h"
 #include "kiln/core/error.h"
@@ -80,6 +83,104 @@ extern "C" __global__ void probe(kiln::kernels::FlexParams p, float* out, unsign
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("mask_mod(1)"), std::string::npos) << e.what();
+  }
+}
+
+// The built-in Hopper kernel templates (attention_fwd_wgmma.cuh, attention_bwd_wgmma.cuh) compile
+// under NVRTC with generated functors: every kernel a call can ask for has a symbol, and a second
+// compile is a cache hit that gives the same symbols.
+TEST(JitNvrtc, HopperKernelsCompileWithRunTimeMods) {
+  std::string why;
+  if (!jit::nvrtc(&why)) GTEST_SKIP() << "no NVRTC here: " << why;
+  if (jit::cuda_include_dir().empty()) GTEST_SKIP() << "no CUDA toolkit headers (cuda_fp16.h) for NVRTC";
+  test::TempDir dir;
+  test::ScopedEnv env("KILN_CACHE_DIR", dir.path.c_str());
+  const jit::ModSpec alibi{"score_mod", "score + slopes[h] * (kv_idx - q_idx)", "", {{"slopes", false, 1, false}}};
+  const jit::ModSpec doc{"mask_mod", "q_idx >= kv_idx && doc[q_idx] == doc[kv_idx]", "", {{"doc", true, 1, false}}};
+  const jit::ModSpec none{"score_mod", "score", "", {}};
+  struct Case {
+    const jit::ModSpec* score;
+    const char* storage;
+    int head_dim;
+    bool backward;
+  };
+  for (const Case& c : {Case{&alibi, "bf16", 128, false}, Case{&alibi, "bf16", 128, true}, Case{&none, "f16", 64, true},
+                        Case{&none, "bf16", 64, false}}) {
+    const std::string label = std::string(c.storage) + " D=" + std::to_string(c.head_dim) + (c.backward ? " bwd" : " fwd");
+    jit::CompileRequest req{"hopper " + label, jit::flex_hopper_source(*c.score, doc, c.storage),
+                            {"score_mod", "mask_mod"}, jit::flex_hopper_kernels(c.head_dim, c.backward, c.storage)};
+    ASSERT_EQ(req.name_expressions.size(), c.backward ? 2u : 1u) << label;
+    const jit::Cubin first = jit::compile_cuda(req);
+    EXPECT_FALSE(first.from_cache) << label;
+    EXPECT_GT(first.image.size(), 10000u) << label;
+    ASSERT_EQ(first.lowered_names.size(), req.name_expressions.size()) << label;
+    for (const auto& n : first.lowered_names)
+      EXPECT_NE(n.find(c.backward ? "flex_bwd_wgmma_kernel" : "flex_fwd_wgmma_kernel"), std::string::npos) << n;
+    if (c.backward) {
+      EXPECT_NE(first.lowered_names[0], first.lowered_names[1]) << label;
+    }
+    const jit::Cubin again = jit::compile_cuda(req);
+    EXPECT_TRUE(again.from_cache) << label;
+    EXPECT_EQ(again.lowered_names, first.lowered_names) << label;
+  }
+  EXPECT_THROW(jit::flex_hopper_source(alibi, doc, "f32"), Error);
+  EXPECT_THROW(jit::flex_hopper_kernels(256, false, "bf16"), Error);
+}
+
+// A library pair written as run-time expressions runs the very kernels of the built-in pair on
+// the Hopper path (the same templates, instantiated by NVRTC): output, lse and gradients carry the
+// built-in call's bits, forward and backward, causal and a sliding window with ALiBi.
+TEST(JitNvrtc, HopperRunTimeModsGiveTheBuiltinBits) {
+  if (cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device (the lead runs this on the H200: ctest -R JitNvrtc)";
+  test::use_shared_jit_cache();
+  KILN_TEST_GENERATOR(gen);
+  const int64_t B = 1, Hq = 4, Hkv = 2, L = 640, D = 128, BS = 128;
+  Tensor slopes = Tensor::empty({Hq}, DType::f32);
+  attention::alibi_slopes(static_cast<int>(Hq), slopes.data<float>());
+  const Tensor slopes_gpu = slopes.to(cuda(0));
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor q = randn({B, Hq, L, D}, gen).to(dt).to(cuda(0)), k = randn({B, Hkv, L, D}, gen).to(dt).to(cuda(0)),
+           v = randn({B, Hkv, L, D}, gen).to(dt).to(cuda(0)), dout = randn({B, Hq, L, D}, gen).to(dt).to(cuda(0));
+    auto run = [&](auto&& call) {
+      Tensor qd = q.detach().requires_grad_(true), kd = k.detach().requires_grad_(true), vd = v.detach().requires_grad_(true);
+      attention::FlexOptions opt;
+      opt.return_lse = true;
+      opt.backend = kernels::FlexBackend::hopper;
+      auto r = call(qd, kd, vd, opt);
+      r.out.backward(dout);
+      return std::vector<Tensor>{r.out.to(kCPU), r.lse.to(kCPU), qd.grad().to(kCPU), kd.grad().to(kCPU),
+                                 vd.grad().to(kCPU)};
+    };
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    auto expect_same = [&](const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_TRUE(test::same_bits(a[i], b[i], (what + " " + dtype_name(dt) + " " + names[i]).c_str()));
+    };
+    auto causal = attention::create_block_mask(attention::Causal{}, 1, 1, L, L, BS, BS);
+    causal.layout = causal.layout.to(cuda(0));
+    const auto rcausal = attention::create_block_mask(attention::RuntimeMaskMod{"q_idx >= kv_idx"}, 1, 1, L, L, BS, BS,
+                                                      cuda(0));
+    expect_same(run([&](auto& q, auto& k, auto& v, auto& o) {
+                  return attention::flex_attention(q, k, v, attention::NoScoreMod{}, causal, o);
+                }),
+                run([&](auto& q, auto& k, auto& v, auto& o) {
+                  return attention::flex_attention(q, k, v, attention::RuntimeScoreMod{}, rcausal, o);
+                }),
+                "causal");
+    auto window = attention::create_block_mask(attention::SlidingWindow{200}, 1, 1, L, L, BS, BS);
+    window.layout = window.layout.to(cuda(0));
+    const auto rwindow = attention::create_block_mask(
+        attention::RuntimeMaskMod{"q_idx >= kv_idx && q_idx - kv_idx < 200"}, 1, 1, L, L, BS, BS, cuda(0));
+    expect_same(run([&](auto& q, auto& k, auto& v, auto& o) {
+                  return attention::flex_attention(q, k, v, attention::Alibi{slopes_gpu.data<float>()}, window, o);
+                }),
+                run([&](auto& q, auto& k, auto& v, auto& o) {
+                  return attention::flex_attention(
+                      q, k, v, attention::RuntimeScoreMod{"score + slopes[h] * (kv_idx - q_idx)", {{"slopes", slopes_gpu}}},
+                      rwindow, o);
+                }),
+                "window+alibi");
   }
 }
 

@@ -28,13 +28,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cmath>
-#include <cstdint>
-#include <type_traits>
-
+#include "kiln/kernels/device_std.h"
 #include "kiln/kernels/flex_mods.h"
 #include "kiln/kernels/cuda/attention_mma_common.cuh"
-#include "kiln/kernels/cuda/context.h"
 
 namespace kiln::kernels::cuda::flex_mma {
 namespace bwd {
@@ -437,89 +433,5 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(FlexParams p, SM sm, MM mm
   store_rows<NT, EC, MT, E>(dq, static_cast<NT*>(p.dq) + orow * E, i0 + wrow, p.L, lane, col0);
 }
 
-inline bool aligned16(const void* x) { return (reinterpret_cast<uintptr_t>(x) & 15) == 0; }
-
-// The dK/dV kernel with MT m16 tiles per warp (64·MT keys per CTA), BQ queries per step, EC of
-// the E columns per CTA.
-template <class NT, int E, int BQ, int MT, class SM, class MM, int EC = E>
-void launch_dkdv(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  constexpr int kRows = 16 * MT * kWarps;
-  constexpr int smem = (2 * kRows * E + 4 * BQ * E) * 2 + 4 * BQ * 4;
-  auto kernel = dkdv_kernel<NT, E, BQ, MT, SM, MM, EC>;
-  set_smem(kernel, smem);
-  dim3 grid(static_cast<unsigned>((p.S + kRows - 1) / kRows * (E / EC)), static_cast<unsigned>(p.Hkv),
-            static_cast<unsigned>(p.B));
-  kernel<<<grid, kThreads, smem, st>>>(p, sm, mm);
-  KILN_CUDA_CHECK_LAUNCH("flex dkdv_kernel (mma)");
-}
-
-// The dQ kernel with MT m16 tiles per warp (64·MT queries per CTA), BK keys per step, EC of the
-// E columns per CTA.
-template <class NT, int E, int BK, int MT, class SM, class MM, int EC = E>
-void launch_dq(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  constexpr int kRows = 16 * MT * kWarps;
-  constexpr int smem = (2 * kRows * E + 4 * BK * E) * 2;
-  auto kernel = dq_kernel<NT, E, BK, MT, SM, MM, EC>;
-  set_smem(kernel, smem);
-  dim3 grid(static_cast<unsigned>((p.L + kRows - 1) / kRows * (E / EC)), static_cast<unsigned>(p.Hq),
-            static_cast<unsigned>(p.B));
-  kernel<<<grid, kThreads, smem, st>>>(p, sm, mm);
-  KILN_CUDA_CHECK_LAUNCH("flex dq_kernel (mma)");
-}
-
-// Tile shapes: registers decide (see docs/attention.md).
-template <class NT, int E, class SM, class MM>
-void launch(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  const int64_t rows = p.B * p.Hq * p.L;
-  const int64_t threads = rows * (E / 8);
-  delta_kernel<NT, E><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, st>>>(p);
-  KILN_CUDA_CHECK_LAUNCH("flex delta_kernel (mma)");
-
-  if constexpr (E == 256) {
-    // E = 256: dK and dV would be 128 f32 registers a thread each, dQ 128: two CTAs per tile
-    // write 128 columns each, both computing the tile's S and dP over all 256 (1.5 × the products
-    // of one CTA), with the E = 128 kernels' registers (dK/dV 213, dQ 124). 16-row steps keep
-    // shared memory at 96 KB, so two CTAs share an SM (32-row steps: 128 KB, one CTA; H200,
-    // B=1 H=16 causal backward: S=16384 117.1 → 106.1–106.8 ms, S=4096 7.54 → 7.46).
-    launch_dkdv<NT, E, 16, 1, SM, MM, 128>(p, sm, mm, st);
-    launch_dq<NT, E, 16, 1, SM, MM, 128>(p, sm, mm, st);
-  } else {
-    // dK/dV: one m16 tile per warp (two would need the dK and dV accumulators twice: spills at
-    // E = 64 with 32-query steps, 256 registers of accumulators alone at E = 128).
-    launch_dkdv<NT, E, E == 128 ? 32 : 64, 1>(p, sm, mm, st);
-    // dQ: two m16 tiles per warp (128 queries per CTA, 32-key steps) at E = 64 when the q blocks
-    // are multiples of 128; otherwise one (64 queries, 64-key steps).
-    if constexpr (E == 64) {
-      if (p.QB % 128 == 0) launch_dq<NT, E, 32, 2>(p, sm, mm, st);
-      else launch_dq<NT, E, 64, 1>(p, sm, mm, st);
-    } else {
-      launch_dq<NT, E, 64, 1>(p, sm, mm, st);
-    }
-  }
-}
-
 }  // namespace bwd
-
-// Runs the tensor-core backward (delta, dK/dV, dQ) and returns true, or returns false without
-// launching anything when it does not apply (the caller falls back to the SIMT kernels).
-template <class T, class SM, class MM>
-bool flex_backward_mma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  using NT = cuda_t<T>;
-  if constexpr (std::is_void_v<NT> || attention::is_learnable_v<SM>) {
-    return false;  // f32 storage, or a learnable table (dbias is not implemented here)
-  } else {
-    if (!mma_layout_ok(p, bwd::kTile, bwd::kTile, /*head_dim_256=*/true) || p.L <= 0 || p.S <= 0) return false;
-    if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
-        !bwd::aligned16(p.dv))
-      return false;
-    if (p.E == 64)
-      bwd::launch<NT, 64>(p, sm, mm, st);
-    else if (p.E == 128)
-      bwd::launch<NT, 128>(p, sm, mm, st);
-    else
-      bwd::launch<NT, 256>(p, sm, mm, st);
-    return true;
-  }
-}
-
 }  // namespace kiln::kernels::cuda::flex_mma

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   constexpr int kStages = Smem::kStages;
   constexpr uint32_t kResBufs = Smem::kResBufs;
   constexpr int kGroups = D / 64;
-  constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
+  constexpr bool kIdentity = dev::is_same_v<SM, attention::NoScoreMod>;
   extern __shared__ unsigned char bwd_wgmma_smem[];
   unsigned char* smem = wg::align_1024(bwd_wgmma_smem);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
@@ -307,11 +307,11 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   };
   // Rows of the fragments are resident rows, columns streamed ones. `part`: PAndDs, or (the
   // identity score_mod, kSplitAcc below) POnly, then DsOnly from that P.
-  using PAndDs = std::integral_constant<int, 0>;
-  using POnly = std::integral_constant<int, 1>;
-  using DsOnly = std::integral_constant<int, 2>;
+  using PAndDs = dev::integral_constant<int, 0>;
+  using POnly = dev::integral_constant<int, 1>;
+  using DsOnly = dev::integral_constant<int, 2>;
   auto gradients = [&](const flex_mma::bwd::Cursor& c, uint32_t stage, auto part) {
-    constexpr bool kP = !std::is_same_v<decltype(part), DsOnly>, kDs = !std::is_same_v<decltype(part), POnly>;
+    constexpr bool kP = !dev::is_same_v<decltype(part), DsOnly>, kDs = !dev::is_same_v<decltype(part), POnly>;
     const int h = KV_SIDE ? static_cast<int>(h0 + c.hi) : head;  // the query head of this step
     const int start = static_cast<int>(c.start);
     const bool partial = c.pass == 0;
@@ -612,72 +612,6 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     }
   }
   if (issuer) wg::bulk_wait_read<0>();  // the last stores read shared memory before the CTA ends
-}
-
-template <class T, int D, bool KV_SIDE, class SM, class MM>
-void launch_bwd_wgmma(const BwdMaps& maps, const FlexParams& p, const SM& sm, const MM& mm, int32_t* tile_counter,
-                      cudaStream_t st) {
-  auto kernel = flex_bwd_wgmma_kernel<T, D, KV_SIDE, SM, MM>;
-  constexpr int smem = BwdSmem<D, KV_SIDE>::kBytes;
-  set_smem(kernel, smem);
-  const int64_t rows = KV_SIDE ? p.S : p.L;
-  const int64_t row_tiles = (rows + kBwdRows - 1) / kBwdRows;
-  const int64_t tiles = row_tiles * (KV_SIDE ? p.Hkv : p.Hq) * p.B;  // < 2^31 (checked by the caller)
-  const int sms = current_context().sm_count;
-  const bool heads_fastest = heads_fastest_order(row_tiles, sms);
-  if (tiles == 0) return;  // B = 0 or Hq = 0: nothing to write (dK/dV with Hq = 0 get zeros from their empty walks)
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
-  kernel<<<grid, kThreads, smem, st>>>(maps, p, sm, mm, heads_fastest, tile_counter);
-  KILN_CUDA_CHECK_LAUNCH("flex_bwd_wgmma_kernel");
-}
-
-// Encodes the maps of both passes (out, dq, dk, dv are contiguous [B, H, rows, D]); false when
-// one cannot be described.
-template <class T, int D>
-bool bwd_maps(const FlexParams& p, BwdMaps& kv_side, BwdMaps& q_side) {
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const int64_t go_b = p.Hq * p.L * D, go_h = p.L * D;  // dO is contiguous [B, Hq, L, D]
-  auto map16 = [&](CUtensorMap& m, const void* base, int64_t H, int64_t rows, int64_t sb, int64_t sh, int64_t sr,
-                   int box) { return wg::encode_tensor_map_16bit(&m, kBf16, base, p.B, H, rows, D, sb, sh, sr, box); };
-  return map16(kv_side.r0, p.k, p.Hkv, p.S, p.k_st[0], p.k_st[1], p.k_st[2], kBwdRows) &&
-         map16(kv_side.r1, p.v, p.Hkv, p.S, p.v_st[0], p.v_st[1], p.v_st[2], kBwdRows) &&
-         map16(kv_side.s0, p.q, p.Hq, p.L, p.q_st[0], p.q_st[1], p.q_st[2], kBwdStep) &&
-         map16(kv_side.s1, p.dout, p.Hq, p.L, go_b, go_h, D, kBwdStep) &&
-         map16(q_side.r0, p.q, p.Hq, p.L, p.q_st[0], p.q_st[1], p.q_st[2], kBwdRows) &&
-         map16(q_side.r1, p.dout, p.Hq, p.L, go_b, go_h, D, kBwdRows) &&
-         map16(q_side.s0, p.k, p.Hkv, p.S, p.k_st[0], p.k_st[1], p.k_st[2], kBwdStep) &&
-         map16(q_side.s1, p.v, p.Hkv, p.S, p.v_st[0], p.v_st[1], p.v_st[2], kBwdStep) &&
-         map16(kv_side.o0, p.dk, p.Hkv, p.S, p.Hkv * p.S * D, p.S * D, D, 64) &&
-         map16(kv_side.o1, p.dv, p.Hkv, p.S, p.Hkv * p.S * D, p.S * D, D, 64) &&
-         map16(q_side.o0, p.dq, p.Hq, p.L, p.Hq * p.L * D, p.L * D, D, 64) &&
-         map16(q_side.o1, p.out, p.Hq, p.L, p.Hq * p.L * D, p.L * D, D, 64);
-}
-
-// The Hopper backward when it applies (see the top of the file); false: nothing was launched.
-template <class T, class SM, class MM>
-bool flex_backward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  using CT = cuda_t<T>;
-  if constexpr (std::is_void_v<CT> || attention::is_learnable_v<SM>) {
-    return false;
-  } else {
-    if (!mma_layout_ok(p, kBwdRows, kBwdRows) || p.L <= 0 || p.S <= 0 || p.tile_counters == nullptr) return false;
-    namespace bwd = flex_mma::bwd;
-    if (!bwd::aligned16(p.out) || !bwd::aligned16(p.dout) || !bwd::aligned16(p.dq) || !bwd::aligned16(p.dk) ||
-        !bwd::aligned16(p.dv) || p.B * p.Hq * p.L >= (int64_t{1} << 31) ||
-        (p.S + kBwdRows - 1) / kBwdRows * p.Hkv * p.B >= (int64_t{1} << 31))  // the dK/dV grid
-      return false;
-    BwdMaps kv_side, q_side;
-    auto run = [&]<int D>() {
-      const auto smem = static_cast<size_t>(std::max(BwdSmem<D, true>::kBytes, BwdSmem<D, false>::kBytes));
-      if (current_context().max_shared_per_block < smem || !bwd_maps<CT, D>(p, kv_side, q_side)) return false;
-      // dQ first: it writes the delta that the dK/dV pass reads.
-      KILN_CUDA_CHECK(cudaMemsetAsync(p.tile_counters, 0, 2 * sizeof(int32_t), st));
-      launch_bwd_wgmma<CT, D, false>(q_side, p, sm, mm, p.tile_counters + 1, st);
-      launch_bwd_wgmma<CT, D, true>(kv_side, p, sm, mm, p.tile_counters, st);
-      return true;
-    };
-    return p.E == 64 ? run.template operator()<64>() : run.template operator()<128>();
-  }
 }
 
 }  // namespace kiln::kernels::cuda::flex_wgmma

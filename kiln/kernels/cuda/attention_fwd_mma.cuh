@@ -36,7 +36,10 @@
 //   is written; a row with nothing kept gets O = 0 and lse = -inf (never NaN).
 // - GQA: K/V of head h / (Hq / Hkv), read in place with FlexParams' strides (no copies).
 #pragma once
+#include <type_traits>
+
 #include "kiln/core/error.h"
+#include "kiln/kernels/cuda/attention_host.cuh"
 #include "kiln/kernels/cuda/attention_mma_common.cuh"
 
 namespace kiln::kernels::cuda::flex_mma {

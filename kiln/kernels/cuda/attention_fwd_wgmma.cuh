@@ -40,15 +40,9 @@
 //   that stage's kv_empty then also waits for the store to have read it (release_held).
 // - GQA: K/V of head h / (Hq / Hkv) through the tensor maps' strides (no copies).
 #pragma once
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <type_traits>
-
+#include "kiln/kernels/device_std.h"
 #include "kiln/kernels/flex_mods.h"
-#include "kiln/core/error.h"
 #include "kiln/kernels/cuda/attention_mma_common.cuh"
-#include "kiln/kernels/cuda/tensor_map.h"
 #include "kiln/kernels/cuda/wgmma.cuh"
 
 namespace kiln::kernels::cuda::flex_wgmma {
@@ -248,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int L = static_cast<int>(p.L), S = static_cast<int>(p.S);
   const uint32_t q_base = wg::smem_u32(smem) + wgi * 64 * 128;
   constexpr int kNt = kBN / 8, kOt = D / 8;
-  constexpr bool kIdentity = std::is_same_v<SM, attention::NoScoreMod>;
+  constexpr bool kIdentity = dev::is_same_v<SM, attention::NoScoreMod>;
   const bool issuer = wq == 0 && lane == 0;  // stores this warpgroup's O rows
   // The stage whose K buffer took the previous tile's O: its release waits until the store has
   // read it (release_held, a step into the next tile).
@@ -307,9 +301,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         });
       };
       if (!fast)
-        mods(std::true_type{});
+        mods(dev::true_type{});
       else if (use_mask || bounds)
-        mods(std::false_type{});
+        mods(dev::false_type{});
       const float mul = fast ? p.scale * kLog2e : kLog2e;  // exponent = x·mul − m·kLog2e
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -426,43 +420,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (issuer) wg::bulk_wait_read<0>();  // the last store has read shared memory before the CTA ends
-}
-
-template <class T, int D, class SM, class MM>
-bool launch_fwd_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const DeviceContext& ctx = current_context();
-  if (ctx.max_shared_per_block < static_cast<size_t>(FwdSmem<D>::kBytes)) return false;  // fall back
-  CUtensorMap tq, tk, tv, to;  // to: the output, contiguous [B, Hq, L, D], one warpgroup's 64 rows a box
-  if (!wg::encode_tensor_map_16bit(&tq, kBf16, p.q, p.B, p.Hq, p.L, D, p.q_st[0], p.q_st[1], p.q_st[2], kBM) ||
-      !wg::encode_tensor_map_16bit(&tk, kBf16, p.k, p.B, p.Hkv, p.S, D, p.k_st[0], p.k_st[1], p.k_st[2], kBN) ||
-      !wg::encode_tensor_map_16bit(&tv, kBf16, p.v, p.B, p.Hkv, p.S, D, p.v_st[0], p.v_st[1], p.v_st[2], kBN) ||
-      !wg::encode_tensor_map_16bit(&to, kBf16, p.out, p.B, p.Hq, p.L, D, p.Hq * p.L * D, p.L * D, D, 64))
-    return false;
-  auto kernel = flex_fwd_wgmma_kernel<T, D, SM, MM>;
-  constexpr int smem = FwdSmem<D>::kBytes;
-  set_smem(kernel, smem);
-  const int64_t q_tiles = (p.L + kBM - 1) / kBM, tiles = q_tiles * p.B * p.Hq;
-  if (tiles >= (int64_t{1} << 31)) return false;  // tile indices are int32 (tile_rank)
-  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, ctx.sm_count)));
-  const bool heads_fastest = heads_fastest_order(q_tiles, ctx.sm_count);
-  KILN_CUDA_CHECK(cudaMemsetAsync(p.tile_counters, 0, sizeof(int32_t), st));
-  kernel<<<grid, kThreads, smem, st>>>(tq, tk, tv, to, p, sm, mm, heads_fastest, p.tile_counters);
-  KILN_CUDA_CHECK_LAUNCH("flex_fwd_wgmma_kernel");
-  return true;
-}
-
-// The Hopper forward when it applies (see the top of the file); false: use another kernel.
-template <class T, class SM, class MM>
-bool flex_forward_wgmma(const FlexParams& p, const SM& sm, const MM& mm, cudaStream_t st) {
-  using CT = cuda_t<T>;
-  if constexpr (std::is_void_v<CT>) {
-    return false;
-  } else {
-    if (!mma_layout_ok(p, kBM, kBN) || p.tile_counters == nullptr) return false;
-    if (p.B == 0 || p.Hq == 0 || p.L == 0) return true;  // nothing to write
-    return p.E == 64 ? launch_fwd_wgmma<CT, 64>(p, sm, mm, st) : launch_fwd_wgmma<CT, 128>(p, sm, mm, st);
-  }
 }
 
 }  // namespace kiln::kernels::cuda::flex_wgmma

@@ -31,10 +31,8 @@
 #include "kiln/core/kernel_registry.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/flex_files.h"
-#include "kiln/kernels/cuda/attention_bwd_mma.cuh"
 #include "kiln/kernels/cuda/attention_fwd_mma.cuh"
-#include "kiln/kernels/cuda/attention_bwd_wgmma.cuh"
-#include "kiln/kernels/cuda/attention_fwd_wgmma.cuh"
+#include "kiln/kernels/cuda/attention_launch.cuh"
 #include "kiln/kernels/cuda/attention_simt.cuh"
 #include "kiln/kernels/cuda/context.h"
 

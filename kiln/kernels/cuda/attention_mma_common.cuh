@@ -1,10 +1,9 @@
 // Pieces shared by the tensor-core FlexAttention kernels (mma.sync: attention_fwd_mma.cuh and
 // attention_bwd_mma.cuh; Hopper: attention_fwd_wgmma.cuh and attention_bwd_wgmma.cuh, whose
-// accumulators have the same fragment layout): the launchers' device context and shared-memory
-// opt-in, the kiln → CUDA 16-bit type map, the mask row of (b, h), a forward query tile's
-// walk over its KV sub-tiles, the applicability check of a layout (alignment, head dims, block
-// sizes), the cp.async loader of a [rows × D] tile into a swizzled shared tile, the branch-free
-// kept test of one (q, kv) pair with the per-case dispatch of the mask and bounds flags, the
+// accumulators have the same fragment layout), device-only (NVRTC compiles it for the JIT's
+// run-time mods, kernels/device_std.h; the launchers' host helpers are in attention_host.cuh):
+// the mask row of (b, h), a forward query tile's walk over its KV sub-tiles, the cp.async loader
+// of a [rows × D] tile into a swizzled shared tile, the branch-free kept test of one (q, kv) pair with the per-case dispatch of the mask and bounds flags, the
 // application of score_mod + mask_mod + bounds to one m16n8 f32 accumulator fragment of
 // S = Q·Kᵀ, the quad (4-lane) row reductions of m16n8 fragments and the C → A fragment
 // repacking of P.
@@ -16,13 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cmath>
-#include <cstdint>
-#include <type_traits>
-
-#include "kiln/core/half.h"
-#include "kiln/kernels/attention.h"
-#include "kiln/kernels/cuda/context.h"
+#include "kiln/kernels/device_std.h"
+#include "kiln/kernels/flex_params.h"
 #include "kiln/kernels/cuda/mma.cuh"
 
 namespace kiln::kernels::cuda::flex_mma {
@@ -31,26 +25,6 @@ using namespace ::kiln::kernels::cuda::mma;
 
 // log2 e: the tensor-core kernels take exp(x) as 2^(x·kLog2e) (exp2 on the special-function unit).
 inline constexpr float kLog2e = 1.4426950408889634f;
-
-// kiln's storage types → the CUDA types of the mma (same bits); void for unsupported ones.
-template <class T> struct CudaType { using type = void; };
-template <> struct CudaType<BFloat16> { using type = __nv_bfloat16; };
-template <> struct CudaType<Half> { using type = __half; };
-template <> struct CudaType<__nv_bfloat16> { using type = __nv_bfloat16; };
-template <> struct CudaType<__half> { using type = __half; };
-template <class T> using cuda_t = typename CudaType<T>::type;
-
-// Host: the context of the current device (its SM count and shared-memory limit).
-inline DeviceContext& current_context() {
-  int d = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&d));
-  return context(d);
-}
-
-// Host: lets `kernel` use `bytes` of dynamic shared memory (beyond the default 48 KB).
-template <class K> void set_smem(K kernel, int bytes) {
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
 
 // The row of the BlockMask's (Bm, Hm) planes that (b, h) reads (1 broadcasts).
 __host__ __device__ __forceinline__ int64_t mask_row(const FlexParams& p, int64_t b, int64_t h) {
@@ -77,23 +51,6 @@ template <int STEP> struct KvSteps {
     return static_cast<int64_t>(idx) * p.KB + static_cast<int64_t>(s - blk * sub) * STEP;
   }
 };
-
-// Host: whether the tensor-core kernels can run this layout with CTA tiles of q_tile query rows
-// and kv_tile keys: E == Ev ∈ {64, 128} (or 256 with head_dim_256: the mma.sync forward); every
-// q/k/v row 16-byte aligned (pointers and all strides multiples of 8 elements); the BlockMask's
-// blocks multiples of the tiles (a tile then never straddles two blocks); lengths and grid dims
-// in range.
-inline bool mma_layout_ok(const FlexParams& p, int64_t q_tile, int64_t kv_tile, bool head_dim_256 = false) {
-  if (p.E != p.Ev || (p.E != 64 && p.E != 128 && !(head_dim_256 && p.E == 256))) return false;
-  auto aligned = [](const void* ptr, const int64_t (&st)[3]) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
-  };
-  if (!aligned(p.q, p.q_st) || !aligned(p.k, p.k_st) || !aligned(p.v, p.v_st)) return false;
-  if (p.QB % q_tile != 0 || p.KB % kv_tile != 0) return false;
-  if (p.Hkv <= 0 || p.Hq % p.Hkv != 0) return false;
-  return p.L < (int64_t{1} << 31) && p.S < (int64_t{1} << 31) && p.QB < (int64_t{1} << 31) && p.Hq < 65536 && p.B < 65536 &&
-         (p.L + q_tile - 1) / q_tile < (int64_t{1} << 31);
-}
 
 // Copies rows row0 .. row0 + ROWS - 1 of a [len × COLS] matrix of 16-bit elements (row r at
 // base + r·stride, 16-byte aligned) into the swizzled shared tile `tile` ([ROWS × COLS], see

@@ -11,12 +11,6 @@
 #include "kiln/kernels/flex_params.h"
 #include "kiln/kernels/flex_tiles.h"
 
-#ifdef __CUDACC_RTC__
-#ifndef INFINITY
-#define INFINITY __int_as_float(0x7f800000)
-#endif
-#endif
-
 namespace kiln::kernels::cuda::flex_simt {
 
 // Each kernel is a __global__ wrapper of a __device__ body, so that a generated source (the JIT's
