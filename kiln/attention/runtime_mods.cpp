@@ -200,6 +200,11 @@ std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, con
   return std::shared_ptr<jit::CudaFunctions>(e.keep, static_cast<jit::CudaFunctions*>(const_cast<void*>(e.fn)));
 }
 
+// Whether the automatic backend runs run-time mods on the Hopper kernels: not until
+// JitNvrtc.HopperRunTimeModsGiveTheBuiltinBits has passed on a GPU (it has not yet run on one);
+// until then they run when asked for (FlexOptions::backend = hopper, KILN_FLEX_KERNEL=hopper).
+constexpr bool kRuntimeHopperByDefault = false;
+
 // The Hopper kernels of a run-time pair (the built-in kernels' templates instantiated with the
 // generated functors through NVRTC, kiln/jit/flex_source.h), compiled in the pool, loaded on this
 // thread, their shared memory allowed: fwd {forward}, bwd {dQ, dK/dV}.
@@ -238,7 +243,7 @@ bool run_hopper_flex(bool backward, kernels::FlexParams& p, const jit::ModSpec& 
                      std::vector<unsigned char>& sm, std::vector<unsigned char>& mm, bool learn, Device device,
                      DType dt, const Stream& stream) {
   using kernels::FlexBackend;
-  if (p.backend != FlexBackend::automatic && p.backend != FlexBackend::hopper) return false;
+  if (p.backend != FlexBackend::hopper && !(p.backend == FlexBackend::automatic && kRuntimeHopperByDefault)) return false;
   const bool sixteen = dt == DType::bf16 || dt == DType::f16;
   kernels::FlexHopperPlan plan;
   const Tensor counters = detail::tile_counters(p, 2, device);  // alive until the launches are queued
@@ -520,11 +525,12 @@ std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const
                         {"score_mod", "score_mod_derivative", "mask_mod"}});
       }
     }
-    // The Hopper kernels of 16-bit storage (those calls run them where they apply).
+    // The Hopper kernels of 16-bit storage (those calls run them where they apply), once the
+    // automatic backend picks them.
     bool learn = false;
     for (const auto& c : s.captures) learn = learn || c.learnable;
     for (int hd : {64, 128}) {
-      if ((head_dim > 0 && head_dim != hd) || dtype == DType::f32) continue;
+      if (!kRuntimeHopperByDefault || (head_dim > 0 && head_dim != hd) || dtype == DType::f32) continue;
       for (bool bwd : {false, true}) {
         if (bwd && (!backward || learn)) continue;
         reqs.push_back({std::string(bwd ? "flex_backward" : "flex_forward") + " hopper " + dtype_name(dtype) + " (" +

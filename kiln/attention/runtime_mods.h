@@ -10,10 +10,11 @@
 //   auto r = flex_attention(q, k, v, alibi, mask);
 //
 // The CPU kernels are kiln's own kernel templates instantiated with the expression (the same
-// bits as the library mod it spells: tests/jit). On CUDA NVRTC instantiates the built-in Hopper
-// kernels with the expression where they apply (bf16 / f16, head dim 64 or 128, blocks multiples
-// of 128; kernels/flex_hopper.h), else the SIMT kernels (f32 / bf16 / f16, a learnable capture's
-// gradient included; docs/jit.md says what is missing), on the thread's current stream.
+// bits as the library mod it spells: tests/jit). On CUDA, with the hopper backend, NVRTC
+// instantiates the built-in Hopper kernels with the expression (bf16 / f16, head dim 64 or 128,
+// blocks multiples of 128; kernels/flex_hopper.h); otherwise the SIMT kernels run (f32 / bf16 /
+// f16, a learnable capture's gradient included; docs/jit.md says what is missing), on the
+// thread's current stream.
 #pragma once
 #include <string>
 #include <utility>
@@ -63,7 +64,7 @@ Captures captures_named_in(const std::string& expr, const Captures& file);
 // backward when `backward`; the classifier of the mask), without waiting: the trainer and
 // `kiln precompile` call it for every kernel of a run (runtime_mods_setup.h), then wait on the
 // tickets. On CUDA the cubins go to the disk cache, for the SIMT row size of `head_dim` (0: both)
-// and, on 16-bit storage, the Hopper kernels of head dim `head_dim` (0: 64 and 128).
+// (and the Hopper kernels of 16-bit storage once the automatic backend picks them, docs/jit.md).
 std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const RuntimeMaskMod& mask_mod, DType dtype,
                                          Device device, bool backward, int64_t head_dim = 0);
 

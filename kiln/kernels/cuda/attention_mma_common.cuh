@@ -3,8 +3,8 @@
 // accumulators have the same fragment layout), device-only (NVRTC compiles it for the JIT's
 // run-time mods, kernels/device_std.h; the launchers' host helpers are in attention_host.cuh):
 // the mask row of (b, h), a forward query tile's walk over its KV sub-tiles, the cp.async loader
-// of a [rows × D] tile into a swizzled shared tile, the branch-free kept test of one (q, kv) pair with the per-case dispatch of the mask and bounds flags, the
-// application of score_mod + mask_mod + bounds to one m16n8 f32 accumulator fragment of
+// of a [rows × D] tile into a swizzled shared tile, the branch-free kept test of one (q, kv) pair
+// with the per-case dispatch of the mask and bounds flags, the application of score_mod + mask_mod + bounds to one m16n8 f32 accumulator fragment of
 // S = Q·Kᵀ, the quad (4-lane) row reductions of m16n8 fragments and the C → A fragment
 // repacking of P.
 //
