@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cctype>
+#include <tuple>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/core/kernel_registry.h"
@@ -74,6 +75,20 @@ void check_flags(const std::vector<int32_t>& flags, const std::vector<std::pair<
                "reads must be in range for every 0 <= q_idx < q_len, 0 <= kv_idx < kv_len)");
 }
 
+// What a flex kernel's generated source is made from besides its family, storage and options:
+// the pair's expressions and capture signatures. The in-process registry keys on its digest, so a
+// call finds its kernel without generating the source again (the disk cache keys on the source
+// itself, kiln/jit/cache.h).
+std::string pair_digest(const jit::ModSpec& s, const jit::ModSpec& m) {
+  std::string t;
+  for (const jit::ModSpec* x : {&s, &m}) {
+    t += x->kind + '\x1f' + x->expr + '\x1f' + x->dscore;
+    for (const auto& c : x->captures)
+      t += '\x1f' + c.name + (c.is_int ? ":i" : ":f") + std::to_string(c.rank) + (c.learnable ? "g" : "");
+    t += '\x1e';
+  }
+  return jit::sha256_hex(t);
+}
 KernelKey jit_key(const std::string& family, const std::string& dtype, const jit::CompileRequest& req) {
   return KernelKey{family, "cpu", dtype, 0, jit::sha256_hex(req.source), "jit"};
 }
@@ -92,15 +107,21 @@ KernelEntry load_entry(const std::string& family, const jit::CompileRequest& req
   const std::string sym = "kiln_" + family;
   return KernelEntry{jit::module_symbol(m, sym.c_str()), m.handle, "jit cpu " + m.key};
 }
-// The JIT kernel of `family` for `req`: from the registry, else compiled in the pool.
-KernelEntry jit_entry(const std::string& family, const std::string& dtype, const jit::CompileRequest& req) {
-  return KernelRegistry::global().get_or_make(jit_key(family, dtype, req), [&] {
+// The JIT kernel of `family` under `key`: from the registry, else make_request()'s compiled in
+// the pool.
+template <class MakeRequest>
+KernelEntry jit_entry(const std::string& family, const KernelKey& key, MakeRequest&& make_request) {
+  return KernelRegistry::global().get_or_make(key, [&] {
+    const jit::CompileRequest req = make_request();
     KernelEntry e;
     jit::CompileService::global()
         .submit(req.name, [&](const jit::CancelToken& tok) { e = load_entry(family, req, &tok); })
         .wait();
     return e;
   });
+}
+KernelEntry jit_entry(const std::string& family, const std::string& dtype, const jit::CompileRequest& req) {
+  return jit_entry(family, jit_key(family, dtype, req), [&] { return req; });
 }
 
 jit::ModSpec score_spec(const RuntimeScoreMod& sm, const BoundCaptures& c) {
@@ -110,11 +131,37 @@ jit::ModSpec mask_spec(const RuntimeMaskMod& mm, const BoundCaptures& c) {
   return jit::ModSpec{"mask_mod", mm.expr, "", c.sigs};
 }
 
+const char* flex_family(bool backward) { return backward ? "flex_backward" : "flex_forward"; }
+// The name a compilation shows while it runs: "flex_forward hopper bf16 (score | q_idx >= kv_idx)".
+std::string flex_name(bool backward, const std::string& kind, const std::string& storage, const jit::ModSpec& s,
+                      const jit::ModSpec& m) {
+  return std::string(flex_family(backward)) + kind + " " + storage + " (" + s.expr + " | " + m.expr + ")";
+}
+const std::vector<std::string> kFlexUserFiles{"score_mod", "score_mod_derivative", "mask_mod"};
+
 jit::CompileRequest flex_request(const jit::ModSpec& s, const jit::ModSpec& m, DType dt, bool backward) {
-  return jit::CompileRequest{std::string(backward ? "flex_backward" : "flex_forward") + " " + dtype_name(dt) + " (" +
-                                 s.expr + " | " + m.expr + ")",
-                             jit::flex_cpu_source(s, m, dtype_name(dt), backward),
-                             {"score_mod", "score_mod_derivative", "mask_mod"}};
+  return jit::CompileRequest{flex_name(backward, "", dtype_name(dt), s, m),
+                             jit::flex_cpu_source(s, m, dtype_name(dt), backward), kFlexUserFiles};
+}
+KernelKey cpu_flex_key(const jit::ModSpec& s, const jit::ModSpec& m, DType dt, bool backward) {
+  return KernelKey{flex_family(backward), "cpu", dtype_name(dt), 0, pair_digest(s, m), "jit"};
+}
+// The CPU kernel of a run-time pair, keyed by the pair (no source generated once it is loaded).
+KernelEntry cpu_flex_entry(const jit::ModSpec& s, const jit::ModSpec& m, DType dt, bool backward) {
+  return jit_entry(flex_family(backward), cpu_flex_key(s, m, dt, backward),
+                   [&] { return flex_request(s, m, dt, backward); });
+}
+// The SIMT CUDA kernels' request (f32, bf16 or f16 storage; head dims up to maxd).
+jit::CompileRequest cuda_flex_request(const jit::ModSpec& s, const jit::ModSpec& m, int maxd, bool backward,
+                                      const std::string& storage) {
+  return jit::CompileRequest{flex_name(backward, " cuda", storage, s, m),
+                             jit::flex_cuda_source(s, m, maxd, backward, storage), kFlexUserFiles};
+}
+// The Hopper kernels' request (the built-in templates with the generated functors).
+jit::CompileRequest hopper_flex_request(const jit::ModSpec& s, const jit::ModSpec& m, int head_dim, bool backward,
+                                        const std::string& storage) {
+  return jit::CompileRequest{flex_name(backward, " hopper", storage, s, m), jit::flex_hopper_source(s, m, storage),
+                             kFlexUserFiles, jit::flex_hopper_kernels(head_dim, backward, storage)};
 }
 
 void require_cpu(Device d) {
@@ -179,13 +226,9 @@ std::vector<uint8_t> classify_on_gpu(const jit::ModSpec& spec, const std::vector
 std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, const jit::ModSpec& m, int maxd,
                                                       bool backward, Device device, DType dt, bool learn) {
   const std::string storage = dtype_name(dt);
-  const jit::CompileRequest req{std::string(backward ? "flex_backward" : "flex_forward") + " cuda " + storage + " (" +
-                                    s.expr + " | " + m.expr + ")",
-                                jit::flex_cuda_source(s, m, maxd, backward, storage),
-                                {"score_mod", "score_mod_derivative", "mask_mod"}};
-  const KernelKey key{backward ? "flex_backward" : "flex_forward", "cuda", storage, maxd, jit::sha256_hex(req.source),
-                      "jit " + device.str()};
+  const KernelKey key{flex_family(backward), "cuda", storage, maxd, pair_digest(s, m), "jit " + device.str()};
   const KernelEntry e = KernelRegistry::global().get_or_make(key, [&] {
+    const jit::CompileRequest req = cuda_flex_request(s, m, maxd, backward, storage);
     jit::Cubin cubin;
     jit::CompileService::global()
         .submit(req.name, [&](const jit::CancelToken& tok) { cubin = jit::compile_cuda(req, "sm_90a", &tok); })
@@ -212,16 +255,10 @@ std::shared_ptr<jit::CudaFunctions> hopper_flex_kernels(const jit::ModSpec& s, c
                                                         const kernels::FlexHopperPlan& plan, bool backward,
                                                         Device device, DType dt) {
   const std::string storage = dtype_name(dt);
-  jit::CompileRequest req{std::string(backward ? "flex_backward" : "flex_forward") + " hopper " + storage + " (" +
-                              s.expr + " | " + m.expr + ")",
-                          jit::flex_hopper_source(s, m, storage),
-                          {"score_mod", "score_mod_derivative", "mask_mod"},
-                          jit::flex_hopper_kernels(plan.head_dim, backward, storage)};
-  std::string names;
-  for (const auto& n : req.name_expressions) names += n + ";";
-  const KernelKey key{backward ? "flex_backward_hopper" : "flex_forward_hopper", "cuda", storage, plan.head_dim,
-                      jit::sha256_hex(req.source + names), "jit " + device.str()};
+  const KernelKey key{flex_family(backward) + std::string("_hopper"), "cuda", storage, plan.head_dim,
+                      pair_digest(s, m), "jit " + device.str()};
   const KernelEntry e = KernelRegistry::global().get_or_make(key, [&] {
+    const jit::CompileRequest req = hopper_flex_request(s, m, plan.head_dim, backward, storage);
     jit::Cubin cubin;
     jit::CompileService::global()
         .submit(req.name, [&](const jit::CancelToken& tok) { cubin = jit::compile_cuda(req, "sm_90a", &tok); })
@@ -290,7 +327,8 @@ void run_cuda_flex(bool backward, const kernels::FlexParams& p, const jit::ModSp
   bool learn = false;
   for (const auto& c : s.captures) learn = learn || c.learnable;
   const Stream stream = current_stream(device);
-  Tensor flags = zeros({std::max<int64_t>(static_cast<int64_t>(caps.size()), 1)}, DType::i32, device);
+  // The out-of-range flags of the captures (none without captures: no fill kernel on the way).
+  const Tensor flags = caps.empty() ? Tensor() : zeros({static_cast<int64_t>(caps.size())}, DType::i32, device);
   std::vector<const void*> data;
   std::vector<std::array<int64_t, 4>> sizes, strides;
   std::vector<int32_t*> fl;
@@ -410,7 +448,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   const bool on_cuda = q.device().is_cuda();
   if (on_cuda) check_cuda_call(q);
   const size_t n_score = sc.tensors.size();
-  const KernelEntry fwd = on_cuda ? KernelEntry{} : jit_entry("flex_forward", dtype_name(dt), flex_request(s, m, dt, false));
+  const KernelEntry fwd = on_cuda ? KernelEntry{} : cpu_flex_entry(s, m, dt, false);
   Tensor out = Tensor::empty({p.B, p.Hq, p.L, p.Ev}, dt, q.device());
   Tensor lse = Tensor::empty({p.B, p.Hq, p.L}, DType::f32, q.device());
   p.out = out.data_ptr();
@@ -445,9 +483,7 @@ FlexResult flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
              std::vector<Tensor> caps;
              for (const SavedTensor& c : scaps) caps.push_back(c.get("flex_attention's captures"));
              kernels::FlexParams bp = detail::make_params(q, k, v, layout, scale, backend);
-             const KernelEntry bwd = on_cuda ? KernelEntry{}
-                                             : jit_entry("flex_backward", dtype_name(q.dtype()),
-                                                         flex_request(s, m, q.dtype(), true));
+             const KernelEntry bwd = on_cuda ? KernelEntry{} : cpu_flex_entry(s, m, q.dtype(), true);
              Tensor dcap, partial;
              if (learn_at >= 0) {
                const Tensor& c = caps[static_cast<size_t>(learn_at)];
@@ -519,10 +555,7 @@ std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const
       if (head_dim > 0 && maxd != (head_dim <= 128 ? 128 : 256)) continue;
       for (bool bwd : {false, true}) {
         if (bwd && !backward) continue;
-        reqs.push_back({std::string(bwd ? "flex_backward" : "flex_forward") + " cuda " + dtype_name(dtype) + " (" +
-                            s.expr + " | " + m.expr + ")",
-                        jit::flex_cuda_source(s, m, maxd, bwd, dtype_name(dtype)),
-                        {"score_mod", "score_mod_derivative", "mask_mod"}});
+        reqs.push_back(cuda_flex_request(s, m, maxd, bwd, dtype_name(dtype)));
       }
     }
     // The Hopper kernels of 16-bit storage (those calls run them where they apply), once the
@@ -533,11 +566,7 @@ std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const
       if (!kRuntimeHopperByDefault || (head_dim > 0 && head_dim != hd) || dtype == DType::f32) continue;
       for (bool bwd : {false, true}) {
         if (bwd && (!backward || learn)) continue;
-        reqs.push_back({std::string(bwd ? "flex_backward" : "flex_forward") + " hopper " + dtype_name(dtype) + " (" +
-                            s.expr + " | " + m.expr + ")",
-                        jit::flex_hopper_source(s, m, dtype_name(dtype)),
-                        {"score_mod", "score_mod_derivative", "mask_mod"},
-                        jit::flex_hopper_kernels(hd, bwd, dtype_name(dtype))});
+        reqs.push_back(hopper_flex_request(s, m, hd, bwd, dtype_name(dtype)));
       }
     }
     std::vector<jit::Ticket> tickets;
@@ -547,18 +576,17 @@ std::vector<jit::Ticket> precompile_flex(const RuntimeScoreMod& score_mod, const
     return tickets;
   }
   require_cpu(device);
-  std::vector<std::pair<std::string, jit::CompileRequest>> reqs;
-  reqs.emplace_back("flex_classify", jit::CompileRequest{"create_block_mask (" + m.expr + ")",
-                                                         jit::classify_cpu_source(m), {"mask_mod"}});
-  reqs.emplace_back("flex_forward", flex_request(s, m, dtype, false));
-  if (backward) reqs.emplace_back("flex_backward", flex_request(s, m, dtype, true));
+  // (family, key, request): the keys the calls look up.
+  std::vector<std::tuple<std::string, KernelKey, jit::CompileRequest>> reqs;
+  const jit::CompileRequest classify{"create_block_mask (" + m.expr + ")", jit::classify_cpu_source(m), {"mask_mod"}};
+  reqs.emplace_back("flex_classify", jit_key("flex_classify", "*", classify), classify);
+  for (bool bwd : {false, true})
+    if (!bwd || backward) reqs.emplace_back(flex_family(bwd), cpu_flex_key(s, m, dtype, bwd), flex_request(s, m, dtype, bwd));
   std::vector<jit::Ticket> tickets;
-  for (auto& [family, req] : reqs) {
-    const std::string dt = family == "flex_classify" ? "*" : dtype_name(dtype);
-    tickets.push_back(jit::CompileService::global().submit(req.name, [family, dt, req](const jit::CancelToken& tok) {
-      KernelRegistry::global().get_or_make(jit_key(family, dt, req), [&] { return load_entry(family, req, &tok); });
+  for (auto& [family, key, req] : reqs)
+    tickets.push_back(jit::CompileService::global().submit(req.name, [family, key, req](const jit::CancelToken& tok) {
+      KernelRegistry::global().get_or_make(key, [&] { return load_entry(family, req, &tok); });
     }));
-  }
   return tickets;
 }
 

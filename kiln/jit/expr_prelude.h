@@ -187,7 +187,7 @@ template <class T, class E, int R> struct View {
     if constexpr (R > 1) {
       return View<T, E, R - 1>{data, sizes + 1, strides + 1, flag, probe, at};
     } else if constexpr (!is_dual_v<T> || !dev::is_same_v<E, float>) {
-      return ok ? data[at] : E(0);
+      return ok ? load(at) : E(0);
     } else {
       using V = typename value_type<T>::type;
       if (probe == nullptr || !ok) return T(static_cast<V>(ok ? data[at] : 0.0f), V(0));
@@ -195,9 +195,18 @@ template <class T, class E, int R> struct View {
       return T(static_cast<V>(data[at]), V(1));
     }
   }
+  // A capture is read-only while a kernel runs: read through the non-coherent path on the GPU,
+  // whose loads the compiler may keep across raise()'s atomic store (else each element reloads it).
+  KILN_HD E load(int64_t at) const {
+#ifdef __CUDA_ARCH__
+    return __ldg(data + at);
+#else
+    return data[at];
+#endif
+  }
   KILN_HD void raise() const {
 #ifdef __CUDA_ARCH__
-    atomicExch(flag, 1);
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(1));
 #else
     __atomic_store_n(flag, 1, __ATOMIC_RELAXED);
 #endif

@@ -129,7 +129,7 @@ TEST(JitNvrtc, HopperKernelsCompileWithRunTimeMods) {
 
 // A library pair written as run-time expressions runs the very kernels of the built-in pair on
 // the Hopper path (the same templates, instantiated by NVRTC): output, lse and gradients carry the
-// built-in call's bits, forward and backward, causal and a sliding window with ALiBi.
+// built-in call's bits, forward and backward: causal, a sliding window, ALiBi with causal.
 TEST(JitNvrtc, HopperRunTimeModsGiveTheBuiltinBits) {
   if (cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device (the lead runs this on the H200: ctest -R JitNvrtc)";
@@ -172,15 +172,24 @@ TEST(JitNvrtc, HopperRunTimeModsGiveTheBuiltinBits) {
     window.layout = window.layout.to(cuda(0));
     const auto rwindow = attention::create_block_mask(
         attention::RuntimeMaskMod{"q_idx >= kv_idx && q_idx - kv_idx < 200"}, 1, 1, L, L, BS, BS, cuda(0));
+    // Pairs the build instantiates for CUDA (the kernel registry): the window alone, ALiBi with
+    // the causal mask.
     expect_same(run([&](auto& q, auto& k, auto& v, auto& o) {
-                  return attention::flex_attention(q, k, v, attention::Alibi{slopes_gpu.data<float>()}, window, o);
+                  return attention::flex_attention(q, k, v, attention::NoScoreMod{}, window, o);
+                }),
+                run([&](auto& q, auto& k, auto& v, auto& o) {
+                  return attention::flex_attention(q, k, v, attention::RuntimeScoreMod{}, rwindow, o);
+                }),
+                "window");
+    expect_same(run([&](auto& q, auto& k, auto& v, auto& o) {
+                  return attention::flex_attention(q, k, v, attention::Alibi{slopes_gpu.data<float>()}, causal, o);
                 }),
                 run([&](auto& q, auto& k, auto& v, auto& o) {
                   return attention::flex_attention(
                       q, k, v, attention::RuntimeScoreMod{"score + slopes[h] * (kv_idx - q_idx)", {{"slopes", slopes_gpu}}},
-                      rwindow, o);
+                      rcausal, o);
                 }),
-                "window+alibi");
+                "alibi+causal");
   }
 }
 

@@ -134,7 +134,7 @@ __device__ __forceinline__ void grad_elem(const FlexParams& p, const SM& sm, boo
   } else {
     kept = true;
   }
-  const float raw = s_to_p * p.scale;
+  const float raw = __fmul_rn(s_to_p, p.scale);  // rounded alone, as apply_mods' (attention_mma_common.cuh)
   const float x = sm(raw, b, h, i, j);
   const float dscore = sm.dscore(raw, b, h, i, j);
   const float pv = kept ? __expf(x - base) : 0.0f;

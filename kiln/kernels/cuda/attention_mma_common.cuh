@@ -121,6 +121,9 @@ __device__ __forceinline__ void with_mask_flags(bool use_mask, bool check_bounds
 // masked (mask_mod false, evaluated when kMask: partial blocks) or out of range (q ≥ L or
 // kv ≥ S, checked when kBounds; see kept_pair). kScore = false (an identity score_mod whose
 // scale the caller folds into its exponent): kept elements stay the raw dot products.
+// scale · dot is rounded on its own (__fmul_rn is never contracted): left to the compiler, it
+// fused into a score_mod's last add (ALiBi: fma(dot, scale, slope · d)) in nvcc's build but not
+// in NVRTC's (fma(slope, d, dot · scale)), so a run-time mod lost the built-in's bits.
 template <bool kMask, bool kBounds, bool kScore, class SM, class MM>
 __device__ __forceinline__ void apply_mods(float (&c)[4], const SM& sm, const MM& mm, float scale, int b, int h,
                                            int row0, int col0, int lane, int L, int S) {
@@ -130,7 +133,7 @@ __device__ __forceinline__ void apply_mods(float (&c)[4], const SM& sm, const MM
     int q = row0 + g + 8 * (i >> 1), kv = col0 + 2 * t + (i & 1);
     const bool keep = kept_pair<kMask, kBounds>(mm, b, h, q, kv, L, S);
     float x = c[i];
-    if constexpr (kScore) x = sm(x * scale, b, h, q, kv);
+    if constexpr (kScore) x = sm(__fmul_rn(x, scale), b, h, q, kv);
     c[i] = keep ? x : -INFINITY;
   }
 }
