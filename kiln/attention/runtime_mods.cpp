@@ -244,7 +244,8 @@ std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, con
 }
 
 // Whether the automatic backend runs run-time mods on the Hopper kernels: not until
-// JitNvrtc.HopperRunTimeModsGiveTheBuiltinBits has passed on a GPU (it has not yet run on one);
+// JitNvrtc.HopperRunTimeModsGiveTheBuiltinBits has passed on a GPU (on the H200 its mask cases
+// did; ALiBi's, mended since by rounding scale · dot alone, waits for a rerun);
 // until then they run when asked for (FlexOptions::backend = hopper, KILN_FLEX_KERNEL=hopper).
 constexpr bool kRuntimeHopperByDefault = false;
 
