@@ -24,6 +24,7 @@ constexpr BenchCase kBenchCases[] = {
     {"attention", "flex_attention vs the dense reference (forward, or forward + backward)", run_bench_attention},
     {"comms", "collective bandwidth under kiln launch (algbw / busbw as nccl-tests)", run_bench_comms},
     {"gemm", "kiln's Hopper GEMM vs cuBLASLt on one shape, layout and epilogue", run_bench_gemm},
+    {"jit", "the JIT's cold compile (alone and in the parallel pool) and warm start of run-time mods", run_bench_jit},
 };
 
 void print_bench_usage() {

@@ -15,6 +15,7 @@ int run_bench_lce(const Args& args);
 int run_bench_attention(const Args& args);
 int run_bench_comms(const Args& args);
 int run_bench_gemm(const Args& args);  // cli/bench_gemm.cpp
+int run_bench_jit(const Args& args);   // cli/bench_jit.cpp
 
 // Milliseconds of one call of f on `device` (CPU: steady_clock; CUDA: timing events on its current stream).
 double bench_time_ms(const Device& device, const std::function<void()>& f);
