@@ -66,6 +66,9 @@ struct NcclReaper {
   std::mutex mu;
   NcclCommunicator::Parts* parts = nullptr;  // null once detached
   void reap();
+  // Makes the caller's stream wait for operation `seq`'s end event; false when it is no longer
+  // in flight (ended, failed, or the communicator is gone).
+  bool order_caller_after(int64_t seq);
 };
 
 struct NcclCommunicator::Parts {
@@ -328,6 +331,20 @@ void NcclReaper::reap() {
   reap_finished(*parts, Clock::now());
 }
 
+bool NcclReaper::order_caller_after(int64_t seq) {
+  std::lock_guard<std::mutex> detach(mu);
+  if (!parts) return false;
+  std::lock_guard<std::mutex> lock(parts->mu);
+  if (!parts->broken.empty() || !parts->comm) return false;
+  for (const InFlight& f : parts->inflight) {
+    if (f.seq != seq) continue;
+    const int dev = parts->backend.device;
+    parts->cuda->stream_wait_event(parts->cuda->caller_stream(dev), f.end);
+    return true;
+  }
+  return false;
+}
+
 void NcclCommunicator::watchdog_tick() {
   std::shared_ptr<Communicator> next;
   {
@@ -498,6 +515,15 @@ WorkPtr enqueue(NcclCommunicator::Parts& p, const char* op, const Tensor& in, co
     return work;
   }
   p.cuda->event_record(f.end, stream);
+  // NOTE [waiting on the device]: under the abort policy wait_on_device() only orders the
+  // caller's stream after the end event (the watchdog ends an operation that outlives its
+  // timeout, and the process with it); under shrink the caller must meet the failure at its
+  // wait to redo the step on the smaller communicator, so the host waits there.
+  if (p.options.policy == FailurePolicy::abort)
+    work->set_device_wait([reaper = std::weak_ptr<NcclReaper>(p.reaper), seq] {
+      auto r = reaper.lock();
+      return r && r->order_caller_after(seq);
+    });
   p.inflight.push_back(f);
   if (trace_ops()) {
     json::Value ev = json::Value::object();

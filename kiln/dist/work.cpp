@@ -108,4 +108,10 @@ void Work::wait() {
   if (state_ != WorkState::completed) std::rethrow_exception(error_);
 }
 
+void Work::wait_on_device() {
+  const WorkState s = state();
+  if (device_wait_ && (s == WorkState::not_started || s == WorkState::in_progress) && device_wait_()) return;
+  wait();
+}
+
 }  // namespace kiln::dist

@@ -73,6 +73,13 @@ class Work {
   // Returns once completed; rethrows a failure. Gives up (CommTimeout) when the operation has
   // not finished by its start + timeout + 10 s (its backend failed to end it).
   void wait();
+  // Orders the calling thread's current device stream after the operation and returns without
+  // waiting on the host, as torch's Work.wait() does for NCCL: what the caller queues next runs
+  // after the collective, and the host runs ahead. Where the backend has no device stream (Gloo),
+  // where the operation has already ended, or where its failure must surface here (the NCCL
+  // backend under the shrink policy), the same as wait(). A failure found later (the watchdog
+  // ends an operation that timed out) is raised by the communicator's next call.
+  void wait_on_device();
   const std::string& description() const { return description_; }
   Millis timeout() const { return timeout_; }
 
@@ -84,6 +91,10 @@ class Work {
   // backend may run it on the waiting thread then (Gloo does when it is next in line), which
   // saves two thread hand-offs, each a scheduler wake-up on a busy machine.
   void set_on_wait(std::function<void()> on_wait) { on_wait_ = std::move(on_wait); }
+  // Called by wait_on_device() (without the Work's lock) while the operation is in flight: makes
+  // the caller's stream wait for it on the device and returns true, or returns false when there
+  // is nothing left to order after (it has ended), and wait() follows.
+  void set_device_wait(std::function<bool()> device_wait) { device_wait_ = std::move(device_wait); }
   void start();
   void complete();
   void fail(WorkState state, std::exception_ptr error);
@@ -100,6 +111,7 @@ class Work {
   std::optional<Clock::time_point> started_;
   std::function<void()> progress_;
   std::function<void()> on_wait_;
+  std::function<bool()> device_wait_;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -150,7 +150,7 @@ void FsdpGroup::finish_all_gather() {
   NoGradGuard ng;
   const auto t0 = Clock::now();
   dist::WorkPtr w = std::move(ag_work_);
-  w->wait();
+  w->wait_on_device();  // NCCL: the stream waits, the host runs on (NOTE [waiting on the device])
   stats->all_gather_wait_s += seconds_since(t0);
   // NOTE [one rank's gathered parameters]: at one rank the buffer holds each parameter whole,
   // contiguous at its offset (aligned: NOTE [slice alignment] in fsdp.cpp), so the gathered
@@ -328,7 +328,7 @@ void FsdpGroup::finish_reduce_scatter() {
   NoGradGuard ng;
   const auto t0 = Clock::now();
   dist::WorkPtr w = std::move(rs_work_);
-  w->wait();
+  w->wait_on_device();  // NCCL: the stream waits, the host runs on (NOTE [waiting on the device])
   stats->reduce_scatter_wait_s += seconds_since(t0);
   rs_input_ = Tensor();
   count(stats->reduce_scatter_buffers, stats->peak_reduce_scatter_buffers, -1);

@@ -3,7 +3,8 @@
 // by the start event, an async error, a call that stays ncclInProgress forever, a kernel that
 // never ends, abort (never followed by destroy; a clean communicator is finalized and destroyed),
 // shrink with ncclCommShrink and without it (abort and a new communicator under the next
-// generation), the abort policy's process exit, and bad input.
+// generation), the abort policy's process exit, wait_on_device() (the caller's stream ordered, the
+// host free; the host waiting under shrink), and bad input.
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -135,7 +136,19 @@ class FakeCuda : public CudaApi {
     std::lock_guard<std::mutex> lock(mu);
     return done[reinterpret_cast<intptr_t>(e)];
   }
-  void stream_wait_event(CudaStreamHandle, CudaEventHandle) override {}
+  std::vector<std::pair<intptr_t, intptr_t>> stream_waits;  // (stream, event)
+  void stream_wait_event(CudaStreamHandle st, CudaEventHandle e) override {
+    std::lock_guard<std::mutex> lock(mu);
+    stream_waits.emplace_back(reinterpret_cast<intptr_t>(st), reinterpret_cast<intptr_t>(e));
+  }
+  // The events the caller's stream (0x20) was made to wait for.
+  std::vector<intptr_t> caller_waits() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<intptr_t> out;
+    for (auto [st, e] : stream_waits)
+      if (st == 0x20) out.push_back(e);
+    return out;
+  }
   void release_all() {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [k, v] : done) v = true;
@@ -403,4 +416,56 @@ TEST(NcclMock, WaitReturnsWhenTheDeviceFinishesNotAtTheWatchdogsTick) {
   EXPECT_TRUE(held->is_completed());
   EXPECT_GE(waited, std::chrono::milliseconds(250));
   EXPECT_LT(waited, std::chrono::milliseconds(1500));
+}
+
+// wait_on_device() orders the caller's stream after the operation's end event and returns with
+// the device still at work (the host runs ahead, as torch's NCCL Work.wait()); an operation that
+// has ended needs no order; under the shrink policy the host waits, so a lost peer surfaces there.
+TEST(NcclMock, WaitOnDeviceOrdersTheCallersStreamAndLeavesTheHostFree) {
+  FakeWorld s;
+  s.opt.timeout = std::chrono::milliseconds(5000);
+  auto c = s.make();
+  {
+    std::lock_guard<std::mutex> lock(s.cuda->mu);
+    s.cuda->hold_end = true;
+  }
+  auto held = c->all_gather_single(Tensor::empty({4}), ones(4));
+  const auto t0 = std::chrono::steady_clock::now();
+  held->wait_on_device();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  EXPECT_FALSE(held->is_completed());  // the device has not finished it
+  ASSERT_EQ(s.cuda->caller_waits().size(), 1u);
+  const intptr_t end_event = s.cuda->caller_waits()[0];
+  {
+    std::lock_guard<std::mutex> lock(s.cuda->mu);
+    EXPECT_EQ(s.cuda->done.count(end_event), 1u);  // a live event: the end of that operation
+    EXPECT_FALSE(s.cuda->done[end_event]);
+  }
+  s.cuda->release_all();
+  c->watchdog_tick();
+  EXPECT_TRUE(held->is_completed());
+  held->wait_on_device();  // ended: nothing more to order
+  EXPECT_EQ(s.cuda->caller_waits().size(), 1u);
+
+  // Shrink: the host waits for the end.
+  FakeWorld t;
+  t.opt.timeout = std::chrono::milliseconds(5000);
+  t.opt.policy = FailurePolicy::shrink;
+  auto d = t.make();
+  {
+    std::lock_guard<std::mutex> lock(t.cuda->mu);
+    t.cuda->hold_end = true;
+  }
+  auto w = d->all_reduce(ones(4), ReduceOp::sum);
+  std::thread device([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    t.cuda->release_all();
+  });
+  const auto t1 = std::chrono::steady_clock::now();
+  w->wait_on_device();
+  const auto waited = std::chrono::steady_clock::now() - t1;
+  device.join();
+  EXPECT_TRUE(w->is_completed());
+  EXPECT_GE(waited, std::chrono::milliseconds(250));
+  EXPECT_TRUE(t.cuda->caller_waits().empty());
 }
