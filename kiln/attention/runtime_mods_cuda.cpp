@@ -52,11 +52,10 @@ std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, con
   return std::shared_ptr<jit::CudaFunctions>(e.keep, static_cast<jit::CudaFunctions*>(const_cast<void*>(e.fn)));
 }
 
-// Whether the automatic backend runs run-time mods on the Hopper kernels: not until
-// JitNvrtc.HopperRunTimeModsGiveTheBuiltinBits has passed on a GPU (on the H200 its mask cases
-// did; ALiBi's, mended since by rounding scale · dot alone, waits for a rerun);
-// until then they run when asked for (FlexOptions::backend = hopper, KILN_FLEX_KERNEL=hopper).
-constexpr bool kRuntimeHopperByDefault = false;
+// Whether the automatic backend runs run-time mods on the Hopper kernels where they apply (and
+// kiln precompile adds them): yes since JitNvrtc.HopperRunTimeModsGiveTheBuiltinBits passed on
+// the H200 (2026-12-06: causal, window, ALiBi + causal, bf16 and f16, forward and backward).
+constexpr bool kRuntimeHopperByDefault = true;
 
 // The Hopper kernels of a run-time pair (the built-in kernels' templates instantiated with the
 // generated functors through NVRTC, kiln/jit/flex_source.h), compiled in the pool, loaded on this

@@ -93,6 +93,9 @@ const DriverApi* driver(std::string* why) {
     bind(h, "cuLaunchKernel", api.launch, missing);
     bind(h, "cuGetErrorString", api.get_error_string, missing);
     bind(h, "cuFuncSetAttribute", api.func_set_attribute, missing);
+    bind(h, "cuCtxGetCurrent", api.ctx_get_current, missing);
+    bind(h, "cuDevicePrimaryCtxRetain", api.primary_ctx_retain, missing);
+    bind(h, "cuCtxSetCurrent", api.ctx_set_current, missing);
     if (!missing.empty()) {
       reason = "the CUDA driver lacks " + missing + " (CUDA 12 or newer is needed)";
       return;
@@ -200,12 +203,29 @@ std::string driver_error(const DriverApi* d, int rc) {
   d->get_error_string(rc, &s);
   return std::string(s ? s : "unknown error") + " (" + std::to_string(rc) + ")";
 }
+
+// cuKernelGetFunction needs a current context: a thread that has not touched the GPU yet (a
+// kernel compiled and loaded before any tensor went to the device, as `kiln bench jit` does) gets
+// device 0's primary context, the one the CUDA runtime would make current there (retained for
+// the process, as the runtime keeps it).
+void make_context_current(const DriverApi* d) {
+  void* ctx = nullptr;
+  int rc = d->ctx_get_current(&ctx);
+  KILN_CHECK(rc == 0, "jit: cuCtxGetCurrent failed: ", driver_error(d, rc));
+  if (ctx) return;
+  rc = d->primary_ctx_retain(&ctx, 0);
+  KILN_CHECK(rc == 0, "jit: no current CUDA context, and device 0's primary one cannot be retained: ",
+             driver_error(d, rc));
+  rc = d->ctx_set_current(ctx);
+  KILN_CHECK(rc == 0, "jit: cuCtxSetCurrent failed: ", driver_error(d, rc));
+}
 }  // namespace
 
 CudaFunctions load_cuda_functions(const Cubin& cubin, const std::vector<std::string>& names) {
   std::string why;
   const DriverApi* d = driver(&why);
   KILN_CHECK(d != nullptr, "jit: cannot load a CUDA kernel: ", why);
+  make_context_current(d);
   void* lib = nullptr;
   int rc = d->library_load_data(&lib, cubin.image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
   KILN_CHECK(rc == 0, "jit: cuLibraryLoadData failed: ", driver_error(d, rc));

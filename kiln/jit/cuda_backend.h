@@ -41,6 +41,9 @@ struct DriverApi {
                 unsigned smem, void* stream, void** params, void** extra);
   int (*get_error_string)(int, const char**);
   int (*func_set_attribute)(void* fn, int attribute, int value);
+  int (*ctx_get_current)(void** ctx);
+  int (*primary_ctx_retain)(void** ctx, int device);
+  int (*ctx_set_current)(void* ctx);
 };
 
 // libnvrtc (KILN_NVRTC, else libnvrtc.so / .so.13 / .so.12 on the loader's path, else under
