@@ -73,3 +73,25 @@ TEST(Gloo, ACommunicatorTurnsTheDefaultSigpipeIntoEpipe) {
   EXPECT_EQ(sigpipe_handler(), mine);
   signal(SIGPIPE, SIG_DFL);
 }
+
+// A world of one has no peer to wait for: each op runs as it is issued (nothing queued ahead),
+// on the calling thread, so its Work is complete when the call returns; results as the serial
+// reference (the sum of one rank is its tensor, the gather its slice).
+TEST(Gloo, AWorldOfOneRunsEachOpAsItIsIssued) {
+  KILN_SKIP_WITHOUT_GLOO();
+  LocalStore local("one-rank-test");
+  auto world = kiln::dist::new_gloo_communicator(local.store, 0, 1, "one");
+  kiln::Tensor t = kiln::from_vector(std::vector<float>{1, 2, 3}, {3});
+  auto w = world->all_reduce(t, kiln::dist::ReduceOp::sum);
+  EXPECT_TRUE(w->is_completed());
+  w->wait();
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  kiln::Tensor out = kiln::Tensor::empty({3});
+  auto g = world->all_gather_single(out, t);
+  EXPECT_TRUE(g->is_completed());
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  kiln::Tensor half = kiln::Tensor::empty({3});
+  auto s = world->reduce_scatter_single(half, out, kiln::dist::ReduceOp::avg);
+  EXPECT_TRUE(s->is_completed());
+  EXPECT_EQ(half.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+}

@@ -1,7 +1,8 @@
 // The Gloo backend (CPU tensors): a gloo::rendezvous::Context per communicator, connected full
 // mesh through kiln's store (gloo_store.h); one worker thread runs the operations in order (Gloo
 // calls block), each with its timeout starting when it starts, unless the thread waiting for the
-// next one runs it itself (run_inline); a watchdog publishes progress. all_reduce of a small
+// next one runs it itself (run_inline; a world of one runs each op as it is issued, when nothing
+// is ahead of it); a watchdog publishes progress. all_reduce of a small
 // tensor is one direct exchange (direct_allreduce), else Gloo's ring. reduce_scatter_single is an
 // all-to-all of the chunks then a local reduction in rank order (bandwidth-optimal: each rank
 // receives only its chunk from every peer); avg divides a sum.
@@ -491,10 +492,15 @@ class GlooCommunicator : public Communicator {
       if (auto self = weak.lock()) static_cast<GlooCommunicator*>(self.get())->run_inline(w);
     });
     const int64_t fr = FlightRecorder::instance().record(rec.entry);
+    bool now = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back({work, std::move(body), fr, seq, op, rec.what, in.defined() ? int64_t(in.nbytes()) : 0});
+      // A world of one waits for no peer: its op runs here at once when nothing is ahead of it
+      // (no hand-off to the worker, whose wake-up on a busy machine can cost a scheduler tick).
+      now = size_ == 1 && !busy_ && queue_.size() == 1;
     }
+    if (now) run_inline(work.get());
     cv_.notify_all();
     return work;
   }
