@@ -114,7 +114,8 @@ int run_bench_jit(const Args& args) {
       if (cuda) {
         const jit::Cubin c = jit::compile_cuda(*r);
         KILN_CHECK(c.from_cache, "bench jit: the cached kernel '", r->name, "' was compiled again");
-        if (load) jit::load_cuda_functions(c, c.lowered_names.empty() ? std::vector<std::string>{"kiln_flex_fwd"} : c.lowered_names);
+        if (load)
+          jit::load_cuda_functions(c, c.lowered_names.empty() ? jit::flex_cuda_kernels(r == &back, false) : c.lowered_names);
       } else {
         jit::compile_cpu(*r);
       }

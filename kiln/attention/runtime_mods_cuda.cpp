@@ -42,11 +42,7 @@ std::shared_ptr<jit::CudaFunctions> cuda_flex_kernels(const jit::ModSpec& s, con
     jit::CompileService::global()
         .submit(req.name, [&](const jit::CancelToken& tok) { cubin = jit::compile_cuda(req, "sm_90a", &tok); })
         .wait();
-    auto f = std::make_shared<jit::CudaFunctions>(jit::load_cuda_functions(
-        cubin, !backward ? std::vector<std::string>{"kiln_flex_fwd"}
-               : learn   ? std::vector<std::string>{"kiln_flex_delta", "kiln_flex_dq", "kiln_flex_dkdv",
-                                                  "kiln_flex_dcap_partial", "kiln_flex_dcap_reduce"}
-                         : std::vector<std::string>{"kiln_flex_delta", "kiln_flex_dq", "kiln_flex_dkdv"}));
+    auto f = std::make_shared<jit::CudaFunctions>(jit::load_cuda_functions(cubin, jit::flex_cuda_kernels(backward, learn)));
     return KernelEntry{f.get(), f, "jit cuda " + cubin.key};
   });
   return std::shared_ptr<jit::CudaFunctions>(e.keep, static_cast<jit::CudaFunctions*>(const_cast<void*>(e.fn)));

@@ -380,6 +380,12 @@ std::string flex_hopper_source(const ModSpec& score, const ModSpec& mask, const 
   return s.str();
 }
 
+std::vector<std::string> flex_cuda_kernels(bool backward, bool learnable) {
+  if (!backward) return {"kiln_flex_fwd"};
+  if (learnable) return {"kiln_flex_delta", "kiln_flex_dq", "kiln_flex_dkdv", "kiln_flex_dcap_partial", "kiln_flex_dcap_reduce"};
+  return {"kiln_flex_delta", "kiln_flex_dq", "kiln_flex_dkdv"};
+}
+
 std::vector<std::string> flex_hopper_kernels(int head_dim, bool backward, const std::string& storage) {
   KILN_CHECK(head_dim == 64 || head_dim == 128, "jit: the Hopper flex kernels take head dim 64 or 128, got ", head_dim);
   const std::string args = std::string(cuda_storage(storage)) + ", " + std::to_string(head_dim) + ", ";

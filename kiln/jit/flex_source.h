@@ -53,6 +53,9 @@ std::string classify_cuda_source(const ModSpec& mask);
 // by value, the functors laid out as functor_bytes() says.
 std::string flex_cuda_source(const ModSpec& score, const ModSpec& mask, int maxd, bool backward,
                              const std::string& storage = "f32");
+// The kernels flex_cuda_source exports, in launch order: the forward's, or the backward's (with
+// the captured gradient's two when `learnable`).
+std::vector<std::string> flex_cuda_kernels(bool backward, bool learnable);
 // The Hopper kernels of one pair (NVRTC, device-only headers: kernels/cuda/attention_fwd_wgmma.cuh
 // and attention_bwd_wgmma.cuh, the very templates of the built-in mods, instantiated with the
 // generated functors) on "bf16" or "f16" storage. The source instantiates nothing itself:
