@@ -53,6 +53,12 @@ def _scope(t):
     return _device_scope(t.device)
 
 
+try:
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # a CPU-only torch, or one without it: torch.cuda.current_stream
+    _raw_stream = None
+
+
 def _device_scope(device):
     """kiln's kernels on a CUDA `device` (a torch.device) launch on the caller's current stream."""
     if device.type != "cuda":
@@ -60,7 +66,10 @@ def _device_scope(device):
     if not _C.has_streams:
         raise KilnError("kiln.torch: this build of kiln cannot run on the caller's CUDA stream (no kiln/core/stream.h)")
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _C.StreamScope(f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
+    # The raw handle (as Inductor's generated code reads it) where torch has it: no Stream object
+    # built per call.
+    stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+    return _C.StreamScope(f"cuda:{index}", stream)
 
 
 def synchronize(device=None):
@@ -410,8 +419,12 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             out, lse = _FlexAttentionFunction.apply(query, key, value, native, kind, cap, slopes, scale)
         else:  # nothing to differentiate: the kernel call alone, without an autograd.Function
             with _scope(query):
-                out, lse, _ = _C.flex_attention(_k(query), _k(key), _k(value), native, score_mod=kind, softcap=cap,
-                                                alibi_slopes=_k(slopes), scale=scale, return_lse=return_lse)
+                if kind == "none" and scale is None and not return_lse:  # the defaults: no keywords to convert
+                    out, lse, _ = _C.flex_attention(_k(query), _k(key), _k(value), native)
+                else:
+                    out, lse, _ = _C.flex_attention(_k(query), _k(key), _k(value), native, score_mod=kind,
+                                                    softcap=cap, alibi_slopes=_k(slopes), scale=scale,
+                                                    return_lse=return_lse)
                 out, lse = _t(out), _t(lse)
     return (out, lse) if return_lse else out
 
