@@ -153,6 +153,18 @@ class FakeCuda : public CudaApi {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [k, v] : done) v = true;
   }
+  // Ops queued from now on stay unfinished until release_all().
+  void hold_ends() {
+    std::lock_guard<std::mutex> lock(mu);
+    hold_end = true;
+  }
+  // A device that finishes everything after `delay`, on a thread of its own (join it).
+  std::thread release_after(std::chrono::milliseconds delay) {
+    return std::thread([this, delay] {
+      std::this_thread::sleep_for(delay);
+      release_all();
+    });
+  }
 };
 
 struct FakeWorld {
@@ -255,7 +267,7 @@ TEST(NcclMock, EndlessInProgressOpTimesOutAndCommunicatorRaisesAfter) {
 TEST(NcclMock, AsyncErrorFailsInFlightWorkWithTheNcclMessage) {
   FakeWorld s;
   auto c = s.make();
-  s.cuda->hold_end = true;
+  s.cuda->hold_ends();
   auto w1 = c->all_reduce(ones(4), ReduceOp::sum);
   auto w2 = c->broadcast(ones(2), 0);
   c->watchdog_tick();
@@ -304,7 +316,7 @@ TEST(NcclMock, ShrinkWithNcclCommShrink) {
   FakeWorld s;
   s.opt.policy = FailurePolicy::shrink;
   auto c = s.make(0, 2);  // rank 1 never shows up to the agreement: it is dead
-  s.cuda->hold_end = true;
+  s.cuda->hold_ends();
   auto w = c->all_reduce(ones(4), ReduceOp::sum);
   c->watchdog_tick();
   s.nccl->async_error = NcclResult::remote_error;
@@ -333,7 +345,7 @@ TEST(NcclMock, ShrinkUnavailableAbortsAndReinitsUnderTheNextGeneration) {
   s.opt.policy = FailurePolicy::shrink;
   s.nccl->shrink_available = false;
   auto c = s.make(0, 2);
-  s.cuda->hold_end = true;
+  s.cuda->hold_ends();
   auto w = c->all_reduce(ones(4), ReduceOp::sum);
   s.nccl->async_error = NcclResult::remote_error;
   // The re-init's polls must see a healthy communicator: clear the error once abort is called.
@@ -400,15 +412,9 @@ TEST(NcclMock, WaitReturnsWhenTheDeviceFinishesNotAtTheWatchdogsTick) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
   EXPECT_EQ(c->in_flight(), 0u);
 
-  {
-    std::lock_guard<std::mutex> lock(s.cuda->mu);
-    s.cuda->hold_end = true;
-  }
+  s.cuda->hold_ends();
   auto held = c->all_reduce(ones(4), ReduceOp::sum);
-  std::thread device([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    s.cuda->release_all();
-  });
+  std::thread device = s.cuda->release_after(std::chrono::milliseconds(300));
   const auto t1 = std::chrono::steady_clock::now();
   held->wait();
   const auto waited = std::chrono::steady_clock::now() - t1;
@@ -425,10 +431,7 @@ TEST(NcclMock, WaitOnDeviceOrdersTheCallersStreamAndLeavesTheHostFree) {
   FakeWorld s;
   s.opt.timeout = std::chrono::milliseconds(5000);
   auto c = s.make();
-  {
-    std::lock_guard<std::mutex> lock(s.cuda->mu);
-    s.cuda->hold_end = true;
-  }
+  s.cuda->hold_ends();
   auto held = c->all_gather_single(Tensor::empty({4}), ones(4));
   const auto t0 = std::chrono::steady_clock::now();
   held->wait_on_device();
@@ -452,15 +455,9 @@ TEST(NcclMock, WaitOnDeviceOrdersTheCallersStreamAndLeavesTheHostFree) {
   t.opt.timeout = std::chrono::milliseconds(5000);
   t.opt.policy = FailurePolicy::shrink;
   auto d = t.make();
-  {
-    std::lock_guard<std::mutex> lock(t.cuda->mu);
-    t.cuda->hold_end = true;
-  }
+  t.cuda->hold_ends();
   auto w = d->all_reduce(ones(4), ReduceOp::sum);
-  std::thread device([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    t.cuda->release_all();
-  });
+  std::thread device = t.cuda->release_after(std::chrono::milliseconds(300));
   const auto t1 = std::chrono::steady_clock::now();
   w->wait_on_device();
   const auto waited = std::chrono::steady_clock::now() - t1;

@@ -492,15 +492,14 @@ class GlooCommunicator : public Communicator {
       if (auto self = weak.lock()) static_cast<GlooCommunicator*>(self.get())->run_inline(w);
     });
     const int64_t fr = FlightRecorder::instance().record(rec.entry);
-    bool now = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back({work, std::move(body), fr, seq, op, rec.what, in.defined() ? int64_t(in.nbytes()) : 0});
-      // A world of one waits for no peer: its op runs here at once when nothing is ahead of it
-      // (no hand-off to the worker, whose wake-up on a busy machine can cost a scheduler tick).
-      now = size_ == 1 && !busy_ && queue_.size() == 1;
     }
-    if (now) run_inline(work.get());
+    // A world of one waits for no peer: its op runs here at once when it is next in line and
+    // nothing runs (run_inline checks; no hand-off to the worker, whose wake-up on a busy machine
+    // can cost a scheduler tick).
+    if (size_ == 1) run_inline(work.get());
     cv_.notify_all();
     return work;
   }
