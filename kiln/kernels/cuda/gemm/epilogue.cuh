@@ -4,6 +4,12 @@
 // dtype (T or f32). The same functor finishes the cuBLASLt path (unfused.cu: the product in f32
 // first, then this epilogue over it), so both backends share one definition of each epilogue.
 // A specialised epilogue (the fused loss's) is another functor with the same members.
+// NOTE [epilogue kind fixed per tile]: RtEpilogue<T> reads its kind from its parameters;
+// with_fixed_kind(f) switches on it once and calls f with RtEpilogue<T, kind>, whose kind() is a
+// constant, so the kernel's unrolled tile epilogue is instantiated once per kind and a tile runs
+// one straight block of code. Switching per element instead made one epilogue of every kind,
+// interleaved (~17 k instructions a kernel for 128-column tiles, 2 × that for 256): the tile
+// then ran out of the instruction cache.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,16 +43,36 @@ template <class T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
-template <class T>
+template <class T, int kFixedKind = -1>
 struct RtEpilogue {
-  static constexpr bool kRowStats = true;  // run-time kind: the reduction is skipped when unused
+  // The kind's reduction exists unless a fixed kind has none (run-time kind: skipped when unused).
+  static constexpr bool kRowStats = kFixedKind < 0 || kFixedKind == kEpiRowLse || kFixedKind == kEpiRowSumsq;
   struct Row {
     float a, b;  // row_lse: (max, Σ exp(v − max)); row_sumsq: (Σ v², unused)
   };
   EpiParams p;
 
+  __device__ __forceinline__ int kind() const { return kFixedKind >= 0 ? kFixedKind : p.kind; }
+  // f(RtEpilogue<T, p.kind>{p}) (NOTE [epilogue kind fixed per tile]); f(*this) once fixed.
+  template <class F>
+  __device__ __forceinline__ void with_fixed_kind(F&& f) const {
+    if constexpr (kFixedKind >= 0) {
+      f(*this);
+    } else {
+      switch (p.kind) {
+        case kEpiBias: f(RtEpilogue<T, kEpiBias>{p}); return;
+        case kEpiResidual: f(RtEpilogue<T, kEpiResidual>{p}); return;
+        case kEpiSwiglu: f(RtEpilogue<T, kEpiSwiglu>{p}); return;
+        case kEpiAccumulate: f(RtEpilogue<T, kEpiAccumulate>{p}); return;
+        case kEpiRowLse: f(RtEpilogue<T, kEpiRowLse>{p}); return;
+        case kEpiRowSumsq: f(RtEpilogue<T, kEpiRowSumsq>{p}); return;
+        default: f(RtEpilogue<T, kEpiNone>{p}); return;
+      }
+    }
+  }
+
   __device__ __forceinline__ Row row_init() const {
-    return p.kind == kEpiRowLse ? Row{-INFINITY, 0.f} : Row{0.f, 0.f};
+    return kind() == kEpiRowLse ? Row{-INFINITY, 0.f} : Row{0.f, 0.f};
   }
   static __device__ __forceinline__ Row sum_merge(Row x, Row y) { return Row{x.a + y.a, 0.f}; }
   static __device__ __forceinline__ Row lse_merge(Row x, Row y) {
@@ -96,8 +122,8 @@ struct RtEpilogue {
     float a0, a1;
   };
   __device__ __forceinline__ Addend addend(int b, int r, int c, bool ok1) const {
-    if (p.kind == kEpiBias) return Addend{load_out_dtype(p.bias, c), ok1 ? load_out_dtype(p.bias, c + 1) : 0.f};
-    if (p.kind == kEpiResidual) {
+    if (kind() == kEpiBias) return Addend{load_out_dtype(p.bias, c), ok1 ? load_out_dtype(p.bias, c + 1) : 0.f};
+    if (kind() == kEpiResidual) {
       const int64_t ro = b * p.res_bstride + static_cast<int64_t>(r) * p.ldr + c;
       return Addend{load_out_dtype(p.res, ro), ok1 ? load_out_dtype(p.res, ro + 1) : 0.f};
     }
@@ -113,7 +139,7 @@ struct RtEpilogue {
                                                Row& row) const {
     v0 *= p.alpha, v1 *= p.alpha;
     const int64_t o = b * p.out_bstride + static_cast<int64_t>(r) * p.ldo;
-    switch (p.kind) {
+    switch (kind()) {
       case kEpiSwiglu: {
         // gate at column c (even), up at c + 1: out[r, c / 2] (N is even: ok1 always holds).
         const float s = v0 / (1.f + expf(-v0));
@@ -154,12 +180,12 @@ struct RtEpilogue {
 
   // The quad merge of the kernel: by kind.
   __device__ __forceinline__ Row merge(Row x, Row y) const {
-    return p.kind == kEpiRowLse ? lse_merge(x, y) : sum_merge(x, y);
+    return kind() == kEpiRowLse ? lse_merge(x, y) : sum_merge(x, y);
   }
-  __device__ __forceinline__ bool reduces_rows() const { return p.kind == kEpiRowLse || p.kind == kEpiRowSumsq; }
+  __device__ __forceinline__ bool reduces_rows() const { return kind() == kEpiRowLse || kind() == kEpiRowSumsq; }
   __device__ __forceinline__ void row_done(int b, int r, int tn, Row row) const {
     float v = row.a;
-    if (p.kind == kEpiRowLse) v = row.a == -INFINITY ? -INFINITY : row.a + logf(row.b);
+    if (kind() == kEpiRowLse) v = row.a == -INFINITY ? -INFINITY : row.a + logf(row.b);
     p.stats[b * p.stats_bstride + static_cast<int64_t>(r) * p.stats_ld + tn] = v;
   }
 };

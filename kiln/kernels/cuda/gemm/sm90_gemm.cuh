@@ -173,6 +173,50 @@ __device__ __forceinline__ TileCoord tile_coord(const Sm90Problem& p, int t) {
   return {b, tm * kBM, tn * BN};
 }
 
+// The epilogue of one consumer warpgroup's 64 × BN accumulator (NOTE [wgmma fragments]: d[j][i]
+// is row 16·wq + g + 8·(i/2), column 8j + 2·t4 + i%2 of the warpgroup's 64 × BN), in 128-column
+// halves: one row statistic each.
+template <int BN, class Epi>
+__device__ __forceinline__ void tile_epilogue(const Epi& epi, const Sm90Problem& p, const TileCoord& tc,
+                                              float (&acc)[BN / 8][4], int wgi, int wq, int g, int t4) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = tc.m0 + 64 * wgi + 16 * wq + g + 8 * hr;
+    const bool row_ok = r < p.m;
+#pragma unroll
+    for (int h = 0; h < BN / kStatCols; ++h) {
+      typename Epi::Row row = epi.row_init();
+      typename Epi::Addend add[kStatCols / 8];
+#pragma unroll
+      for (int jj = 0; jj < kStatCols / 8; ++jj) {
+        const int c = tc.n0 + 8 * (h * (kStatCols / 8) + jj) + 2 * t4;
+        add[jj] = row_ok && c < p.n ? epi.addend(tc.b, r, c, c + 1 < p.n) : typename Epi::Addend{0.f, 0.f};
+      }
+#pragma unroll
+      for (int jj = 0; jj < kStatCols / 8; ++jj) {
+        const int j = h * (kStatCols / 8) + jj, c = tc.n0 + 8 * j + 2 * t4;
+        if (row_ok && c < p.n)
+          epi.element_plus(tc.b, r, c, acc[j][2 * hr], acc[j][2 * hr + 1], c + 1 < p.n, add[jj], row);
+      }
+      if constexpr (Epi::kRowStats) {
+        if (epi.reduces_rows()) {  // uniform over the CTA
+          // The quad (t4 = 0..3) holds the half's 128 columns: merged in a fixed order, the
+          // lower lane's state first, so both lanes of a pair compute the same bits.
+#pragma unroll
+          for (int off = 1; off < 4; off <<= 1) {
+            typename Epi::Row other;
+            other.a = __shfl_xor_sync(0xffffffffu, row.a, off);
+            other.b = __shfl_xor_sync(0xffffffffu, row.b, off);
+            row = (t4 & off) ? epi.merge(other, row) : epi.merge(row, other);
+          }
+          const int c0 = tc.n0 + h * kStatCols;
+          if (row_ok && t4 == 0 && c0 < p.n) epi.row_done(tc.b, r, c0 / kStatCols, row);
+        }
+      }
+    }
+  }
+}
+
 // The epilogue functor interface (epilogue.cuh's RtEpilogue implements it):
 //   struct Row;                                        per-row running state
 //   Row row_init() const;
@@ -186,6 +230,7 @@ __device__ __forceinline__ TileCoord tile_coord(const Sm90Problem& p, int t) {
 //   bool reduces_rows() const;                         whether this launch reduces rows
 //   void row_done(int b, int r, int tn, Row row) const;  once per valid row and tile column
 //   bool kRowStats (constexpr): whether the functor can reduce rows at all
+//   void with_fixed_kind(F f) const;                   f(a functor whose kind is a constant), once a tile
 template <class T, int BN, bool kAKMajor, bool kBKMajor, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -278,45 +323,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::fence_operands(acc);
     if (lane == 0) wg::mbar_arrive(empty + prev_stage);
 
-    // ---- epilogue from registers (NOTE [wgmma fragments]: d[j][i] is row 16·wq + g + 8·(i/2),
-    // column 8j + 2·t4 + i%2 of the warpgroup's 64 × BN), in 128-column halves: one row
-    // statistic each ----
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int r = tc.m0 + 64 * wgi + 16 * wq + g + 8 * hr;
-      const bool row_ok = r < p.m;
-#pragma unroll
-      for (int h = 0; h < BN / kStatCols; ++h) {
-        typename Epi::Row row = epi.row_init();
-        typename Epi::Addend add[kStatCols / 8];
-#pragma unroll
-        for (int jj = 0; jj < kStatCols / 8; ++jj) {
-          const int c = tc.n0 + 8 * (h * (kStatCols / 8) + jj) + 2 * t4;
-          add[jj] = row_ok && c < p.n ? epi.addend(tc.b, r, c, c + 1 < p.n) : typename Epi::Addend{0.f, 0.f};
-        }
-#pragma unroll
-        for (int jj = 0; jj < kStatCols / 8; ++jj) {
-          const int j = h * (kStatCols / 8) + jj, c = tc.n0 + 8 * j + 2 * t4;
-          if (row_ok && c < p.n)
-            epi.element_plus(tc.b, r, c, acc[j][2 * hr], acc[j][2 * hr + 1], c + 1 < p.n, add[jj], row);
-        }
-        if constexpr (Epi::kRowStats) {
-          if (epi.reduces_rows()) {  // uniform over the CTA
-            // The quad (t4 = 0..3) holds the half's 128 columns: merged in a fixed order, the
-            // lower lane's state first, so both lanes of a pair compute the same bits.
-#pragma unroll
-            for (int off = 1; off < 4; off <<= 1) {
-              typename Epi::Row other;
-              other.a = __shfl_xor_sync(0xffffffffu, row.a, off);
-              other.b = __shfl_xor_sync(0xffffffffu, row.b, off);
-              row = (t4 & off) ? epi.merge(other, row) : epi.merge(row, other);
-            }
-            const int c0 = tc.n0 + h * kStatCols;
-            if (row_ok && t4 == 0 && c0 < p.n) epi.row_done(tc.b, r, c0 / kStatCols, row);
-          }
-        }
-      }
-    }
+    // ---- epilogue from registers, its kind fixed for the tile (NOTE [epilogue kind fixed per tile]) ----
+    epi.with_fixed_kind([&](const auto& e) { tile_epilogue<BN>(e, p, tc, acc, wgi, wq, g, t4); });
   }
 }
 
