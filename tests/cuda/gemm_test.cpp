@@ -95,18 +95,29 @@ struct Case {
 
 const char* layout_name(bool ta, bool tb) { return ta ? (tb ? "tt" : "tn") : (tb ? "nt" : "nn"); }
 
+// The kinds whose 16-bit tiles kiln's kernel may store by TMA (gemm_sm90::encode_output_map).
+bool stageable(kg::Epilogue e, DType out_dt) {
+  return out_dt != DType::f32 && e != kg::Epilogue::swiglu && e != kg::Epilogue::accumulate;
+}
+
 // Runs one (case, layout, dtype, epilogue, out dtype, backend) and checks every element
 // (and row statistic) against the reference within its bound. Returns the output (for bits).
 struct GemmRun {
   Tensor out, stats;
 };
+// out_pad: the output's extra columns (its leading dim; -1: 6 when pad, else 0). An out whose rows
+// are 16-byte multiples apart (out_pad 8, N % 8 == 0) takes kiln's TMA-stored epilogue for the
+// kinds that have one, unless direct_store.
 GemmRun run_and_check(const Case& cs, bool ta, bool tb, DType dt, kg::Epilogue epi, DType out_dt, kg::Backend backend,
-                  Generator& gen, bool pad, bool check = true, int tile_n = 0) {
+                  Generator& gen, bool pad, bool check = true, int tile_n = 0, bool direct_store = false,
+                  int out_pad = -1) {
+  if (out_pad < 0) out_pad = pad ? 6 : 0;
   const std::string what = std::string(kg::epilogue_name(epi)) + " " + layout_name(ta, tb) + " " + dtype_name(dt) +
                            ">" + dtype_name(out_dt) + " " + kg::backend_name(backend) + " m=" + std::to_string(cs.m) +
                            " n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k) +
                            " batch=" + std::to_string(cs.batch) + (pad ? " padded" : "") +
-                           (tile_n ? " tile_n=" + std::to_string(tile_n) : "");
+                           " out_pad=" + std::to_string(out_pad) + (tile_n ? " tile_n=" + std::to_string(tile_n) : "") +
+                           (direct_store ? " direct" : "");
   const int64_t B = cs.batch;
   Operand a = ta ? make_operand(gen, dt, B, cs.k, cs.m, pad) : make_operand(gen, dt, B, cs.m, cs.k, pad);
   const int64_t bb = cs.broadcast_b ? 0 : B;
@@ -118,7 +129,7 @@ GemmRun run_and_check(const Case& cs, bool ta, bool tb, DType dt, kg::Epilogue e
   p.a = a.gpu, p.b = b.gpu, p.trans_a = ta, p.trans_b = tb;
   // out padded too (its own leading dim), NaN-poisoned; accumulate starts from random values.
   Operand init = make_operand(gen, DType::f32, B, cs.m, ocols, pad);
-  Tensor out_full = full({B, cs.m, pad ? ocols + 6 : ocols}, NAN, out_dt, gpu());
+  Tensor out_full = full({B, cs.m, ocols + out_pad}, NAN, out_dt, gpu());
   p.out = out_full.narrow(2, 0, ocols);
   if (epi == kg::Epilogue::accumulate) p.out.copy_(init.gpu);
   kg::EpilogueArgs e;
@@ -137,6 +148,11 @@ GemmRun run_and_check(const Case& cs, bool ta, bool tb, DType dt, kg::Epilogue e
   kg::GemmOptions o;
   o.backend = backend;
   o.tile_n = tile_n;
+  o.direct_store = direct_store;
+  if (backend == kg::Backend::kiln) {  // the store path the case means to take
+    const bool tma = stageable(epi, out_dt) && !direct_store && (ocols + out_pad) % 8 == 0;
+    EXPECT_EQ(kg::kiln_stores_by_tma(p, e, o), tma) << what;
+  }
   kg::gemm(p, e, o);
   GemmRun result{p.out.to(kCPU), e.row_stats.defined() ? e.row_stats.to(kCPU) : Tensor()};
   if (!check) return result;
@@ -212,6 +228,23 @@ bool kiln_kernel_available() {
   return ok;
 }
 
+// The backends and kiln kernel variants each case runs: both tile widths with an out that TMA can
+// store, 128 with an odd leading dim (direct stores), 128 with direct stores asked for (where the
+// kind would stage), and cuBLASLt.
+struct Variant {
+  kg::Backend backend;
+  int tile_n;
+  bool direct_store;
+  int out_pad;
+};
+std::vector<Variant> variants(kg::Epilogue e, DType out_dt) {
+  std::vector<Variant> v = {{kg::Backend::kiln, 128, false, 8}, {kg::Backend::kiln, 256, false, 8},
+                            {kg::Backend::kiln, 128, false, 6}};
+  if (stageable(e, out_dt)) v.push_back({kg::Backend::kiln, 128, true, 8});
+  v.push_back({kg::Backend::cublaslt, 0, false, 6});
+  return v;
+}
+
 std::vector<DType> out_dtypes(kg::Epilogue e, DType dt) {
   if (e == kg::Epilogue::accumulate) return {DType::f32};
   if (e == kg::Epilogue::swiglu || e == kg::Epilogue::row_lse) return {dt};
@@ -234,11 +267,11 @@ TEST(Gemm, EveryLayoutDtypeEpilogueMatchesFloat64) {
       for (DType dt : {DType::bf16, DType::f16})
         for (kg::Epilogue epi : kg::kAllEpilogues)
           for (DType odt : out_dtypes(epi, dt))
-            for (int variant = 0; variant < 3 && (epi != kg::Epilogue::swiglu || cs.n % 2 == 0); ++variant) {  // kiln's two tile widths, cuBLASLt
-              const kg::Backend be = variant < 2 ? kg::Backend::kiln : kg::Backend::cublaslt;
-              if (be == kg::Backend::kiln && !have_kiln) continue;
-              run_and_check(cs, layout & 2, layout & 1, dt, epi, odt, be, gen, /*pad=*/true, true,
-                            variant == 0 ? 128 : variant == 1 ? 256 : 0);
+            for (const Variant& v : variants(epi, odt)) {
+              if (epi == kg::Epilogue::swiglu && cs.n % 2 != 0) continue;
+              if (v.backend == kg::Backend::kiln && !have_kiln) continue;
+              run_and_check(cs, layout & 2, layout & 1, dt, epi, odt, v.backend, gen, /*pad=*/true, true, v.tile_n,
+                            v.direct_store, v.out_pad);
             }
   ASSERT_TRUE(have_kiln) << "kiln's kernel did not run (needs an sm_90 GPU)";
 }
@@ -266,18 +299,44 @@ TEST(Gemm, ContiguousOddLeadingDimsFallBackToCublasLt) {
 TEST(Gemm, BitsEqualRunToRun) {
   KILN_SKIP_WITHOUT_CUDA();
   if (!kiln_kernel_available()) GTEST_SKIP() << "needs an sm_90 GPU";
-  for (kg::Epilogue epi : kg::kAllEpilogues)
-    for (int variant = 0; variant < 3; ++variant) {
-      const kg::Backend be = variant < 2 ? kg::Backend::kiln : kg::Backend::cublaslt;
-      const int tile_n = variant == 0 ? 128 : variant == 1 ? 256 : 0;
-      const DType odt = epi == kg::Epilogue::accumulate ? DType::f32 : DType::bf16;
-      const std::string what = std::string(kg::epilogue_name(epi)) + " " + kg::backend_name(be) + " " + std::to_string(tile_n);
+  for (kg::Epilogue epi : kg::kAllEpilogues) {
+    const DType odt = epi == kg::Epilogue::accumulate ? DType::f32 : DType::bf16;
+    for (const Variant& v : variants(epi, odt)) {
+      const std::string what = std::string(kg::epilogue_name(epi)) + " " + kg::backend_name(v.backend) + " " +
+                               std::to_string(v.tile_n) + (v.direct_store ? " direct" : "") + " out_pad " +
+                               std::to_string(v.out_pad);
       Generator g1(7), g2(7);
-      GemmRun r1 = run_and_check({2, 300, 520, 1100, false}, false, true, DType::bf16, epi, odt, be, g1, true, false, tile_n);
-      GemmRun r2 = run_and_check({2, 300, 520, 1100, false}, false, true, DType::bf16, epi, odt, be, g2, true, false, tile_n);
+      GemmRun r1 = run_and_check({2, 300, 520, 1100, false}, false, true, DType::bf16, epi, odt, v.backend, g1, true, false,
+                                 v.tile_n, v.direct_store, v.out_pad);
+      GemmRun r2 = run_and_check({2, 300, 520, 1100, false}, false, true, DType::bf16, epi, odt, v.backend, g2, true, false,
+                                 v.tile_n, v.direct_store, v.out_pad);
       EXPECT_TRUE(same_bits(r2.out, r1.out, "out " + what));
       if (r1.stats.defined()) {
         EXPECT_TRUE(same_bits(r2.stats, r1.stats, "stats " + what));
+      }
+    }
+  }
+}
+
+TEST(Gemm, TmaStoredTilesEqualDirectStores) {
+  KILN_SKIP_WITHOUT_CUDA();
+  if (!kiln_kernel_available()) GTEST_SKIP() << "needs an sm_90 GPU";
+  // The same values leave either way: the staged tile (rounded in the same place) and the
+  // registers' stores give the same bits, tails in M and N (300 × 520) and a batch included.
+  for (kg::Epilogue epi : kg::kAllEpilogues)
+    for (DType odt : {DType::bf16, DType::f16}) {
+      if (!stageable(epi, odt)) continue;
+      for (int tile_n : {128, 256}) {
+        const std::string what = std::string(kg::epilogue_name(epi)) + " " + dtype_name(odt) + " " + std::to_string(tile_n);
+        Generator g1(11), g2(11);
+        GemmRun tma = run_and_check({2, 300, 520, 1100, false}, false, true, odt, epi, odt, kg::Backend::kiln, g1, true,
+                                    false, tile_n, false, 8);
+        GemmRun direct = run_and_check({2, 300, 520, 1100, false}, false, true, odt, epi, odt, kg::Backend::kiln, g2, true,
+                                       false, tile_n, true, 8);
+        EXPECT_TRUE(same_bits(direct.out, tma.out, "out " + what));
+        if (tma.stats.defined()) {
+          EXPECT_TRUE(same_bits(direct.stats, tma.stats, "stats " + what));
+        }
       }
     }
 }

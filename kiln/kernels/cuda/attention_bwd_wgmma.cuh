@@ -598,8 +598,8 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       // released once the stores have read them: every thread but the issuers arrives now, the
       // issuers after their stores (release_previous, during the next tile).
       unsigned char* res = smem + buf * Smem::kPairBytes;
-      store_rows_tma<T, kAt, kBwdRows>(acc0, res, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head, b);
-      store_rows_tma<T, kAt, kBwdRows>(acc1, res + Smem::kResBytes, wgi, lane, issuer, &maps.o1, static_cast<int>(row0),
+      wg::store_rows_tma<T, kAt, kBwdRows>(acc0, res, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head, b);
+      wg::store_rows_tma<T, kAt, kBwdRows>(acc1, res + Smem::kResBytes, wgi, lane, issuer, &maps.o1, static_cast<int>(row0),
                                        head, b);
       if (!issuer) wg::mbar_arrive(res_empty + buf);
       prev_pending = true;
@@ -607,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       // dQ through the staging tile, once the previous tile's store has read it (a walk ago).
       if (issuer) wg::bulk_wait_read<0>();
       wg::named_barrier(1 + wgi, 128);
-      store_rows_tma<T, kAt, kBwdRows>(acc0, smem + Smem::kOut, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head,
+      wg::store_rows_tma<T, kAt, kBwdRows>(acc0, smem + Smem::kOut, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head,
                                        b);
     }
   }

@@ -2,8 +2,8 @@
 // bf16 / f16 with E = Ev ∈ {64, 128} and BlockMask blocks that are multiples of 128:
 // flex_forward_wgmma, which returns false when it does not apply so that the caller falls back
 // to the mma.sync kernel (attention_fwd_mma.cuh). Also what the Hopper backward shares: the
-// row-tile TMA helpers load_rows_tma and store_rows_tma, and the tile order (tile_rank,
-// heads_fastest_order, claim_tile).
+// row-tile TMA helper load_rows_tma (store_rows_tma is wgmma.cuh's), and the tile order
+// (tile_rank, heads_fastest_order, claim_tile).
 //
 // NOTE [flex forward wgmma]
 // - A persistent grid (one CTA per SM) walks the (query tile, b, h) tiles heaviest first
@@ -137,39 +137,6 @@ __device__ __forceinline__ void load_rows_tma(unsigned char* dst, const CUtensor
                                               int head, int b) {
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) wg::tma_load_4d(dst + g * ROWS * 128, map, bar, 64 * g, row, head, b);
-}
-
-// A warpgroup's 64 result rows leave by TMA: `acc` (its 64 × 8·NJ accumulator fragments, NOTE
-// [wgmma fragments]) rounded to 16 bits into a dead swizzled tile of ROWS rows per 64-column
-// group (`tile`: its first byte; the warpgroup's rows start at row 64·wgi), in the layout a TMA
-// load writes (NOTE [swizzled tiles for wgmma and TMA]; a quad's four 4-byte stores of a row hit
-// distinct banks); then the warpgroup meets at named barrier 1 + wgi and its first thread
-// (`issuer`) stores the rows to tensor coordinates (column, row0 + 64·wgi, head, b) of `map` (box
-// 64 × 64) and commits the group; it must bulk_wait_read before the tile is written again.
-// (wgi, lane and issuer come from the caller, which has them in registers: deriving them here
-// from threadIdx cost the forward 8 bytes more of spills.)
-template <class T, int NJ, int ROWS>
-__device__ __forceinline__ void store_rows_tma(const float (&acc)[NJ][4], unsigned char* tile, int wgi, int lane,
-                                               bool issuer, const CUtensorMap* map, int row0, int head, int b) {
-  const int wq = (threadIdx.x >> 5) & 3, g = lane >> 2, t4 = lane & 3;
-  unsigned char* rows = tile + wgi * 64 * 128;
-#pragma unroll
-  for (int j = 0; j < NJ; ++j)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      // wg::sw128_offset<ROWS>(lr, 8j + 2·t4) written out with lr % 8 == g (through the helper's
-      // lr & 7 the forward's SASS had 8 instructions more)
-      const int lr = 16 * wq + g + 8 * hr;  // row within the warpgroup's 64
-      *reinterpret_cast<uint32_t*>(rows + (j >> 3) * ROWS * 128 + lr * 128 + (((j & 7) ^ g) << 4) + t4 * 4) =
-          pack2<T>(acc[j][2 * hr], acc[j][2 * hr + 1]);
-    }
-  wg::fence_proxy_async();
-  wg::named_barrier(1 + wgi, 128);
-  if (issuer) {
-#pragma unroll
-    for (int gi = 0; gi < NJ / 8; ++gi) wg::tma_store_4d(map, rows + gi * ROWS * 128, 64 * gi, row0 + 64 * wgi, head, b);
-    wg::bulk_commit();
-  }
 }
 
 template <class T, int D, class SM, class MM>
@@ -409,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the store has read it (release_held); the other warps signal now.
       const uint32_t last = (it - 1) % kStages;
       wg::mbar_wait(q_empty, tc & 1);
-      store_rows_tma<T, kOt, kBN>(o, smem + Smem::kK + last * 2 * Smem::kKVBytes, wgi, lane, issuer, &to,
+      wg::store_rows_tma<T, kOt, kBN>(o, smem + Smem::kK + last * 2 * Smem::kKVBytes, wgi, lane, issuer, &to,
                                   static_cast<int>(tile.q0), tile.h, tile.b);
       if (lane == 0 && wq != 0) wg::mbar_arrive(kv_empty + last);
       held_stage = static_cast<int>(last);

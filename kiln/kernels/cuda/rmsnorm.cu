@@ -8,7 +8,7 @@
 // Forward: a block per row. Backward: a persistent grid of G = (blocks per SM) × SMs blocks
 // (fixed per machine and shape), block b taking rows b, b + G, ...; each block keeps its
 // dweight partial for its columns in registers and writes it once ([G, d] f32); a second kernel
-// sums the G partials per column in block order.
+// sums the G partials per column in a fixed order (dweight_sum_kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -192,14 +192,30 @@ __global__ void __launch_bounds__(kBwdThreads) rmsnorm_bwd_kernel(T* __restrict_
   }
 }
 
-// dweight[c] = Σ_b partial[b, c], b in order.
+// dweight[c] = Σ_b partial[b, c] in a fixed order: a block of kSumWarps warps takes 32 columns
+// (a warp's loads are one 128-byte row segment), warp w sums the partials b ≡ w (mod kSumWarps)
+// in order, then the warps' sums are added in warp order. (It was a thread per column over every
+// partial in turn: d threads in d / 256 blocks, far fewer than the SMs, each walking G partials.)
+constexpr int kSumWarps = 8;
 template <class W>
-__global__ void dweight_sum_kernel(W* __restrict__ dw, const float* __restrict__ partial, int64_t blocks, int64_t d) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= d) return;
+__global__ void __launch_bounds__(32 * kSumWarps) dweight_sum_kernel(W* __restrict__ dw, const float* __restrict__ partial,
+                                                                      int64_t blocks, int64_t d) {
+  __shared__ float sh[kSumWarps][32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t c = blockIdx.x * int64_t{32} + lane;
   float s = 0.f;
-  for (int64_t b = 0; b < blocks; ++b) s += partial[b * d + c];
-  dw[c] = from_f<W>(s);
+  if (c < d) {
+#pragma unroll 4
+    for (int64_t b = w; b < blocks; b += kSumWarps) s += partial[b * d + c];
+  }
+  sh[w][lane] = s;
+  __syncthreads();
+  if (w == 0 && c < d) {
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < kSumWarps; ++k) t += sh[k][lane];
+    dw[c] = from_f<W>(t);
+  }
 }
 
 struct RowConfig {
@@ -326,7 +342,7 @@ bool backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy, const T
           static_cast<int>(d));
       KILN_CUDA_CHECK_LAUNCH("rms_norm backward");
       if (!dweight.defined()) return;
-      dweight_sum_kernel<T><<<static_cast<unsigned>((d + 255) / 256), 256, 0, s>>>(
+      dweight_sum_kernel<T><<<static_cast<unsigned>((d + 31) / 32), 32 * kSumWarps, 0, s>>>(
           static_cast<T*>(dweight.data_ptr()), partial.data<float>(), blocks, d);
       KILN_CUDA_CHECK_LAUNCH("rms_norm backward (dweight)");
     });

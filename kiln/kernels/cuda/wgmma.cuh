@@ -1,7 +1,8 @@
 // Hopper (sm_90a) building blocks for warp-specialised tensor-core kernels: shared-memory matrix
 // descriptors for 128-byte-swizzled tiles, the warpgroup mma (wgmma.mma_async, 16-bit inputs,
 // f32 accumulators) with its fences, mbarriers, and the bulk tensor copies (TMA) global → shared
-// and shared → global (tensor maps are encoded on the host: tensor_map.h), named barriers.
+// and shared → global (tensor maps are encoded on the host: tensor_map.h), named barriers, and
+// the TMA store of a warpgroup's accumulator rows (store_rows_tma).
 // Device-only (no host code): NVRTC compiles it (kernels/device_std.h), given the toolkit's
 // include folder for cuda_bf16.h / cuda_fp16.h; there CUtensorMap is declared as cuda.h does.
 //
@@ -37,6 +38,7 @@ typedef struct CUtensorMap_st {  // cuda.h's opaque 128-byte tensor map
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kiln/kernels/cuda/mma.cuh"
 #include "kiln/kernels/device_std.h"
 
 namespace kiln::kernels::cuda::wgmma {
@@ -228,6 +230,42 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- a warpgroup's 64 result rows leave by TMA ----
+// Fragment column groups J0 .. J0 + NJ − 1 of `acc` (a 64 × 8·NA accumulator, NOTE [wgmma
+// fragments]) rounded to 16 bits into a dead swizzled tile of ROWS rows per 64-column group
+// (`tile`: its first byte; the warpgroup's rows start at row 64·wgi), in the layout a TMA load
+// writes (NOTE [swizzled tiles for wgmma and TMA]; a quad's four 4-byte stores of a row hit
+// distinct banks); then the warpgroup meets at named barrier 1 + wgi and its first thread
+// (`issuer`) stores the rows to tensor coordinates (col0 + 64·gi, row0 + 64·wgi, c2, c3) of `map`
+// (box 64 × 64) and commits the group; it must bulk_wait_read before the tile is written again.
+// (wgi, lane and issuer come from the caller, which has them in registers: deriving them here
+// from threadIdx cost the attention forward 8 bytes more of spills.)
+template <class T, int NJ, int ROWS, int J0 = 0, int NA>
+__device__ __forceinline__ void store_rows_tma(const float (&acc)[NA][4], unsigned char* tile, int wgi, int lane,
+                                               bool issuer, const CUtensorMap* map, int row0, int c2, int c3,
+                                               int col0 = 0) {
+  static_assert(J0 + NJ <= NA && NJ % 8 == 0, "whole 64-column groups of the accumulator");
+  const int wq = (threadIdx.x >> 5) & 3, g = lane >> 2, t4 = lane & 3;
+  unsigned char* rows = tile + wgi * 64 * 128;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      // sw128_offset<ROWS>(lr, 8j + 2·t4) written out with lr % 8 == g (through the helper's
+      // lr & 7 the attention forward's SASS had 8 instructions more)
+      const int lr = 16 * wq + g + 8 * hr;  // row within the warpgroup's 64
+      *reinterpret_cast<uint32_t*>(rows + (j >> 3) * ROWS * 128 + lr * 128 + (((j & 7) ^ g) << 4) + t4 * 4) =
+          ::kiln::kernels::cuda::mma::pack2<T>(acc[J0 + j][2 * hr], acc[J0 + j][2 * hr + 1]);
+    }
+  fence_proxy_async();
+  named_barrier(1 + wgi, 128);
+  if (issuer) {
+#pragma unroll
+    for (int gi = 0; gi < NJ / 8; ++gi) tma_store_4d(map, rows + gi * ROWS * 128, col0 + 64 * gi, row0 + 64 * wgi, c2, c3);
+    bulk_commit();
+  }
 }
 
 }  // namespace kiln::kernels::cuda::wgmma

@@ -26,6 +26,7 @@ struct EpiParams {
   int out_f32;             // 1: out (and bias, residual) f32; 0: the input dtype
   int pair_stores;         // 1: out's base, ldo and batch stride let (r, c), (r, c + 1) with c even
                            // be stored as one 4-byte (16-bit out) or 8-byte (f32 out) store
+  int staged;              // 1: the sm90 kernel stores a stageable kind's tiles by TMA (its map of out)
   void* out;
   int64_t ldo, out_bstride;  // elements
   const void* bias;          // [N]
@@ -91,15 +92,12 @@ struct RtEpilogue {
   __device__ __forceinline__ float load_out_dtype(const void* base, int64_t off) const {
     return p.out_f32 ? static_cast<const float*>(base)[off] : to_f32(static_cast<const T*>(base)[off]);
   }
-  // Stores v at element offset off of out; returns the value as stored (f32).
-  __device__ __forceinline__ float store(int64_t off, float v) const {
-    if (p.out_f32) {
-      static_cast<float*>(p.out)[off] = v;
-      return v;
-    }
-    const T h = from_f32<T>(v);
-    static_cast<T*>(p.out)[off] = h;
-    return to_f32(h);
+  // v as out holds it (rounded to T unless out is f32).
+  __device__ __forceinline__ float as_stored(float v) const { return p.out_f32 ? v : to_f32(from_f32<T>(v)); }
+  // Stores v at element offset off of out.
+  __device__ __forceinline__ void store(int64_t off, float v) const {
+    if (p.out_f32) static_cast<float*>(p.out)[off] = v;
+    else static_cast<T*>(p.out)[off] = from_f32<T>(v);
   }
 
   // Stores (v0, v1) at offsets off, off + 1 (off even); one store where pair_stores allows.
@@ -134,48 +132,57 @@ struct RtEpilogue {
     element_plus(b, r, c, v0, v1, ok1, addend(b, r, c, ok1), row);
   }
 
+  // The kinds whose output is out's [M, N] tile as computed (no swiglu halving, no
+  // read-modify-write): the kernel may stage their values in shared memory and store the tile
+  // by TMA (value_plus, then the kernel's store), where out is 16-bit (EpiParams::staged).
+  static constexpr bool kStageable = kFixedKind == kEpiNone || kFixedKind == kEpiBias ||
+                                     kFixedKind == kEpiResidual || kFixedKind == kEpiRowLse ||
+                                     kFixedKind == kEpiRowSumsq;
+  __device__ __forceinline__ bool staged() const { return p.staged != 0; }
+  // The two values to store at (r, c), (r, c + 1) for those kinds (the addend read beforehand),
+  // the row's state updated; rounding to out's dtype is the store's.
+  __device__ __forceinline__ float2 value_plus(int b, int r, int c, float v0, float v1, bool ok1, Addend add,
+                                               Row& row) const {
+    v0 *= p.alpha, v1 *= p.alpha;
+    switch (kind()) {
+      case kEpiBias:
+      case kEpiResidual:
+        return make_float2(v0 + add.a0, v1 + add.a1);
+      case kEpiRowLse:
+        row = lse_push(row, v0);
+        if (ok1) row = lse_push(row, v1);
+        return make_float2(v0, v1);
+      case kEpiRowSumsq: {  // Σ out² of out as stored
+        const float s0 = as_stored(v0), s1 = as_stored(v1);
+        row.a += s0 * s0;
+        if (ok1) row.a += s1 * s1;
+        return make_float2(v0, v1);
+      }
+      default:
+        return make_float2(v0, v1);
+    }
+  }
+
   // element() with its addend read beforehand.
   __device__ __forceinline__ void element_plus(int b, int r, int c, float v0, float v1, bool ok1, Addend add,
                                                Row& row) const {
-    v0 *= p.alpha, v1 *= p.alpha;
     const int64_t o = b * p.out_bstride + static_cast<int64_t>(r) * p.ldo;
-    switch (kind()) {
-      case kEpiSwiglu: {
-        // gate at column c (even), up at c + 1: out[r, c / 2] (N is even: ok1 always holds).
-        const float s = v0 / (1.f + expf(-v0));
-        store(o + c / 2, s * v1);
-        return;
-      }
-      case kEpiBias:
-      case kEpiResidual:
-        v0 += add.a0, v1 += add.a1;
-        break;
-      case kEpiAccumulate: {  // out is f32 (host-checked)
-        float* out = static_cast<float*>(p.out) + o + c;
-        out[0] += v0;
-        if (ok1) out[1] += v1;
-        return;
-      }
-      case kEpiRowLse: {
-        if (ok1) store_pair(o + c, v0, v1);
-        else store(o + c, v0);
-        row = lse_push(row, v0);
-        if (ok1) row = lse_push(row, v1);
-        return;
-      }
-      case kEpiRowSumsq: {
-        const float s0 = store(o + c, v0);
-        row.a += s0 * s0;
-        if (ok1) {
-          const float s1 = store(o + c + 1, v1);
-          row.a += s1 * s1;
-        }
-        return;
-      }
-      default: break;
+    if (kind() == kEpiSwiglu) {
+      // gate at column c (even), up at c + 1: out[r, c / 2] (N is even: ok1 always holds).
+      v0 *= p.alpha, v1 *= p.alpha;
+      const float s = v0 / (1.f + expf(-v0));
+      store(o + c / 2, s * v1);
+      return;
     }
-    if (ok1) store_pair(o + c, v0, v1);
-    else store(o + c, v0);
+    if (kind() == kEpiAccumulate) {  // out is f32 (host-checked)
+      float* out = static_cast<float*>(p.out) + o + c;
+      out[0] += v0 * p.alpha;
+      if (ok1) out[1] += v1 * p.alpha;
+      return;
+    }
+    const float2 v = value_plus(b, r, c, v0, v1, ok1, add, row);
+    if (ok1) store_pair(o + c, v.x, v.y);
+    else store(o + c, v.x);
   }
 
   // The quad merge of the kernel: by kind.

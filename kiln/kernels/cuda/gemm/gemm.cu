@@ -147,13 +147,14 @@ bool supported(const GemmProblem& p, const Dims& d, std::string* why) {
   return true;
 }
 
-sm::Launch make_launch(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, int tile_n) {
+sm::Launch make_launch(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, const GemmOptions& o) {
   const DeviceContext& ctx = ::kiln::kernels::cuda::context(p.out.device().index);
   sm::Launch l;
   l.device = ctx.device;
   l.stream = ::kiln::kernels::cuda::stream(ctx.device);
   l.sm_count = std::max(ctx.sm_count, 1);
-  l.tile_n = tile_n;
+  l.tile_n = o.tile_n;
+  l.direct_store = o.direct_store;
   l.m = d.m, l.n = d.n, l.k = d.k, l.batch = d.batch;
   // A: K-major (a [M, K]) unless trans_a (a [K, M]); B: K-major when trans_b (b [N, K]).
   l.a = {p.a.data_ptr(), p.trans_a ? d.k : d.m, p.trans_a ? d.m : d.k, d.lda, d.sa, !p.trans_a};
@@ -162,11 +163,11 @@ sm::Launch make_launch(const GemmProblem& p, const EpilogueArgs& e, const Dims& 
   return l;
 }
 
-void run_kiln(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, int tile_n) {
+void run_kiln(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, const GemmOptions& o) {
   std::string why;
   KILN_CHECK(supported(p, d, &why), "gemm: kiln's kernel does not apply: ", why, " (use backend auto or cublaslt)");
-  KILN_CHECK(tile_n == 0 || tile_n == 128 || tile_n == 256, "gemm: tile_n ", tile_n, " is not 0, 128 or 256");
-  const sm::Launch l = make_launch(p, e, d, tile_n);
+  KILN_CHECK(o.tile_n == 0 || o.tile_n == 128 || o.tile_n == 256, "gemm: tile_n ", o.tile_n, " is not 0, 128 or 256");
+  const sm::Launch l = make_launch(p, e, d, o);
   const bool ok = p.a.dtype() == DType::bf16 ? sm::launch_bf16(l) : sm::launch_f16(l);
   KILN_CHECK(ok, "gemm: no TMA tensor map describes the operands (strides, alignment or driver)");
 }
@@ -322,7 +323,7 @@ double median_ms(const std::function<void()>& f, int device) {
   return t[t.size() / 2];
 }
 
-Choice measure(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, int tile_n) {
+Choice measure(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, const GemmOptions& o) {
   // Scratch outputs, so the caller's out (accumulate reads it) is left alone.
   GemmProblem q = p;
   q.out = Tensor::empty(p.out.shape(), p.out.dtype(), p.out.device());
@@ -333,7 +334,7 @@ Choice measure(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, int t
   const Dims dq = check_problem(q, f);
   const int dev = p.out.device().index;
   Choice c;
-  c.kiln_ms = median_ms([&] { run_kiln(q, f, dq, tile_n); }, dev);
+  c.kiln_ms = median_ms([&] { run_kiln(q, f, dq, o); }, dev);
   c.cublaslt_ms = median_ms([&] { run_cublaslt(q, f, dq); }, dev);
   c.kiln = c.kiln_ms < c.cublaslt_ms;
   return c;
@@ -345,7 +346,7 @@ Backend choose(const GemmProblem& p, const EpilogueArgs& e, const Dims& d, const
   ChoiceCache& cache = choice_cache(p.out.device().index);
   const std::string key = problem_key(p, e);
   if (auto c = cache.lookup(key)) return c->kiln ? Backend::kiln : Backend::cublaslt;
-  const Choice c = measure(p, e, d, o.tile_n);
+  const Choice c = measure(p, e, d, o);
   cache.store(key, c);
   return c.kiln ? Backend::kiln : Backend::cublaslt;
 }
@@ -357,10 +358,17 @@ void gemm(const GemmProblem& p, const EpilogueArgs& e, const GemmOptions& o) {
   if (d.batch == 0 || d.m == 0 || d.out_cols == 0) return;
   if (choose(p, e, d, o) == Backend::kiln) {
     KILN_CHECK(d.k > 0, "gemm: kiln's kernel needs K > 0 (use backend auto or cublaslt)");
-    run_kiln(p, e, d, o.tile_n);
+    run_kiln(p, e, d, o);
   } else {
     run_cublaslt(p, e, d);
   }
+}
+
+bool kiln_stores_by_tma(const GemmProblem& p, const EpilogueArgs& e, const GemmOptions& o) {
+  const Dims d = check_problem(p, e);
+  if (d.k == 0 || !supported(p, d, nullptr)) return false;
+  CUtensorMap map;
+  return sm::encode_output_map(make_launch(p, e, d, o), p.a.dtype() == DType::bf16, &map);
 }
 
 bool kiln_supported(const GemmProblem& p, const EpilogueArgs& e, std::string* why) {

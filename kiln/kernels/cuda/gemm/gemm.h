@@ -51,6 +51,10 @@ struct GemmProblem {
 struct GemmOptions {
   Backend backend = default_backend();
   int tile_n = 0;  // kiln's kernel: 128 or 256 output columns a tile; 0 chooses (N and the SM count)
+  // kiln's kernel: store every epilogue from registers, not the tiles of a 16-bit out by TMA
+  // (none, bias, residual, row_lse, row_sumsq) where the output's layout lets them (kiln bench
+  // gemm --store direct: the two side by side).
+  bool direct_store = false;
 };
 
 // Runs the product with its epilogue on the device's current stream. Backend kiln where kiln's
@@ -60,6 +64,10 @@ void gemm(const GemmProblem& p, const EpilogueArgs& e, const GemmOptions& o = {}
 // Whether kiln's kernel runs this problem (an sm_90 device, 16-byte aligned rows and bases,
 // sizes below 2^31); otherwise `why` says what does not fit.
 bool kiln_supported(const GemmProblem& p, const EpilogueArgs& e, std::string* why = nullptr);
+// Whether kiln's kernel (where it applies) stores this problem's output tiles by TMA: the
+// epilogues none, bias, residual, row_lse and row_sumsq into a 16-bit out whose base, rows and
+// batch stride are 16-byte multiples, unless o.direct_store.
+bool kiln_stores_by_tma(const GemmProblem& p, const EpilogueArgs& e, const GemmOptions& o = {});
 // The backend gemm() would use now for this problem (auto measures if it has not yet).
 Backend chosen_backend(const GemmProblem& p, const EpilogueArgs& e, const GemmOptions& o = {});
 // The key of a problem in the autotune cache: "MxNxK*batch|layout|dtype>out|epilogue", layout

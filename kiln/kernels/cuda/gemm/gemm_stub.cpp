@@ -14,6 +14,7 @@ bool kiln_supported(const GemmProblem&, const EpilogueArgs&, std::string* why) {
   if (why) *why = "kiln was built without CUDA";
   return false;
 }
+bool kiln_stores_by_tma(const GemmProblem&, const EpilogueArgs&, const GemmOptions&) { return false; }
 Backend chosen_backend(const GemmProblem&, const EpilogueArgs&, const GemmOptions&) { no_cuda("gemm"); }
 void combine_row_stats(const Tensor&, const Tensor&, Epilogue) { no_cuda("combine_row_stats"); }
 

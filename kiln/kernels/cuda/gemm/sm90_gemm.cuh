@@ -26,8 +26,13 @@
 // - Per K block a consumer issues 4 wgmma m64nBNk16 (both operands from shared memory),
 //   commits, and waits for the previous block's group (one group in flight), then releases
 //   the previous block's stage. After the last block it waits for all and runs the epilogue
-//   straight from the accumulator registers (epilogue.cuh: bounds, bias, residual, row stats;
-//   one row statistic per 128 columns whatever BN is).
+//   from the accumulator registers (epilogue.cuh: bounds, bias, residual, row stats; one row
+//   statistic per 128 columns whatever BN is), its kind fixed for the tile (NOTE [epilogue kind
+//   fixed per tile]). Stored directly (4-byte pairs from the fragments: half of each 32-byte
+//   sector a warp's store touches) or, where the launch staged it (a 16-bit out of a kind that
+//   stores the tile as computed), through a 128 × 128 swizzled staging tile and a TMA store that
+//   the warpgroup does not wait for: it starts the next tile's products while the copy drains,
+//   and waits for the copy to have read the staging tile only at the next epilogue.
 // Deterministic: fixed partition and order of every sum; no atomics.
 #pragma once
 #include "kiln/kernels/cuda/wgmma.cuh"
@@ -49,7 +54,11 @@ template <int BN> struct Smem {
   static constexpr int kBBytes = BN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kStages = BN == 128 ? 5 : 4;
-  static constexpr int kBarOffset = kStages * kStageBytes;
+  // The staging tile of a TMA-stored epilogue: 128 rows × 128 columns of 16-bit values (a
+  // 256-column tile leaves in two halves), 1024-aligned after the stages.
+  static constexpr int kOutOffset = kStages * kStageBytes;
+  static constexpr int kOutBytes = kBM * 128 * 2;
+  static constexpr int kBarOffset = kOutOffset + kOutBytes;
   static constexpr int kBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + slack to align the base
 };
 static_assert(Smem<256>::kBytes <= 227 * 1024 && Smem<128>::kBytes <= 227 * 1024, "shared memory per CTA");
@@ -175,8 +184,9 @@ __device__ __forceinline__ TileCoord tile_coord(const Sm90Problem& p, int t) {
 
 // The epilogue of one consumer warpgroup's 64 × BN accumulator (NOTE [wgmma fragments]: d[j][i]
 // is row 16·wq + g + 8·(i/2), column 8j + 2·t4 + i%2 of the warpgroup's 64 × BN), in 128-column
-// halves: one row statistic each.
-template <int BN, class Epi>
+// halves: one row statistic each. kStaged: the values to store replace the accumulators (for
+// store_tile_tma); else each element is stored from here.
+template <bool kStaged, int BN, class Epi>
 __device__ __forceinline__ void tile_epilogue(const Epi& epi, const Sm90Problem& p, const TileCoord& tc,
                                               float (&acc)[BN / 8][4], int wgi, int wq, int g, int t4) {
 #pragma unroll
@@ -195,8 +205,14 @@ __device__ __forceinline__ void tile_epilogue(const Epi& epi, const Sm90Problem&
 #pragma unroll
       for (int jj = 0; jj < kStatCols / 8; ++jj) {
         const int j = h * (kStatCols / 8) + jj, c = tc.n0 + 8 * j + 2 * t4;
-        if (row_ok && c < p.n)
-          epi.element_plus(tc.b, r, c, acc[j][2 * hr], acc[j][2 * hr + 1], c + 1 < p.n, add[jj], row);
+        if (row_ok && c < p.n) {
+          if constexpr (kStaged) {
+            const float2 v = epi.value_plus(tc.b, r, c, acc[j][2 * hr], acc[j][2 * hr + 1], c + 1 < p.n, add[jj], row);
+            acc[j][2 * hr] = v.x, acc[j][2 * hr + 1] = v.y;
+          } else {
+            epi.element_plus(tc.b, r, c, acc[j][2 * hr], acc[j][2 * hr + 1], c + 1 < p.n, add[jj], row);
+          }
+        }
       }
       if constexpr (Epi::kRowStats) {
         if (epi.reduces_rows()) {  // uniform over the CTA
@@ -217,6 +233,23 @@ __device__ __forceinline__ void tile_epilogue(const Epi& epi, const Sm90Problem&
   }
 }
 
+// A warpgroup's 64 × BN values (tile_epilogue<true>) leave by TMA through the staging tile
+// (Smem::kOutOffset: 128 columns at a time), once its previous store has read the tile; the
+// issuer (the warpgroup's first thread) commits each half's copies. Rows and columns past M and N
+// are not written (the TMA clips them).
+template <class T, int BN>
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[BN / 8][4], unsigned char* staging, int wgi, int lane,
+                                               bool issuer, const CUtensorMap* map_c, const TileCoord& tc) {
+  if (issuer) wg::bulk_wait_read<0>();
+  wg::named_barrier(1 + wgi, 128);
+  wg::store_rows_tma<T, 16, kBM, 0>(acc, staging, wgi, lane, issuer, map_c, tc.m0, 0, tc.b, tc.n0);
+  if constexpr (BN == 256) {
+    if (issuer) wg::bulk_wait_read<0>();
+    wg::named_barrier(1 + wgi, 128);
+    wg::store_rows_tma<T, 16, kBM, 16>(acc, staging, wgi, lane, issuer, map_c, tc.m0, 0, tc.b, tc.n0 + 128);
+  }
+}
+
 // The epilogue functor interface (epilogue.cuh's RtEpilogue implements it):
 //   struct Row;                                        per-row running state
 //   Row row_init() const;
@@ -231,10 +264,13 @@ __device__ __forceinline__ void tile_epilogue(const Epi& epi, const Sm90Problem&
 //   void row_done(int b, int r, int tn, Row row) const;  once per valid row and tile column
 //   bool kRowStats (constexpr): whether the functor can reduce rows at all
 //   void with_fixed_kind(F f) const;                   f(a functor whose kind is a constant), once a tile
+//   bool kStageable (constexpr); bool staged() const;  whether the kind's tile may leave by TMA, and
+//       whether this launch does (then float2 value_plus(b, r, c, v0, v1, ok1, Addend, Row&) gives
+//       the values to store, which the kernel rounds to T)
 template <class T, int BN, bool kAKMajor, bool kBKMajor, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     Sm90Problem p, Epi epi) {
+                     const __grid_constant__ CUtensorMap map_c, Sm90Problem p, Epi epi) {
   // The operands' majorness is kAKMajor / kBKMajor: a template parameter once named kBK hid this
   // constant in here (no wgmma issued, wrong transaction bytes: an illegal instruction on the H200).
   static_assert(kBK == 64, "K blocks of 64: the TMA boxes, the transaction bytes and the k16 loop assume it");
@@ -290,6 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumers: warpgroup wgi owns rows 64·wgi .. 64·wgi + 63 of each tile ----
   wg::setmaxnreg_inc<kConsumerRegs>();
   const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const bool issuer = wq == 0 && lane == 0;  // the warpgroup's first thread: its TMA stores
   const uint32_t smem_base = wg::smem_u32(smem);
   // Both orientations put warpgroup wgi's A rows at byte 64·128·wgi of the A block: K-major
   // rows 64·wgi.. (128 bytes each), MN-major the second 64-column group.
@@ -323,9 +360,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::fence_operands(acc);
     if (lane == 0) wg::mbar_arrive(empty + prev_stage);
 
-    // ---- epilogue from registers, its kind fixed for the tile (NOTE [epilogue kind fixed per tile]) ----
-    epi.with_fixed_kind([&](const auto& e) { tile_epilogue<BN>(e, p, tc, acc, wgi, wq, g, t4); });
+    // ---- epilogue from registers, its kind fixed for the tile (NOTE [epilogue kind fixed per tile]),
+    // stored by TMA through the staging tile where the launch says so ----
+    epi.with_fixed_kind([&](auto e) {
+      if constexpr (decltype(e)::kStageable) {
+        if (e.staged()) {
+          tile_epilogue<true, BN>(e, p, tc, acc, wgi, wq, g, t4);
+          store_tile_tma<T, BN>(acc, smem + S::kOutOffset, wgi, lane, issuer, &map_c, tc);
+          return;
+        }
+      }
+      tile_epilogue<false, BN>(e, p, tc, acc, wgi, wq, g, t4);
+    });
   }
+  if (issuer) wg::bulk_wait_read<0>();  // the last store has read the staging tile before the CTA ends
 }
 
 }  // namespace kiln::kernels::cuda::gemm_sm90
