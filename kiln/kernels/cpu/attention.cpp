@@ -1,7 +1,8 @@
-// CPU FlexAttention tile products (the hot loops of kernels/cpu/attention_impl.h), compiled for
+// CPU FlexAttention tile products S = A·Bᵀ and the row loops (the hot loops of
+// kernels/cpu/attention_impl.h; the accumulating products tile_ax / tile_atx are attention_wx.cpp's), compiled for
 // x86-64-v3 (AVX2+FMA) and for the baseline ISA and picked at load time by CPU features
-// (target_clones). Each product is register-blocked: a kR x kC block of the output stays in
-// registers over the whole reduction (kC floats = two AVX2 vectors), and every output element
+// (target_clones). Each product is register-blocked: a kTileRows x kTileCols block of the output stays in
+// registers over the whole reduction (kTileCols floats = two AVX2 vectors), and every output element
 // sums its terms in increasing reduction index, exactly as the plain loops did.
 // No FP-exception traps are observed: lets GCC if-convert (and so vectorise) the clamps in
 // fast_expf. Results are unchanged. Set before every include, so that every function of this
@@ -22,30 +23,25 @@ namespace kiln::kernels::cpu::flex_detail {
 
 #define KILN_FLEX_CLONES KILN_CPU_CLONES  // kernels/cpu/vec_math.h
 
-namespace {
-constexpr int64_t kR = 4;   // output rows per register block
-constexpr int64_t kC = 16;  // output columns per register block
-}  // namespace
-
 // s[i * ld + j] = sum_e a[i * n + e] * bt[e * ld + j] for i < m, j < nk.
 KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, int64_t n, const float* bt, int64_t nk) {
   KILN_SVE_SEAM(tile_abt, s, ld, a, m, n, bt, nk);
   int64_t i0 = 0;
-  for (; i0 + kR <= m; i0 += kR) {
+  for (; i0 + kTileRows <= m; i0 += kTileRows) {
     int64_t j0 = 0;
-    for (; j0 + kC <= nk; j0 += kC) {
-      float c[kR][kC] = {};
+    for (; j0 + kTileCols <= nk; j0 += kTileCols) {
+      float c[kTileRows][kTileCols] = {};
       for (int64_t e = 0; e < n; ++e) {
         const float* b = bt + e * ld + j0;
-        for (int64_t r = 0; r < kR; ++r) {
+        for (int64_t r = 0; r < kTileRows; ++r) {
           const float ar = a[(i0 + r) * n + e];
 #pragma omp simd
-          for (int64_t j = 0; j < kC; ++j) c[r][j] += ar * b[j];
+          for (int64_t j = 0; j < kTileCols; ++j) c[r][j] += ar * b[j];
         }
       }
-      for (int64_t r = 0; r < kR; ++r) std::copy(c[r], c[r] + kC, s + (i0 + r) * ld + j0);
+      for (int64_t r = 0; r < kTileRows; ++r) std::copy(c[r], c[r] + kTileCols, s + (i0 + r) * ld + j0);
     }
-    for (int64_t i = i0; i < i0 + kR; ++i)  // column tail
+    for (int64_t i = i0; i < i0 + kTileRows; ++i)  // column tail
       for (int64_t j = j0; j < nk; ++j) {
         float acc = 0.0f;
         for (int64_t e = 0; e < n; ++e) acc += a[i * n + e] * bt[e * ld + j];
@@ -64,54 +60,6 @@ KILN_FLEX_CLONES void tile_abt(float* s, int64_t ld, const float* a, int64_t m, 
       for (int64_t j = 0; j < nk; ++j) si[j] += ae * b[j];
     }
   }
-}
-
-// acc[i * n + :] += sum_k w(i, k) · x[k * n + :] for i < out_rows, k < k_len, with
-// w(i, k) = w[i * w_out + k * w_sum]: register blocks of kR output rows × kC columns, then the
-// column and row tails. Inlined into the two cloned entry points below (one body per target).
-[[gnu::always_inline]] inline void tile_wx(float* acc, int64_t n, const float* w, int64_t w_out, int64_t w_sum,
-                                           int64_t out_rows, const float* x, int64_t k_len) {
-  int64_t r0 = 0;
-  for (; r0 + kR <= out_rows; r0 += kR) {
-    int64_t e0 = 0;
-    for (; e0 + kC <= n; e0 += kC) {
-      float c[kR][kC];
-      for (int64_t r = 0; r < kR; ++r) std::copy(acc + (r0 + r) * n + e0, acc + (r0 + r) * n + e0 + kC, c[r]);
-      for (int64_t k = 0; k < k_len; ++k) {
-        const float* xk = x + k * n + e0;
-        for (int64_t r = 0; r < kR; ++r) {
-          const float wk = w[(r0 + r) * w_out + k * w_sum];
-#pragma omp simd
-          for (int64_t e = 0; e < kC; ++e) c[r][e] += wk * xk[e];
-        }
-      }
-      for (int64_t r = 0; r < kR; ++r) std::copy(c[r], c[r] + kC, acc + (r0 + r) * n + e0);
-    }
-    for (int64_t r = r0; r < r0 + kR; ++r)  // column tail
-      for (int64_t k = 0; k < k_len; ++k)
-        for (int64_t e = e0; e < n; ++e) acc[r * n + e] += w[r * w_out + k * w_sum] * x[k * n + e];
-  }
-  for (int64_t r = r0; r < out_rows; ++r) {  // row tail
-    float* ar = acc + r * n;
-    for (int64_t k = 0; k < k_len; ++k) {
-      const float wk = w[r * w_out + k * w_sum];
-      const float* xk = x + k * n;
-#pragma omp simd
-      for (int64_t e = 0; e < n; ++e) ar[e] += wk * xk[e];
-    }
-  }
-}
-
-// acc[r * n + :] += sum_c w[r * ld + c] * x[c * n + :] (w indexed by (row, col)).
-KILN_FLEX_CLONES void tile_ax(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
-  KILN_SVE_SEAM(tile_ax, acc, n, w, ld, rows, x, cols);
-  tile_wx(acc, n, w, ld, 1, rows, x, cols);
-}
-
-// acc[c * n + :] += sum_r w[r * ld + c] * x[r * n + :] (the transposed product).
-KILN_FLEX_CLONES void tile_atx(float* acc, int64_t n, const float* w, int64_t ld, int64_t rows, const float* x, int64_t cols) {
-  KILN_SVE_SEAM(tile_atx, acc, n, w, ld, rows, x, cols);
-  tile_wx(acc, n, w, 1, ld, cols, x, rows);
 }
 
 }  // namespace kiln::kernels::cpu::flex_detail

@@ -53,8 +53,9 @@ inline void load_transposed(float* dst, int64_t ld, const T* src, int64_t row_st
     for (int64_t e = 0; e < n; ++e) dst[e * ld + j] = static_cast<float>(r[e]);
   }
 }
-// Tile products (kernels/cpu/attention.cpp, compiled for AVX2+FMA and the baseline, picked at
-// load time):
+// Tile products (kernels/cpu/attention.cpp and attention_wx.cpp, compiled for AVX2+FMA and the
+// baseline, picked at load time), register blocks of kTileRows × kTileCols outputs:
+constexpr int64_t kTileRows = 4, kTileCols = 16;
 // s[i * ld + j] = sum_e a[i * n + e] * bt[e * ld + j] for i < m, j < nk.
 void tile_abt(float* s, int64_t ld, const float* a, int64_t m, int64_t n, const float* bt, int64_t nk);
 // acc[r * n + :] += sum_c w[r * ld + c] * x[c * n + :] (w indexed by (row, col)).
