@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "kiln/core/device_info.h"
 #include "kiln/io/json.h"
+#include "kiln/kernels/blas_core.h"
 #include "kiln/kernels/cpu/isa/isa.h"
 
 namespace kiln::cli {
@@ -15,7 +16,7 @@ namespace kiln::cli {
 int run_info(const Args& args) {
   bool as_json = false;
   ArgParser p("info", "Print kiln's version, build options, the devices it sees (with memory), its\n"
-                      "thread count, the BLAS library in use, the CPU's vector features and the kernel set and\n"
+                      "thread count, the BLAS library in use (and OpenBLAS's kernel core), the CPU's vector features and the kernel set and\n"
                       "vector length kiln uses on it (aarch64: SVE or NEON, KILN_CPU_ISA=neon forces NEON).");
   p.flag("--json", &as_json, "print one JSON object instead of text");
   if (!p.parse(args)) return 0;
@@ -26,6 +27,8 @@ int run_info(const Args& args) {
   doc["build_type"] = KILN_BUILD_TYPE;
   doc["cuda_built"] = cuda_built();
   doc["blas"] = KILN_BLAS_NAME;
+  const std::string blas_core = kernels::cpu::blas_core_name();  // main chose it (kernels/blas_core.h)
+  if (!blas_core.empty()) doc["blas_core"] = blas_core;
   doc["threads"] = static_cast<int64_t>(omp_get_max_threads());
   const kernels::cpu::isa::CpuFeatures& cpu = kernels::cpu::isa::cpu_features();
   json::Value cj = json::Value::object();
@@ -51,7 +54,8 @@ int run_info(const Args& args) {
     return 0;
   }
   std::printf("kiln %s (%s build, CUDA %s)\n", KILN_VERSION, KILN_BUILD_TYPE, cuda_built() ? "on" : "off");
-  std::printf("threads: %d   BLAS: %s\n", omp_get_max_threads(), KILN_BLAS_NAME);
+  std::printf("threads: %d   BLAS: %s%s%s\n", omp_get_max_threads(), KILN_BLAS_NAME,
+              blas_core.empty() ? "" : ", core ", blas_core.c_str());
   std::printf("cpu: %s (%s); kernels %s, %d-bit vectors", cpu.arch.c_str(),
               kernels::cpu::isa::feature_list(cpu).c_str(), cpu.kernels.c_str(), cpu.vector_bits);
   if (cpu.sve_bits) std::printf("; SVE length %d bits", cpu.sve_bits);

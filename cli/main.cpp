@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "kiln/core/error.h"
+#include "kiln/kernels/blas_core.h"
 #include "kiln/kernels/blas_threads.h"
 
 namespace {
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
   // libgomp reads OMP_WAIT_POLICY when it is loaded, before main, so a setenv here would reach
   // only the processes kiln starts. It did: launched ranks slept at every barrier (a world of
   // one 0.85 x the same run unlaunched, on 2 cores). docs/training.md: passive on a shared machine.
+  kiln::kernels::cpu::own_blas_core();     // an OpenBLAS older than the CPU falls back to SSE3 kernels
   kiln::kernels::cpu::own_blas_threads();  // a pthreads OpenBLAS's threads would fight OpenMP's
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
