@@ -1,5 +1,5 @@
 // CPU FlexAttention's accumulating tile products, tile_ax (dQ += dS·K, O += P·V) and tile_atx
-// (dV += Pᵀ·dO, dK += dSᵀ·Q), compiled for x86-64-v3 (AVX2+FMA) and the baseline ISA and picked
+// (dV += Pᵀ·dO, dK += dSᵀ·Q), compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline ISA and picked
 // at load time (target_clones), register-blocked as attention.cpp's tile_abt.
 // Apart from attention.cpp because these may contract a·b + c into an FMA (its products may not:
 // Δ = rowsum(dO ∘ O) and dP = dO·Vᵀ must round alike to cancel exactly). Nothing here has to

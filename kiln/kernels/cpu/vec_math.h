@@ -1,16 +1,17 @@
 // Vectorisable f32 math for CPU kernels: fast_expf (a branch-free polynomial exp) and the
-// contiguous f32 SiLU and SwiGLU loops built on it (vec_math.cpp, compiled for x86-64-v3 and
-// the baseline and picked at load time by CPU features: KILN_CPU_CLONES).
+// contiguous f32 SiLU and SwiGLU loops built on it (vec_math.cpp, compiled for x86-64-v4 (AVX-512),
+// x86-64-v3 (AVX2 + FMA) and the baseline and picked at load time by CPU features: KILN_CPU_CLONES).
 #pragma once
 #include <bit>
 #include <cstdint>
 
 namespace kiln::kernels::cpu {
 
-// "arch=x86-64-v3" dispatches on the CPU's features (AVX2, FMA, ...); "arch=haswell" would
+// "arch=x86-64-v4" / "arch=x86-64-v3" dispatch on the CPU's features (AVX-512 F/BW/CD/DQ/VL;
+// AVX2, FMA, ...); "arch=haswell" would
 // dispatch on the CPU model (Intel Haswell only) and leave every other x86 on the baseline.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#define KILN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define KILN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define KILN_CPU_CLONES
 #endif

@@ -56,10 +56,10 @@ Choice detect() {
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
   f.avx512f = __builtin_cpu_supports("avx512f");
-  // What target_clones("arch=x86-64-v3", "default") resolves to on this CPU.
-  const bool v3 = __builtin_cpu_supports("x86-64-v3");
-  f.kernels = v3 ? "x86-64-v3" : "baseline";
-  f.vector_bits = v3 ? 256 : 128;  // KILN_CPU_ISA has no effect here (kiln info shows it as ignored)
+  // What target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default") resolves to on this CPU.
+  const bool v4 = __builtin_cpu_supports("x86-64-v4"), v3 = __builtin_cpu_supports("x86-64-v3");
+  f.kernels = v4 ? "x86-64-v4" : v3 ? "x86-64-v3" : "baseline";
+  f.vector_bits = v4 ? 512 : v3 ? 256 : 128;  // KILN_CPU_ISA has no effect here (kiln info shows it as ignored)
 #elif defined(__aarch64__)
   f.arch = "aarch64";
 #if defined(__linux__)

@@ -1,6 +1,6 @@
 // CPU instruction-set features and the run-time choice of kernel set (docs/arm.md).
 //
-// x86-64: the hot loops are compiled twice (x86-64-v3 and baseline, target_clones in
+// x86-64: the hot loops are compiled three times (x86-64-v4, x86-64-v3 and baseline, target_clones in
 // kernels/cpu/vec_math.h) and the loader picks; nothing here changes them, cpu_features() only
 // reports what was picked.
 // aarch64: the same portable loops are compiled for Armv8-A, where GCC vectorises them with NEON
@@ -24,7 +24,7 @@ namespace kiln::kernels::cpu::isa {
 
 struct CpuFeatures {
   std::string arch;          // "x86_64", "aarch64", ...
-  std::string kernels;       // the kernel set in use: "sve", "neon", "x86-64-v3", "baseline"
+  std::string kernels;       // the kernel set in use: "sve", "neon", "x86-64-v4", "x86-64-v3", "baseline"
   int vector_bits = 0;       // vector length of the set in use (SVE: svcntb() * 8; NEON 128; AVX2 256)
   int sve_bits = 0;          // the SVE length the kernel reports (prctl(PR_SVE_GET_VL)), 0 without SVE
   bool neon = false, sve = false, sve2 = false, bf16 = false;  // aarch64 (HWCAP / HWCAP2)
