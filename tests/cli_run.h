@@ -1,5 +1,6 @@
-// Runs the kiln program built with the tests (KILN_CLI_PATH) and returns its exit status and
-// its stdout and stderr together, for tests of command-line behaviour.
+// Runs the kiln program built with the tests (KILN_CLI_COMMAND: behind qemu in the cross build)
+// and returns its exit status and its stdout and stderr together, for tests of command-line
+// behaviour.
 #pragma once
 #include <sys/wait.h>
 
@@ -14,7 +15,7 @@ struct CliOutcome {
 };
 
 inline CliOutcome run_kiln(const std::string& args) {
-  FILE* p = ::popen((std::string(KILN_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  FILE* p = ::popen((std::string(KILN_CLI_COMMAND) + " " + args + " 2>&1").c_str(), "r");
   if (p == nullptr) return {};
   CliOutcome r;
   char buf[4096];

@@ -106,7 +106,7 @@ struct CliRun {
 };
 // Runs `kiln ARGS` (in `cwd` when given) with stderr folded into the output.
 CliRun run_cli(const std::string& args, const fs::path& cwd = {}) {
-  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + KILN_CLI_PATH + " " + args + " 2>&1";
+  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + KILN_CLI_COMMAND + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];

@@ -21,7 +21,7 @@ struct CliResult {
   std::string output;
 };
 CliResult run_cli(const std::string& args) {
-  FILE* p = ::popen((std::string(KILN_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  FILE* p = ::popen((std::string(KILN_CLI_COMMAND) + " " + args + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);

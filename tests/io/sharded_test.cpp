@@ -113,7 +113,7 @@ TEST(Sharded, InconsistentIndexesAreErrors) {
 }
 
 int run_cli(const std::string& args, std::string* out) {
-  const std::string cmd = std::string(KILN_CLI_PATH) + " " + args + " > " + out[0] + " 2>&1";
+  const std::string cmd = std::string(KILN_CLI_COMMAND) + " " + args + " > " + out[0] + " 2>&1";
   return std::system(cmd.c_str());
 }
 
@@ -165,7 +165,7 @@ TEST(Cli, ConvertNeverReplacesItsInput) {
   const std::string first = read_bytes(shard);
   const std::string index = read_bytes(dir.file("ck/model.safetensors.index.json"));
   auto convert = [&](const std::string& args) {  // in the folder, so that relative paths name its files
-    return std::system(("cd " + dir.path() + " && " + KILN_CLI_PATH + " convert " + args + " > log 2>&1").c_str());
+    return std::system(("cd " + dir.path() + " && " + KILN_CLI_COMMAND + " convert " + args + " > log 2>&1").c_str());
   };
   for (const std::string& args : std::vector<std::string>{
            "one.safetensors " + dir.file("one.safetensors"), "m.pt ./m.pt", "link.safetensors one.safetensors",

@@ -140,7 +140,7 @@ TEST(TorchPt, HandCraftedCheckpointLoads) {
 TEST(TorchPt, ConvertsToSafetensorsThroughTheCli) {
   TempDir dir;
   write_bytes(dir.file("m.pt"), torch_zip(state_dict_pickle()));
-  const std::string cmd = std::string(KILN_CLI_PATH) + " convert " + dir.file("m.pt") + " " + dir.file("m.safetensors") +
+  const std::string cmd = std::string(KILN_CLI_COMMAND) + " convert " + dir.file("m.pt") + " " + dir.file("m.safetensors") +
                           " > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   TensorMap a = load(dir.file("m.pt")), b = load(dir.file("m.safetensors"));

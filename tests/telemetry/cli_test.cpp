@@ -1,4 +1,4 @@
-// `kiln telemetry` tests: run the built program (KILN_CLI_PATH) and check its JSON lines, its
+// `kiln telemetry` tests: run the built program (KILN_CLI_COMMAND) and check its JSON lines, its
 // table, its errors and that Ctrl-C ends a watch cleanly.
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -34,12 +34,14 @@ class Child {
     posix_spawn_file_actions_adddup2(&fa, err[1], 2);
     posix_spawn_file_actions_addclose(&fa, out[0]);
     posix_spawn_file_actions_addclose(&fa, err[0]);
-    std::vector<std::string> argv_s = {KILN_CLI_PATH};
+    // Through a shell that execs KILN_CLI_COMMAND (behind qemu in the cross build): the pid
+    // signalled below is then kiln's (or the emulator's, which hands the signal on).
+    std::vector<std::string> argv_s = {"/bin/sh", "-c", std::string("exec ") + KILN_CLI_COMMAND + " \"$@\"", "kiln"};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
-    int rc = posix_spawn(&pid_, KILN_CLI_PATH, &fa, nullptr, argv.data(), environ);
+    int rc = posix_spawn(&pid_, "/bin/sh", &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     close(out[1]);
     close(err[1]);

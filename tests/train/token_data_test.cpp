@@ -190,7 +190,7 @@ TEST(TokenFile, RandomIdsAreUniformAndReproducible) {
 }
 
 int run_cli(const std::string& args) {
-  const std::string cmd = std::string(KILN_CLI_PATH) + " " + args + " 2>/dev/null";
+  const std::string cmd = std::string(KILN_CLI_COMMAND) + " " + args + " 2>/dev/null";
   return std::system(cmd.c_str());
 }
 
