@@ -9,12 +9,13 @@
 namespace kiln::kernels::cpu {
 
 // Where the OpenBLAS in use (found through its symbols, dlsym) is a DYNAMIC_ARCH build that took
-// a core older than AVX2 (Prescott, Core2, Penryn, Dunnington, Nehalem, Atom, Sandybridge and the
-// like) on a CPU with AVX2 + FMA, and OPENBLAS_CORETYPE is not set: sets OPENBLAS_CORETYPE
-// (SkylakeX where the CPU has AVX-512 F/BW/DQ/VL/CD, else Haswell; inherited by the processes kiln starts) and has OpenBLAS choose again
-// (gotoblas_dynamic_quit, gotoblas_dynamic_init). Otherwise leaves OpenBLAS as it is. Returns
-// what it found and did (`kiln info`). Call once from the main thread before the first BLAS call
-// and before any other thread runs (main does); KILN_BLAS_CORE=keep leaves OpenBLAS's own pick.
+// a core without AVX2 kernels (Prescott, Core2, Nehalem, Sandybridge and the like) on a CPU with
+// AVX2 + FMA, and OPENBLAS_CORETYPE is not set: sets OPENBLAS_CORETYPE (SkylakeX where the CPU
+// runs x86-64-v4, else Haswell; inherited by the processes kiln starts) and has OpenBLAS choose
+// again (gotoblas_dynamic_quit, gotoblas_dynamic_init). Otherwise leaves OpenBLAS as it is.
+// Returns what it found and did, in words (for a caller's log; the tests read it). Call once from
+// the main thread before the first BLAS call and before any other thread runs (main does);
+// KILN_BLAS_CORE=keep leaves OpenBLAS's own pick.
 std::string own_blas_core();
 
 // The OpenBLAS core in use ("SkylakeX"), or "" for another BLAS.

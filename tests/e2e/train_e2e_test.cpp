@@ -492,7 +492,7 @@ struct Stopped {
   std::string log;
 };
 Stopped train_then_signal(const fs::path& out, const std::vector<std::pair<int, int>>& signals) {
-  std::string cmd = std::string(KILN_CLI_PATH) + " train --preset tiny --steps 100000 --sample-tokens 0 --out " +
+  std::string cmd = std::string(KILN_CLI_COMMAND) + " train --preset tiny --steps 100000 --sample-tokens 0 --out " +
                     out.string() + " > " + (out / "log.txt").string() + " 2>&1";
   fs::create_directories(out);
   pid_t pid = ::fork();

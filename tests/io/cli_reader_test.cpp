@@ -3,38 +3,26 @@
 // safetensors file with no tensors (Python's safetensors writes and reads one; convert refused it).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <string>
 
 #include "kiln/io/load.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/ops.h"
+#include "tests/cli_run.h"
 #include "tests/io/io_test_util.h"
 
 namespace kiln::io {
 namespace {
 
-struct CliResult {
-  int status;
-  std::string output;
-};
-CliResult run_cli(const std::string& args) {
-  FILE* p = ::popen((std::string(KILN_CLI_COMMAND) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using test::CliOutcome;
+using test::run_kiln;
 
 TEST(ReaderCli, InspectEscapesControlCharactersInNames) {
   TempDir dir;
   const std::string name = "evil\x1b]0;pwned\x07\x1b[2Jname";
   save_safetensors(dir.file("e.safetensors"), {{name, from_vector(std::vector<float>{1, 2}, {2})}},
                    {{"note\x1b[31m", "red\x1b[0m"}});
-  const CliResult r = run_cli("inspect " + dir.file("e.safetensors"));
+  const CliOutcome r = run_kiln("inspect " + dir.file("e.safetensors"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find('\x07'), std::string::npos) << r.output;
@@ -45,7 +33,7 @@ TEST(ReaderCli, InspectEscapesControlCharactersInNames) {
 TEST(ReaderCli, ConvertRoundTripsASafetensorsFileWithNoTensors) {
   TempDir dir;
   save_safetensors(dir.file("empty.safetensors"), TensorMap{}, Metadata{{"format", "pt"}});
-  const CliResult r = run_cli("convert " + dir.file("empty.safetensors") + " " + dir.file("out.safetensors"));
+  const CliOutcome r = run_kiln("convert " + dir.file("empty.safetensors") + " " + dir.file("out.safetensors"));
   ASSERT_EQ(r.status, 0) << r.output;
   Metadata md;
   EXPECT_TRUE(load_stored(dir.file("out.safetensors"), &md).empty());

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kiln/kernels/blas_core.h"
+#include "kiln/kernels/cpu/isa/isa.h"
 #include "kiln/kernels/matmul.h"
 #include "tests/ops/harness.h"
 
@@ -17,12 +18,8 @@ using namespace kiln::test;
 namespace {
 
 bool cpu_has_avx2_fma() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
+  const kernels::cpu::isa::CpuFeatures& f = kernels::cpu::isa::cpu_features();
+  return f.avx2 && f.fma;
 }
 
 bool is_pre_avx2_core(const std::string& core) {
@@ -64,10 +61,12 @@ TEST(BlasCore, AVectorCpuRunsVectorKernels) {
 
 TEST(BlasCore, OpenblasCoretypeIsLeftAlone) {
   ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);  // read by OpenBLAS when this process loaded it
+  const std::string before = kernels::cpu::blas_core_name();
   const std::string said = kernels::cpu::own_blas_core();
   if (kernels::cpu::blas_core_name().empty()) GTEST_SKIP() << "not OpenBLAS: " << said;
   if (said.find("built for one CPU") != std::string::npos) GTEST_SKIP() << said;
   EXPECT_NE(said.find("OPENBLAS_CORETYPE=Prescott"), std::string::npos) << said;
+  EXPECT_EQ(kernels::cpu::blas_core_name(), before) << said;
   ::unsetenv("OPENBLAS_CORETYPE");
 }
 

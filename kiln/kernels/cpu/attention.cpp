@@ -1,9 +1,10 @@
 // CPU FlexAttention tile products S = A·Bᵀ and the row loops (the hot loops of
-// kernels/cpu/attention_impl.h; the accumulating products tile_ax / tile_atx are attention_wx.cpp's), compiled for
-// x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline ISA and picked at load time by CPU features
-// (target_clones). Each product is register-blocked: a kTileRows x kTileCols block of the output stays in
-// registers over the whole reduction (kTileCols floats = two AVX2 vectors, one AVX-512 vector), and every output element
-// sums its terms in increasing reduction index, exactly as the plain loops did.
+// kernels/cpu/attention_impl.h; the accumulating products tile_ax / tile_atx are
+// attention_wx.cpp's), compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline
+// ISA and picked at load time by CPU features (target_clones). Each product is register-blocked:
+// a kTileRows x kTileCols block of the output stays in registers over the whole reduction
+// (kTileCols floats = two AVX2 vectors, one AVX-512 vector), and every output element sums its
+// terms in increasing reduction index, exactly as the plain loops did.
 // No FP-exception traps are observed: lets GCC if-convert (and so vectorise) the clamps in
 // fast_expf. Results are unchanged. Set before every include, so that every function of this
 // file has the same options (a mismatch would stop inlining).

@@ -1,9 +1,9 @@
 // CPU FlexAttention's accumulating tile products, tile_ax (dQ += dS·K, O += P·V) and tile_atx
-// (dV += Pᵀ·dO, dK += dSᵀ·Q), compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline ISA and picked
-// at load time (target_clones), register-blocked as attention.cpp's tile_abt.
+// (dV += Pᵀ·dO, dK += dSᵀ·Q), compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the
+// baseline ISA and picked at load time (target_clones), register-blocked as attention.cpp's tile_abt.
 // Apart from attention.cpp because these may contract a·b + c into an FMA (its products may not:
 // Δ = rowsum(dO ∘ O) and dP = dO·Vᵀ must round alike to cancel exactly). Nothing here has to
-// cancel against another sum, so the AVX2 clone fuses: one instruction a term instead of a
+// cancel against another sum, so the AVX2 and AVX-512 clones fuse: one instruction a term instead of a
 // multiply and an add. Each output element still sums its terms in increasing reduction index
 // (bits fixed per ISA: the baseline clone has no FMA and rounds each product).
 #if defined(__GNUC__) && !defined(__clang__)

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "kiln/kernels/cpu/isa/isa.h"
+
 namespace kiln::kernels::cpu {
 namespace {
 
@@ -30,18 +32,13 @@ bool is_vector_core(std::string_view core) {
   return false;
 }
 
-// The core this CPU's features can run, or nullptr where it has no AVX2 + FMA.
+// The core this CPU's features can run (isa::cpu_features: x86-64-v4 is AVX-512 F/BW/CD/DQ/VL,
+// SkylakeX's set), or nullptr where it has no AVX2 + FMA. Arm keeps OpenBLAS's own pick (its arm64
+// cores are chosen by the CPU's part number): there avx2 is false.
 const char* wanted_core() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return nullptr;
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512cd");
-  return avx512 ? "SkylakeX" : "Haswell";
-#else
-  return nullptr;  // Arm: OpenBLAS's own pick (its arm64 cores are chosen by the CPU's part number)
-#endif
+  const isa::CpuFeatures& f = isa::cpu_features();
+  if (!f.avx2 || !f.fma) return nullptr;
+  return f.kernels == "x86-64-v4" ? "SkylakeX" : "Haswell";
 }
 
 }  // namespace

@@ -8,8 +8,8 @@
 namespace kiln::kernels::cpu {
 
 // "arch=x86-64-v4" / "arch=x86-64-v3" dispatch on the CPU's features (AVX-512 F/BW/CD/DQ/VL;
-// AVX2, FMA, ...); "arch=haswell" would
-// dispatch on the CPU model (Intel Haswell only) and leave every other x86 on the baseline.
+// AVX2, FMA, ...); "arch=haswell" would dispatch on the CPU model (Intel Haswell only) and leave
+// every other x86 on the baseline.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #define KILN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
