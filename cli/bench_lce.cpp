@@ -6,7 +6,10 @@
 // Measurement aids: impl `gemm_bound` times the three plain full-size products (logits [N, V],
 // d_hidden with K = V, d_weight with K = N) with no loss work, the floor of any fused kernel;
 // impl `fused_filter` runs with the gradient filter on and reports its max abs gradient error
-// against the unfiltered run; `--profile` (or KILN_LCE_PROFILE=1) adds a `fused_profile` line
+// against the unfiltered run; impl `fused_kiln` runs the fused loss's products on kiln's Hopper
+// GEMM (gemm_backend kiln) and reports its max abs gradient difference to `fused`, and
+// `fused_kiln_filter` the same with the gradient filter skipping dz's zero blocks (its profile
+// counts them; --logit-std makes the softmax as peaked as a trained model's); `--profile` (or KILN_LCE_PROFILE=1) adds a `fused_profile` line
 // with the milliseconds of each phase of the fused kernel summed over its chunks (CUDA).
 // Before any input is allocated, a lower-bound estimate of each chosen impl's memory is checked
 // against what the device has available (kiln/train/memory_estimate.h's figure), so a shape that
@@ -95,7 +98,7 @@ LceBenchEstimate estimate_lce_bench(const std::string& impl, const Device& dev, 
     // 16-bit inputs are also copied to f32); per-token loss / lse arrays
     const int64_t acc = static_cast<int64_t>(itemsize(compute_dtype(dtype)));
     e.gradients = sat_mul(sat_add(nd, vd), dev.is_cuda() ? es : acc);
-    if (impl == "fused_filter") e.gradients = sat_mul(e.gradients, 2);
+    if (impl == "fused_filter" || impl == "fused_kiln" || impl == "fused_kiln_filter") e.gradients = sat_mul(e.gradients, 2);
     e.buffers = sat_mul(n, 16);
     if (!dev.is_cuda() && es < 4) e.buffers = sat_add(e.buffers, sat_mul(sat_add(nd, vd), 4));
     e.buffers_what = "per-token arrays and f32 copies of 16-bit inputs";
@@ -134,11 +137,12 @@ void check_lce_bench_fits(const std::vector<std::string>& impls, const Device& d
 int run_bench_lce(const Args& args) {
   std::string device_s = "cpu", dtype_s = "f32", impls;
   int64_t n = 4096, d = 512, v = 32000, iters = 5, warmup = 1, seed = 0, chunk = 0, dh_split = 0, dw_sms = 0;
-  double filter_eps = std::ldexp(1.0, -12);
+  double filter_eps = std::ldexp(1.0, -12), logit_std = 1.0;
   bool profile = false;
   ArgParser p("bench lce", "Times forward + backward of linear_cross_entropy (impl 'fused'), of the unfused\n"
                            "linear + cross-entropy composed from core ops (impl 'reference'), of the fused loss\n"
-                           "with the gradient filter on (impl 'fused_filter', with its max abs gradient error)\n"
+                           "with the gradient filter on (impl 'fused_filter', with its max abs gradient error), of the\n"
+                           "fused loss on kiln's Hopper GEMM (impl 'fused_kiln', CUDA, 16-bit)\n"
                            "and of the three plain full-size products alone (impl 'gemm_bound').");
   p.option("--device", &device_s, "DEV", "cpu or cuda[:N]");
   p.option("--tokens", &n, "N", "tokens (rows of hidden)");
@@ -148,15 +152,18 @@ int run_bench_lce(const Args& args) {
   p.option("--iters", &iters, "K", "timed steps (median reported)");
   p.option("--warmup", &warmup, "K", "untimed steps first");
   p.option("--impl", &impls, "LIST",
-           "comma-separated: fused, fused_filter, gemm_bound, reference (default: fused,reference on the CPU,\n"
-           "fused,fused_filter,gemm_bound,reference on CUDA)");
+           "comma-separated: fused, fused_filter, fused_kiln, fused_kiln_filter, gemm_bound, reference (default:\n"
+           "fused,reference on the CPU, fused,fused_filter,fused_kiln,gemm_bound,reference on CUDA)");
   p.option("--seed", &seed, "S", "random seed of the inputs");
   p.option("--chunk", &chunk, "M", "fused: tokens per chunk (0: chosen from V and the memory budget)");
   p.option("--dh-split", &dh_split, "S", "fused, CUDA: slices of V for the d_hidden product (0 or 1: unsplit)");
   p.option("--dw-sms", &dw_sms, "K",
            "fused, CUDA, experimental: d_weight product on a side stream on K SMs, concurrent with d_hidden\n"
            "(0: off; not in the --profile step)");
-  p.option("--filter-eps", &filter_eps, "E", "fused_filter: the gradient filter's eps (default 2^-12)");
+  p.option("--filter-eps", &filter_eps, "E", "fused_filter, fused_kiln_filter: the gradient filter's eps (default 2^-12)");
+  p.option("--logit-std", &logit_std, "S",
+           "the logits' standard deviation (default 1: a flat softmax; a trained model's is peaked,\n"
+           "say 8-12, which is where the gradient filter has entries to drop)");
   p.flag("--profile", &profile,
          "fused, CUDA: one more step timing each phase (logits GEMM, row pass, d_hidden, its reduction,\n"
          "d_weight, d_bias) summed over the chunks; a 'fused_profile' line (also KILN_LCE_PROFILE=1)");
@@ -169,15 +176,21 @@ int run_bench_lce(const Args& args) {
   check_device_available(dev, "bench lce");
   const DType dtype = parse_dtype(dtype_s);
   KILN_CHECK(is_floating(dtype), "bench lce: --dtype ", dtype_s, " is not a floating dtype");
-  if (!p.given("--impl")) impls = dev.is_cuda() ? "fused,fused_filter,gemm_bound,reference" : "fused,reference";
+  if (!p.given("--impl")) impls = dev.is_cuda() ? "fused,fused_filter,fused_kiln,gemm_bound,reference" : "fused,reference";
   const std::vector<std::string> impl_list =
-      parse_impls(impls, {"fused", "fused_filter", "gemm_bound", "reference"}, "bench lce");
+      parse_impls(impls, {"fused", "fused_filter", "fused_kiln", "fused_kiln_filter", "gemm_bound", "reference"}, "bench lce");
+  const bool any_kiln = std::find(impl_list.begin(), impl_list.end(), "fused_kiln") != impl_list.end() ||
+                        std::find(impl_list.begin(), impl_list.end(), "fused_kiln_filter") != impl_list.end();
+  KILN_CHECK(!any_kiln ||
+                 (dev.is_cuda() && (dtype == DType::bf16 || dtype == DType::f16)),
+             "bench lce: impls fused_kiln and fused_kiln_filter need --device cuda and --dtype bf16 or f16");
+  KILN_CHECK(logit_std > 0.0 && std::isfinite(logit_std), "bench lce: --logit-std must be > 0, got ", logit_std);
   profile = profile || env_profile();
   check_lce_bench_fits(impl_list, dev, n, d, v, dtype, train::available_memory(dev));
 
   Generator gen(static_cast<uint64_t>(seed));
   Tensor h = mul(randn({n, d}, gen, DType::f32, dev), 1.0).to(dtype).requires_grad_();
-  Tensor w = mul(randn({v, d}, gen, DType::f32, dev), 1.0 / std::sqrt(static_cast<double>(d))).to(dtype).requires_grad_();
+  Tensor w = mul(randn({v, d}, gen, DType::f32, dev), logit_std / std::sqrt(static_cast<double>(d))).to(dtype).requires_grad_();
   Tensor target;
   {
     Tensor u = rand({n}, gen, DType::f64);
@@ -196,7 +209,8 @@ int run_bench_lce(const Args& args) {
                "loss");
   for (const std::string& impl : impl_list) {
     LinearCrossEntropyOptions opts = base_opts;
-    if (impl == "fused_filter") opts.filter_eps = filter_eps;
+    if (impl == "fused_filter" || impl == "fused_kiln_filter") opts.filter_eps = filter_eps;
+    if (impl == "fused_kiln" || impl == "fused_kiln_filter") opts.gemm_backend = kernels::gemm::Backend::kiln;
     std::function<Tensor()> step;
     if (impl == "gemm_bound") {
       // The three products of a training step at full size, nothing else: logits = h·Wᵀ,
@@ -248,12 +262,13 @@ int run_bench_lce(const Args& args) {
     const double ms = median(times);
     json::Value r = base_record(impl, dev, n, d, v, dtype);
     r["ms_median"] = ms;
+    r["logit_std"] = logit_std;
     r["peak_bytes"] = peak;
     r["tflops"] = flops / (ms * 1e-3) / 1e12;
     r["iters"] = iters;
     if (impl != "gemm_bound") r["loss"] = loss_value;
-    if (impl == "fused_filter") {
-      // The filter's effect on the gradients: max abs difference to the unfiltered run.
+    if (impl == "fused_filter" || impl == "fused_kiln" || impl == "fused_kiln_filter") {
+      // The filter's (kiln GEMM's) effect on the gradients: max abs difference to the fused run.
       auto grads = [&](const LinearCrossEntropyOptions& o) {
         h.set_grad(Tensor());
         w.set_grad(Tensor());
@@ -265,7 +280,7 @@ int run_bench_lce(const Args& args) {
       };
       auto [fh, fw] = grads(opts);
       auto [uh, uw] = grads(base_opts);
-      r["filter_eps"] = filter_eps;
+      if (impl != "fused_kiln") r["filter_eps"] = filter_eps;
       json::Value err = json::Value::object();
       err["hidden"] = max_abs_diff(fh, uh);
       err["weight"] = max_abs_diff(fw, uw);
@@ -279,7 +294,7 @@ int run_bench_lce(const Args& args) {
     std::fprintf(stderr, "%-12s %-6s %-6s %10.2f %12.1f %9.2f %12.6f\n", impl.c_str(), dev.str().c_str(),
                  dtype_name(dtype), ms, static_cast<double>(peak) / (1024.0 * 1024.0), flops / (ms * 1e-3) / 1e12,
                  loss_value);
-    if (impl == "fused" && profile && dev.is_cuda()) {
+    if ((impl == "fused" || impl == "fused_kiln" || impl == "fused_kiln_filter") && profile && dev.is_cuda()) {
       kernels::LceProfile prof;
       LinearCrossEntropyOptions po = opts;
       po.profile = &prof;
@@ -288,7 +303,7 @@ int run_bench_lce(const Args& args) {
       const double total = bench_time_ms(dev, [&] { linear_cross_entropy(h, w, target, po).loss.backward(); });
       h.set_grad(Tensor());
       w.set_grad(Tensor());
-      json::Value pr = base_record("fused_profile", dev, n, d, v, dtype);
+      json::Value pr = base_record(impl + "_profile", dev, n, d, v, dtype);
       json::Value ph = json::Value::object();
       ph["logits_gemm"] = prof.logits_ms;
       ph["row_pass"] = prof.rows_ms;
@@ -302,6 +317,10 @@ int run_bench_lce(const Args& args) {
       pr["chunk_tokens"] = prof.chunk_tokens;
       pr["dh_split"] = prof.dh_split;
       pr["extra_bytes"] = prof.extra_bytes;
+      if (prof.sparse_blocks > 0) {  // the gradient filter on kiln's GEMM: dz's blocks skipped
+        pr["sparse_blocks"] = prof.sparse_blocks;
+        pr["sparse_zero_blocks"] = prof.sparse_zero_blocks;
+      }
       json::Value al = json::Value::object();
       al["logits"] = prof.logits_algo;
       al["dh"] = prof.dh_algo;

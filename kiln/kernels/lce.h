@@ -11,6 +11,7 @@
 
 #include "kiln/core/macros.h"
 #include "kiln/core/tensor.h"
+#include "kiln/kernels/cuda/gemm/options.h"
 
 namespace kiln::kernels {
 
@@ -20,7 +21,11 @@ namespace kiln::kernels {
 struct LceProfile {
   double logits_ms = 0, rows_ms = 0, dh_ms = 0, dh_reduce_ms = 0, dw_ms = 0, bias_ms = 0;
   int64_t chunks = 0, chunk_tokens = 0, dh_split = 0, extra_bytes = 0;  // extra: the chunk buffers
-  std::string logits_algo, dh_algo, dw_algo;  // cuBLASLt algo config (id, tile, split-K, ...)
+  // The gradient filter on kiln's GEMM: dz's 64 × 64 blocks, and those all zero (skipped by the
+  // d_hidden and d_weight products), over the chunks (read back after each row pass)
+  int64_t sparse_blocks = 0, sparse_zero_blocks = 0;
+  std::string logits_algo, dh_algo, dw_algo;  // cuBLASLt algo config (id, tile, split-K, ...) or
+                                              // "kiln sm90 <epilogue>"
 };
 
 struct LceParams {
@@ -40,6 +45,10 @@ struct LceParams {
                                  // side stream with cuBLASLt's SM-count target dw_sms (no workspace),
                                  // concurrent with d_hidden on the other SMs; no extra memory;
                                  // ignored while profiling. 0: sequential (default)
+  // CUDA, 16-bit inputs: kiln runs the chunk's products on kiln's Hopper GEMM where it applies
+  // (the logits with their per-tile log-sum-exp in the epilogue, d_hidden, d_weight accumulated
+  // in its epilogue; docs/loss.md); auto and cublaslt: cuBLASLt.
+  gemm::Backend gemm_backend = gemm::default_backend();
   LceProfile* profile = nullptr; // when set, filled (summed into) by the CUDA body
 };
 

@@ -225,6 +225,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   p.chunk_tokens = o.chunk_tokens;
   p.dh_split = o.dh_split;
   p.dw_sms = o.dw_sms;
+  p.gemm_backend = o.gemm_backend;
   p.profile = o.profile;
   // The divisor of the summed loss: num_items, else Σ w[target] (mean; a device scalar, so that
   // no step waits for the device) or 1 (sum). A zero divisor makes the mean NaN, as in PyTorch;

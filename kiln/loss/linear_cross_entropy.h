@@ -32,6 +32,9 @@ struct LinearCrossEntropyOptions {
                                    // in order); 0 or 1: unsplit, cuBLASLt's own split-K (docs/loss.md)
   int64_t dw_sms = 0;              // CUDA, experimental: > 0 overlaps each chunk's d_weight product
                                    // (on that many SMs) with its d_hidden product (docs/loss.md)
+  // CUDA, 16-bit inputs: kiln takes kiln's Hopper GEMM for the loss's products where it applies,
+  // auto and cublaslt cuBLASLt (default: the process's, KILN_GEMM_BACKEND; docs/loss.md)
+  kernels::gemm::Backend gemm_backend = kernels::gemm::default_backend();
   kernels::LceProfile* profile = nullptr;  // CUDA measurement aid: per-phase times of the forward
                                            // call (which computes the gradients for mean/sum)
 };

@@ -320,6 +320,92 @@ TEST(Gemm, BitsEqualRunToRun) {
   }
 }
 
+// Block-sparse a (GemmProblem::a_nonzero, the fused loss's gradient filter): zero 64 × 64 blocks
+// of op(a), flagged 0, are skipped with the same bits as the dense product; a block holding one
+// large entry is flagged and multiplied; a tile row whose every block is zero gives the
+// epilogue a zero product (out = 0, out = residual, out += 0). Both orientations of a (nn and
+// tn: d_hidden and d_weight), M, N and K tails, both tile widths; cuBLASLt ignores the flags.
+TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
+  KILN_SKIP_WITHOUT_CUDA();
+  if (!kiln_kernel_available()) GTEST_SKIP() << "needs an sm_90 GPU";
+  const int64_t M = 300, N = 200, K = 700, mb = kg::sparse_blocks(M), kb = kg::sparse_blocks(K);
+  Generator gen(36);
+  for (bool trans_a : {false, true}) {
+    // op(a) [M, K] on the CPU, blocks zeroed: every block of rows 128-319 (tile row 1 whole, and
+    // row block 4), a checkerboard elsewhere; row block 4's block (4, 6) given back one entry.
+    Tensor opa = randn({M, K}, gen, DType::f32);
+    std::vector<float> av = opa.to_vector<float>();
+    std::vector<uint8_t> flags(static_cast<size_t>(mb * kb), 1);
+    for (int64_t i = 0; i < mb; ++i)
+      for (int64_t j = 0; j < kb; ++j) {
+        const bool zero = (i >= 2 && i <= 4) || (i + j) % 2 == 0;
+        if (!zero) continue;
+        for (int64_t r = 64 * i; r < std::min(M, 64 * i + 64); ++r)
+          for (int64_t c = 64 * j; c < std::min(K, 64 * j + 64); ++c) av[r * K + c] = 0.f;
+        flags[i * kb + j] = (i == 0 && j == 4) ? 1 : 0;  // flagged nonzero though zero: allowed
+      }
+    av[(64 * 4 + 5) * K + 64 * 6 + 3] = 40.f;  // block (4, 6) was zeroed: one large entry, flagged
+    flags[4 * kb + 6] = 1;
+    opa = from_vector<float>(av, {M, K});
+    Tensor a = (trans_a ? opa.transpose(0, 1).contiguous() : opa).to(DType::bf16).to(gpu());
+    Tensor b = randn({K, N}, gen, DType::bf16, gpu());
+    Tensor nz = from_vector<uint8_t>(flags, {mb, kb});
+    if (trans_a) nz = nz.transpose(0, 1).contiguous().transpose(0, 1);  // the same flags, other strides
+    nz = nz.to(gpu());
+    for (kg::Epilogue epi : {kg::Epilogue::none, kg::Epilogue::residual, kg::Epilogue::accumulate})
+      for (int tile_n : {128, 256}) {
+        const std::string what = std::string(trans_a ? "tn " : "nn ") + kg::epilogue_name(epi) + " tile " +
+                                 std::to_string(tile_n);
+        const DType odt = epi == kg::Epilogue::accumulate ? DType::f32 : DType::bf16;
+        Tensor start = randn({M, N}, gen, odt, gpu());
+        kg::EpilogueArgs e;
+        e.kind = epi;
+        if (epi == kg::Epilogue::residual) e.residual = start;
+        kg::GemmOptions o;
+        o.backend = kg::Backend::kiln;
+        o.tile_n = tile_n;
+        auto product = [&](bool sparse, kg::Backend be) {
+          kg::GemmProblem p;
+          p.a = a, p.b = b, p.trans_a = trans_a;
+          p.out = epi == kg::Epilogue::accumulate ? start.clone() : full({M, N}, NAN, odt, gpu());
+          if (sparse) p.a_nonzero = nz;
+          kg::GemmOptions q = o;
+          q.backend = be;
+          kg::gemm(p, e, q);
+          return p.out.to(kCPU);
+        };
+        const Tensor dense = product(false, kg::Backend::kiln), sparse = product(true, kg::Backend::kiln);
+        EXPECT_TRUE(same_bits(sparse, dense, what));
+        // Rows 128-255 (a tile row with every block zero): the epilogue of a zero product.
+        const Tensor rows = sparse.narrow(0, 128, 128).to(DType::f64);
+        const Tensor want = epi == kg::Epilogue::none ? zeros({128, N}, DType::f64)
+                                                      : start.to(kCPU).narrow(0, 128, 128).to(DType::f64);
+        EXPECT_TRUE(same_bits(rows, want, "zero tile row " + what));
+        // Row 261 holds the large entry (its only nonzero): block (4, 6) was multiplied there.
+        const double got261 = sparse.to(DType::f64).narrow(0, 261, 1).to_vector<double>()[0];
+        const double start261 = epi == kg::Epilogue::none ? 0.0 : start.to(kCPU).to(DType::f64).narrow(0, 261, 1).to_vector<double>()[0];
+        EXPECT_GT(std::abs(got261 - start261), 0.0) << what;
+        if (tile_n == 128) {  // cuBLASLt computes every block: the same product within rounding
+          const Tensor lt = product(true, kg::Backend::cublaslt);
+          EXPECT_LE(amax(abs(sub(lt.to(DType::f64), dense.to(DType::f64)))).item(),
+                    0.1 + 0.02 * amax(abs(dense.to(DType::f64))).item()) << what;
+        }
+      }
+  }
+  // Flags of the wrong shape or dtype are refused, naming a_nonzero.
+  kg::GemmProblem p;
+  p.a = zeros({M, K}, DType::bf16, gpu()), p.b = zeros({K, N}, DType::bf16, gpu()), p.out = zeros({M, N}, DType::bf16, gpu());
+  for (const Tensor& bad : {zeros({mb + 1, kb}, DType::u8, gpu()), zeros({mb, kb}, DType::f32, gpu())}) {
+    p.a_nonzero = bad;
+    try {
+      kg::gemm(p, {});
+      ADD_FAILURE() << "bad a_nonzero accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("a_nonzero"), std::string::npos) << err.what();
+    }
+  }
+}
+
 TEST(Gemm, TmaStoredTilesEqualDirectStores) {
   KILN_SKIP_WITHOUT_CUDA();
   if (!kiln_kernel_available()) GTEST_SKIP() << "needs an sm_90 GPU";

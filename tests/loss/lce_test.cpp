@@ -3,7 +3,9 @@
 // Cut Cross-Entropy does: |truth − kiln| ≤ |truth − same-dtype reference| + tol) and f64;
 // finite differences; odd shapes and chunk boundaries; ignored targets; tied weights;
 // micro-batches with num_items; determinism bits; the module; bad input errors.
-// Each test runs on the CPU and, when a GPU is present, on CUDA (skipped otherwise).
+// Each test runs on the CPU and, when a GPU is present, on CUDA (skipped otherwise), and once
+// more on CUDA with kiln's Hopper GEMM for the loss's products (KilnGemm: sm_90 only), the
+// process default backend set to kiln for the test.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <functional>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/kernels/cuda/gemm/gemm.h"
 #include "kiln/core/profile.h"
 #include "kiln/loss/linear_cross_entropy.h"
 #include "kiln/loss/module.h"
@@ -152,12 +155,32 @@ std::vector<Case> option_cases() {
   };
 }
 
-class Lce : public ::testing::TestWithParam<Device> {
+// Where a case runs: the device, and on CUDA whether the loss's products take kiln's GEMM.
+struct LceTarget {
+  Device dev;
+  bool kiln_gemm = false;
+};
+
+// Whether this GPU runs kiln's GEMM kernel at all (sm_90): asked on a tiny aligned problem.
+bool kiln_gemm_available() {
+  kernels::gemm::GemmProblem p;
+  p.a = zeros({8, 8}, DType::bf16, cuda(0)), p.b = zeros({8, 8}, DType::bf16, cuda(0));
+  p.out = zeros({8, 8}, DType::bf16, cuda(0));
+  return kernels::gemm::kiln_supported(p, {});
+}
+
+class Lce : public ::testing::TestWithParam<LceTarget> {
  protected:
   void SetUp() override {
-    if (GetParam().is_cuda() && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    if (GetParam().dev.is_cuda() && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    if (GetParam().kiln_gemm) {
+      if (!kiln_gemm_available()) GTEST_SKIP() << "kiln's GEMM kernel needs an sm_90 GPU";
+      kernels::gemm::set_default_backend(kernels::gemm::Backend::kiln);
+    }
   }
-  Device dev() const { return GetParam(); }
+  void TearDown() override { kernels::gemm::clear_default_backend(); }
+  Device dev() const { return GetParam().dev; }
+  bool kiln_gemm() const { return GetParam().kiln_gemm; }
 
   // Compares fused (dtype, device) with the f64 truth for one case.
   void check_case(const Case& c, Shape hshape, int64_t v, DType dtype, int64_t chunk, uint64_t seed) {
@@ -257,6 +280,78 @@ TEST_P(Lce, ProfileReportsChunkingAndPhases) {
   EXPECT_EQ(auto_prof.chunk_tokens, 300);
   EXPECT_EQ(auto_prof.dh_split, 1);  // unsplit by default
   EXPECT_LE(auto_prof.extra_bytes, int64_t{256} << 20);
+}
+
+// On kiln's GEMM (CUDA, 16-bit): the profile names kiln's kernel for each product (the logits
+// with their per-tile log-sum-exp where nothing else needs pass 1, d_weight by its residual
+// epilogue over a 16-bit gradient, by accumulate into an f32 one), the chunk holds the
+// log-sum-exps besides its logits, and the loss and gradients equal cuBLASLt's path within
+// rounding (one chunk boundary, a partial last chunk, V not a multiple of the GEMM's tile).
+TEST_P(Lce, KilnGemmRunsEachProduct) {
+  if (!kiln_gemm()) GTEST_SKIP() << "the kiln GEMM path (CUDA, sm_90)";
+  Inputs in = make_inputs(480, {200, 64}, 1003, 0.1);
+  for (bool f32_dw : {false, true}) {
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(std::string(f32_dw ? "f32 dW" : "bf16 dW") + (bias ? " bias" : ""));
+      kernels::LceProfile prof;
+      LinearCrossEntropyOptions o;
+      o.chunk_tokens = 128;
+      o.weight_grad_f32 = f32_dw;
+      o.profile = &prof;
+      Outcome k = run(Impl::fused, in, o, bias, false, DType::bf16, dev());
+      EXPECT_EQ(prof.logits_algo, bias ? "kiln sm90 none" : "kiln sm90 row_lse");
+      EXPECT_EQ(prof.dh_algo, "kiln sm90 none");
+      EXPECT_EQ(prof.dw_algo, f32_dw ? "kiln sm90 accumulate" : "kiln sm90 residual");
+      EXPECT_EQ(prof.extra_bytes, 128 * 1008 * 2 + (bias ? 0 : 128 * kernels::gemm::row_stat_tiles(1003) * 4));
+      o.gemm_backend = kernels::gemm::Backend::cublaslt;
+      o.profile = nullptr;
+      Outcome c = run(Impl::fused, in, o, bias, false, DType::bf16, dev());
+      EXPECT_LE(max_diff(k.loss, c.loss), 1e-3 * std::max(max_abs(c.loss), 1.0));
+      EXPECT_LE(max_diff(k.lse, c.lse), 3e-2);  // f32 accumulators against bf16-rounded logits
+      for (auto [x, y] : {std::pair{k.gh, c.gh}, {k.gw, c.gw}, {k.gb, c.gb}})
+        if (y.defined()) {
+          EXPECT_LE(max_diff(x, y), 2e-2 * max_abs(y));
+        }
+    }
+  }
+}
+
+// The gradient filter on kiln's GEMM skips dz's all-zero 64 × 64 blocks in the d_hidden and
+// d_weight products. Logits as peaked as a trained model's (std ~10) over V = 32000, targets
+// drawn at random: each row keeps a few entries (the target's, the largest classes'), so most
+// blocks are zero. The profile counts them; the loss and gradients equal the filter's on
+// cuBLASLt (every block multiplied, the dropped entries zero) within rounding, so a block with
+// one large entry (a row's target) was not skipped.
+TEST_P(Lce, KilnGemmFilterSkipsZeroBlocks) {
+  if (!kiln_gemm()) GTEST_SKIP() << "the kiln GEMM path (CUDA, sm_90)";
+  const int64_t n = 192, d = 64, v = 32000;
+  Inputs in = make_inputs(490, {n, d}, v, 0.1);
+  in.weight = mul(in.weight, 10.0 / 1.5);  // logits of std ~10
+  for (bool f32_dw : {false, true}) {
+    SCOPED_TRACE(f32_dw ? "f32 dW" : "bf16 dW");
+    kernels::LceProfile prof;
+    LinearCrossEntropyOptions o;
+    o.chunk_tokens = 128;  // a full chunk and a partial one (64 rows)
+    o.filter_eps = std::ldexp(1.0, -12);
+    o.weight_grad_f32 = f32_dw;
+    o.profile = &prof;
+    Outcome k = run(Impl::fused, in, o, false, false, DType::bf16, dev());
+    EXPECT_EQ(prof.sparse_blocks, (2 + 1) * kernels::gemm::sparse_blocks(v));
+    EXPECT_GT(prof.sparse_zero_blocks, prof.sparse_blocks / 2) << "the filter left few zero blocks";
+    EXPECT_LT(prof.sparse_zero_blocks, prof.sparse_blocks);
+    o.gemm_backend = kernels::gemm::Backend::cublaslt;
+    o.profile = nullptr;
+    Outcome c = run(Impl::fused, in, o, false, false, DType::bf16, dev());
+    EXPECT_LE(max_diff(k.loss, c.loss), 1e-3 * std::max(max_abs(c.loss), 1.0));
+    EXPECT_LE(max_diff(k.gh, c.gh), 2e-2 * max_abs(c.gh));
+    EXPECT_LE(max_diff(k.gw, c.gw), 2e-2 * max_abs(c.gw));
+  }
+  // Without the filter nothing is flagged or counted.
+  kernels::LceProfile prof;
+  LinearCrossEntropyOptions o;
+  o.profile = &prof;
+  run(Impl::fused, in, o, false, false, DType::bf16, dev());
+  EXPECT_EQ(prof.sparse_blocks, 0);
 }
 
 TEST_P(Lce, BatchedNonContiguousHidden) {
@@ -682,7 +777,9 @@ TEST_P(Lce, EdgeOptionsAndDivisors) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, Lce, ::testing::Values(kCPU, cuda(0)),
-                         [](const ::testing::TestParamInfo<Device>& i) { return i.param.is_cuda() ? "cuda" : "cpu"; });
+INSTANTIATE_TEST_SUITE_P(Devices, Lce, ::testing::Values(LceTarget{kCPU}, LceTarget{cuda(0)}, LceTarget{cuda(0), true}),
+                         [](const ::testing::TestParamInfo<LceTarget>& i) {
+                           return std::string(!i.param.dev.is_cuda() ? "cpu" : i.param.kiln_gemm ? "cuda_kiln_gemm" : "cuda");
+                         });
 
 }  // namespace

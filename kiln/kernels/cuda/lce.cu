@@ -30,7 +30,10 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,7 @@
 #include "kiln/core/stream.h"
 #include "kiln/kernels/cuda/context.h"
 #include "kiln/kernels/cuda/cublaslt.h"
+#include "kiln/kernels/cuda/gemm/gemm.h"
 #include "kiln/kernels/lce.h"
 
 namespace kiln::kernels::cuda {
@@ -142,7 +146,9 @@ __global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restri
                                                       int64_t r0, const T* __restrict__ bias, const T* __restrict__ cw,
                                                       const I* __restrict__ tgt, const float* __restrict__ row_scale,
                                                       const double* __restrict__ gscale, float* __restrict__ loss, float* __restrict__ zloss,
-                                                      float* __restrict__ lse_out, bool grads) {
+                                                      float* __restrict__ lse_out, bool grads,
+                                                      const float* __restrict__ stats, int64_t tiles,
+                                                      unsigned char* __restrict__ nz, int64_t nz_ld) {
   constexpr int NV = kVec<T>;
   const int64_t v = p.v, nvec = v / NV;
   const float cap = static_cast<float>(p.softcap);
@@ -156,10 +162,15 @@ __global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restri
   for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
     T* z = logits + i * ld;
     const int64_t r = r0 + i;
-    // Pass 1: online max and sum of exp; one rescale per vector, one exp per element.
+    // Pass 1: online max and sum of exp; one rescale per vector, one exp per element. With the
+    // logits GEMM's per-tile log-sum-exps (stats: no bias, no cap, no smoothing), their merge.
     float m = -INFINITY, s = 0.f, wz = 0.f;
+    if (stats) {
+      const float* st = stats + i * tiles;
+      for (int64_t q = threadIdx.x; q < tiles; q += blockDim.x) merge_ms(m, s, st[q], 1.f);
+    }
 #pragma unroll 4
-    for (int64_t q = threadIdx.x; q < nvec; q += blockDim.x) {
+    for (int64_t q = stats ? nvec : threadIdx.x; q < nvec; q += blockDim.x) {
       float x[NV];
       load_vec<T>(z + q * NV, x);
       float mx = -INFINITY;
@@ -178,7 +189,7 @@ __global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restri
         for (int k = 0; k < NV; ++k) s += expf(x[k] - m);
       }
     }
-    for (int64_t j = nvec * NV + threadIdx.x; j < v; j += blockDim.x) {
+    for (int64_t j = stats ? v : nvec * NV + threadIdx.x; j < v; j += blockDim.x) {
       const float x = adjust(to_f(z[j]), j);
       merge_ms(m, s, x, 1.f);
       if (smooth) wz += cweight(j) * x;
@@ -217,9 +228,18 @@ __global__ void __launch_bounds__(kRowThreads) lce_rows(LceParams p, T* __restri
         for (int k = 0; k < NV; ++k) x[k] = grad(adjust(x[k], q * NV + k), q * NV + k);
       }
       store_vec<T>(z + q * NV, x);
+      if (nz && !zero) {  // the gradient filter's block flags: this 64 × 64 block has a nonzero
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) any |= x[k] != 0.f;
+        if (any) nz[(i / 64) * nz_ld + q * NV / 64] = 1;
+      }
     }
-    for (int64_t j = nvec * NV + threadIdx.x; j < v; j += blockDim.x)
-      z[j] = from_f<T>(zero ? 0.f : grad(adjust(to_f(z[j]), j), j));
+    for (int64_t j = nvec * NV + threadIdx.x; j < v; j += blockDim.x) {
+      const float g = zero ? 0.f : grad(adjust(to_f(z[j]), j), j);
+      z[j] = from_f<T>(g);
+      if (nz && g != 0.f) nz[(i / 64) * nz_ld + j / 64] = 1;
+    }
   }
 }
 
@@ -336,7 +356,9 @@ struct Chunking {
 // the chunk is as large as the budget allows. Measured on the H200 (bf16, fwd+bwd) this beat the
 // former modelled choice of s: 85.4 vs 87.2 ms (N=16384, d=4096, V=128256) and 57.4 vs 63.3 ms
 // (N=8192, d=2304, V=256000). dh_split > 0 fixes s; chunk_tokens > 0 fixes m.
-Chunking choose_chunking(const LceParams& p, int64_t es, bool want_dh, size_t workspace_bytes) {
+// row_bytes: what each token of a chunk holds besides its logits row (the logits GEMM's per-tile
+// log-sum-exps on kiln's GEMM).
+Chunking choose_chunking(const LceParams& p, int64_t es, bool want_dh, size_t workspace_bytes, int64_t row_bytes) {
   Chunking c;
   const int64_t n = p.n, d = p.d, v = p.v, vec = 16 / es;
   c.ld = ceil_div(v, vec) * vec;
@@ -352,7 +374,7 @@ Chunking choose_chunking(const LceParams& p, int64_t es, bool want_dh, size_t wo
   const int64_t budget = std::max<int64_t>(
       kExtraBytes - kSlackBytes - static_cast<int64_t>(workspace_bytes) - 16 * n,  // loss, zloss, lse, row_scale
       c.ld * es);
-  int64_t m = std::max<int64_t>(budget / (c.ld * es + (c.splits > 1 ? c.splits * d * 4 : 0)), 1);
+  int64_t m = std::max<int64_t>(budget / (c.ld * es + row_bytes + (c.splits > 1 ? c.splits * d * 4 : 0)), 1);
   if (m >= 64) {
     m -= m % 64;
     const int64_t chunks = ceil_div(n, m);
@@ -405,6 +427,31 @@ void launch_dh_reduce(const DeviceContext& ctx, const float* part, int64_t split
   KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy d_hidden reduction");
 }
 
+namespace kg = ::kiln::kernels::gemm;
+
+// Rows [first, first + count) of a row-major matrix of `cols` columns, `ld` apart, over t's storage.
+Tensor rows_view(const Tensor& t, int64_t cols, int64_t ld, int64_t first, int64_t count) {
+  return Tensor::from_storage(t.storage(), {count, cols}, {ld, 1}, t.offset() + first * ld, t.dtype());
+}
+
+// One product of a chunk on kiln's GEMM (LceParams::gemm_backend == kiln) where kiln_supported
+// says it applies: true when it ran; false (nothing done) sends the caller to cuBLASLt's plan.
+// KILN_GEMM_VERBOSE=1 says why kiln's kernel did not apply.
+bool kiln_product(bool want, const kg::GemmProblem& pr, const kg::EpilogueArgs& e, const char* what) {
+  if (!want) return false;
+  std::string why;
+  if (!kg::kiln_supported(pr, e, &why)) {
+    if (std::getenv("KILN_GEMM_VERBOSE")) std::fprintf(stderr, "kiln: linear_cross_entropy %s: cuBLASLt: %s\n", what, why.c_str());
+    return false;
+  }
+  kg::GemmOptions o;
+  o.backend = kg::Backend::kiln;
+  kg::gemm(pr, e, o);
+  return true;
+}
+
+std::string kiln_algo(kg::Epilogue e) { return std::string("kiln sm90 ") + kg::epilogue_name(e); }
+
 // The products of one chunk size (the full chunks and, when N is not a multiple, the last).
 struct ChunkPlans {
   const LtGemm* logits = nullptr;
@@ -428,7 +475,15 @@ void run(const LceParams& p, const LceTensors& t) {
   const cudaDataType_t gh_t = t.grad_hidden.defined() ? cuda_type(t.grad_hidden.dtype()) : ct;
   void* gw = t.grad_weight.defined() ? t.grad_weight.data_ptr() : nullptr;
   const cudaDataType_t gw_t = t.grad_weight.defined() ? cuda_type(t.grad_weight.dtype()) : ct;
-  const Chunking ck = choose_chunking(p, es, grads && gh != nullptr, ctx.workspace_bytes);
+  // kiln's GEMM for the products (16-bit inputs); the logits' log-sum-exp from its epilogue where
+  // the row pass needs nothing else of pass 1 (no bias, cap or smoothing).
+  const bool kiln_gemm = p.gemm_backend == kg::Backend::kiln && dt != DType::f32;
+  const bool lse_epi = kiln_gemm && !t.bias.defined() && p.softcap == 0.0 && p.label_smoothing == 0.0;
+  const int64_t tiles = kg::row_stat_tiles(v);
+  const bool filter_blocks = kiln_gemm && grads && p.filter_eps > 0.0;
+  const int64_t nz_ld = kg::sparse_blocks(v);
+  const Chunking ck = choose_chunking(p, es, grads && gh != nullptr, ctx.workspace_bytes,
+                                      (lse_epi ? tiles * 4 : 0) + (filter_blocks ? nz_ld / 64 + 1 : 0));
   const int64_t m = ck.m, S = ck.splits, ld = ck.ld;
   const int64_t vs = slice_len(v, S);  // slice length of the split d_hidden product
   const int64_t vtail = v - S * vs;    // the rest, added into the last partial
@@ -442,6 +497,12 @@ void run(const LceParams& p, const LceTensors& t) {
     part_t = Tensor::empty({S, m, d}, DType::f32, t.hidden.device());
     part = part_t.data<float>();
   }
+  Tensor stats_t;  // the logits GEMM's per-tile log-sum-exps, f32 [m, tiles]
+  if (lse_epi) stats_t = Tensor::empty({m, tiles}, DType::f32, t.hidden.device());
+  // The gradient filter on kiln's GEMM: flags of dz's 64 × 64 blocks (u8 [m/64, V/64], 0: all
+  // zero), set by the row pass, so that the d_hidden and d_weight products skip the zero blocks.
+  Tensor nz_t;
+  if (filter_blocks) nz_t = Tensor::empty({kg::sparse_blocks(m), nz_ld}, DType::u8, t.hidden.device());
   const T* H = static_cast<const T*>(t.hidden.data_ptr());
   const T* bias = t.bias.defined() ? static_cast<const T*>(t.bias.data_ptr()) : nullptr;
   const T* cw = t.class_weight.defined() ? static_cast<const T*>(t.class_weight.data_ptr()) : nullptr;
@@ -507,18 +568,55 @@ void run(const LceParams& p, const LceTensors& t) {
   const int row_blocks = std::max(ctx.sm_count, 1);
   const double* gscale = t.grad_scale.defined() ? t.grad_scale.data<double>() : nullptr;
   SideStream side(overlap, dev, cs);
+  bool logits_kiln_full = false, dh_kiln_full = false;  // for the profile: the full chunks' products on kiln
+  std::optional<kg::Epilogue> dw_kiln_full;
   for (int64_t r0 = 0; r0 < n; r0 += m) {
     const int64_t mm = std::min(m, n - r0);
     const ChunkPlans& pl = mm == m ? full : last;
     const T* hc = H + r0 * d;
     if (overlap && r0 > 0) side.join(cs);  // the previous d_weight product has read the buffer
-    run_gemm(ctx, *pl.logits, W, hc, buf, 0.f);
+    // The chunk's operands as tensors, for kiln's GEMM: hc [mm, d], the logits / dz [mm, V] (row
+    // stride ld), W [V, d].
+    Tensor hc_t, z_t, stats_c;
+    if (kiln_gemm) {
+      hc_t = rows_view(t.hidden, d, d, r0, mm);
+      z_t = rows_view(buf_t, v, ld, 0, mm);
+    }
+    kg::EpilogueArgs le;
+    if (lse_epi) {
+      le.kind = kg::Epilogue::row_lse;
+      le.row_stats = Tensor::from_storage(stats_t.storage(), {1, mm, tiles}, {mm * tiles, tiles, 1}, 0, DType::f32);
+    }
+    const bool kiln_logits = kiln_product(kiln_gemm, {hc_t, t.weight, z_t, false, true}, le, "logits");
+    if (!kiln_logits) run_gemm(ctx, *pl.logits, W, hc, buf, 0.f);
+    if (mm == m) logits_kiln_full = kiln_logits;
+    const float* stats = kiln_logits && lse_epi ? stats_t.data<float>() : nullptr;
+    unsigned char* nz = nullptr;
+    if (nz_t.defined()) {
+      nz = static_cast<unsigned char*>(nz_t.data_ptr());
+      KILN_CUDA_CHECK(cudaMemsetAsync(nz, 0, static_cast<size_t>(nz_t.numel()), cs));
+    }
+    // dz's block flags as the a_nonzero of d_hidden (a = dz) and of d_weight (a = dzᵀ).
+    auto flags = [&](bool transposed) {
+      if (!nz) return Tensor();
+      const int64_t tb = kg::sparse_blocks(mm);
+      return transposed ? Tensor::from_storage(nz_t.storage(), {nz_ld, tb}, {1, nz_ld}, 0, DType::u8)
+                        : Tensor::from_storage(nz_t.storage(), {tb, nz_ld}, {nz_ld, 1}, 0, DType::u8);
+    };
     timer.mark(acc(&LceProfile::logits_ms));
     lce_rows<T, I><<<static_cast<unsigned>(std::min<int64_t>(mm, row_blocks)), kRowThreads, 0, cs>>>(
         p, buf, ld, mm, r0, bias, cw, t.target.data<I>(), rs, gscale, t.loss.data<float>(), t.zloss.data<float>(),
-        t.lse.data<float>(), grads);
+        t.lse.data<float>(), grads, stats, tiles, nz, nz_ld);
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy rows");
     timer.mark(acc(&LceProfile::rows_ms));
+    if (prof && nz) {  // the skipped blocks' count (a measurement aid: waits for the row pass)
+      std::vector<unsigned char> f(static_cast<size_t>(kg::sparse_blocks(mm) * nz_ld));
+      KILN_CUDA_CHECK(cudaMemcpyAsync(f.data(), nz, f.size(), cudaMemcpyDeviceToHost, cs));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(cs));
+      prof->sparse_blocks += static_cast<int64_t>(f.size());
+      prof->sparse_zero_blocks += std::count(f.begin(), f.end(), static_cast<unsigned char>(0));
+      timer.mark(nullptr);  // the wait counts in no phase
+    }
     if (!grads) continue;
     if (overlap) {  // d_weight (the chunk order is kept: one side stream) while d_hidden runs here
       side.fork(cs);
@@ -527,7 +625,12 @@ void run(const LceParams& p, const LceTensors& t) {
     if (gh) {
       char* ghc = gh + r0 * d * gh_es;
       if (S == 1) {
-        run_gemm(ctx, *pl.dh, W, buf, ghc, 0.f);
+        // d_hidden [mm, d] = dz [mm, V] · W [V, d] (kiln: out in the inputs' dtype only).
+        const bool kiln_dh = kiln_gemm && !overlap && t.grad_hidden.dtype() == dt &&
+                             kiln_product(true, {z_t, t.weight, rows_view(t.grad_hidden, d, d, r0, mm), false, false, flags(false)},
+                                          {}, "d_hidden");
+        if (!kiln_dh) run_gemm(ctx, *pl.dh, W, buf, ghc, 0.f);
+        if (mm == m) dh_kiln_full = kiln_dh;
         timer.mark(acc(&LceProfile::dh_ms));
       } else {
         run_gemm(ctx, *pl.dh, W, buf, part, 0.f);
@@ -543,7 +646,18 @@ void run(const LceParams& p, const LceTensors& t) {
       }
     }
     if (gw && !overlap) {
-      run_gemm(ctx, *pl.dw, hc, buf, gw, 1.f);
+      // d_weight [V, d] += dzᵀ · hc: kiln's accumulate epilogue into an f32 gradient, its residual
+      // epilogue over the gradient itself (out = v + out) into a 16-bit one.
+      bool kiln_dw = false;
+      if (kiln_gemm) {
+        kg::EpilogueArgs we;
+        const Tensor gw_t = rows_view(t.grad_weight, d, d, 0, v);
+        we.kind = t.grad_weight.dtype() == DType::f32 ? kg::Epilogue::accumulate : kg::Epilogue::residual;
+        if (we.kind == kg::Epilogue::residual) we.residual = gw_t;
+        kiln_dw = kiln_product(true, {z_t, hc_t, gw_t, true, false, flags(true)}, we, "d_weight");
+        if (mm == m && kiln_dw) dw_kiln_full = we.kind;
+      }
+      if (!kiln_dw) run_gemm(ctx, *pl.dw, hc, buf, gw, 1.f);
       timer.mark(acc(&LceProfile::dw_ms));
     }
     if (t.grad_bias.defined()) {
@@ -559,9 +673,11 @@ void run(const LceParams& p, const LceTensors& t) {
     prof->chunk_tokens = m;
     prof->dh_split = S;
     prof->extra_bytes = m * ld * es + (S > 1 ? S * m * d * 4 : 0);
-    prof->logits_algo = lt::describe(*full.logits);
-    if (full.dh) prof->dh_algo = lt::describe(*full.dh);
-    if (full.dw) prof->dw_algo = lt::describe(*full.dw);
+    prof->extra_bytes += (stats_t.defined() ? m * tiles * 4 : 0) + (nz_t.defined() ? nz_t.numel() : 0);
+    prof->logits_algo = logits_kiln_full ? kiln_algo(lse_epi ? kg::Epilogue::row_lse : kg::Epilogue::none)
+                                         : lt::describe(*full.logits);
+    if (full.dh) prof->dh_algo = dh_kiln_full ? kiln_algo(kg::Epilogue::none) : lt::describe(*full.dh);
+    if (full.dw) prof->dw_algo = dw_kiln_full ? kiln_algo(*dw_kiln_full) : lt::describe(*full.dw);
   }
 }
 

@@ -99,6 +99,13 @@ Dims check_problem(const GemmProblem& p, const EpilogueArgs& e) {
                    s.numel() == d.batch * d.m * row_stat_tiles(d.n),
                op, ": row_stats must be a contiguous f32 [", d.batch, ", ", d.m, ", ", row_stat_tiles(d.n), "] tensor");
   }
+  if (p.a_nonzero.defined()) {
+    const Tensor& z = p.a_nonzero;
+    KILN_CHECK(z.dtype() == DType::u8 && z.dim() == 2 && z.size(0) == sparse_blocks(d.m) &&
+                   z.size(1) == sparse_blocks(d.k) && z.device() == p.out.device(),
+               op, ": a_nonzero must be a u8 [", sparse_blocks(d.m), ", ", sparse_blocks(d.k), "] tensor on out's device");
+    KILN_CHECK(d.batch == 1, op, ": a_nonzero needs batch 1 (got ", d.batch, ")");
+  }
   d.lda = row_stride(p.a), d.ldb = row_stride(p.b), d.ldo = row_stride(p.out);
   d.sa = batch_stride(p.a), d.sb = batch_stride(p.b), d.so = batch_stride(p.out);
   KILN_CHECK(d.batch == 1 || d.so != 0, op, ": out must not be broadcast over the batch");
@@ -160,6 +167,10 @@ sm::Launch make_launch(const GemmProblem& p, const EpilogueArgs& e, const Dims& 
   l.a = {p.a.data_ptr(), p.trans_a ? d.k : d.m, p.trans_a ? d.m : d.k, d.lda, d.sa, !p.trans_a};
   l.b = {p.b.data_ptr(), p.trans_b ? d.n : d.k, p.trans_b ? d.k : d.n, d.ldb, d.sb, p.trans_b};
   l.epi = epi_params(p, e, d);
+  if (p.a_nonzero.defined()) {
+    l.a_nonzero = static_cast<const unsigned char*>(p.a_nonzero.data_ptr());
+    l.nz_sm = p.a_nonzero.stride(0), l.nz_sk = p.a_nonzero.stride(1);
+  }
   return l;
 }
 

@@ -46,7 +46,13 @@ struct EpilogueArgs {
 struct GemmProblem {
   Tensor a, b, out;
   bool trans_a = false, trans_b = false;
+  // Optional, batch 1: a is block-sparse. u8 [ceil(M/64), ceil(K/64)] (any strides, on a's
+  // device); entry (i, j) == 0 promises that op(a)'s rows 64i .. 64i + 63 are zero over K
+  // 64j .. 64j + 63. kiln's kernel skips a tile's K block where all its rows are (no load, no
+  // product); cuBLASLt computes it (the same product). The fused loss's gradient filter.
+  Tensor a_nonzero{};
 };
+inline int64_t sparse_blocks(int64_t n) { return (n + 63) / 64; }  // 64-wide blocks of a_nonzero
 
 struct GemmOptions {
   Backend backend = default_backend();

@@ -29,6 +29,10 @@ struct Launch {
   int64_t m = 0, n = 0, k = 0, batch = 1;
   Operand a, b;
   EpiParams epi{};
+  // Block-sparse A (GemmProblem::a_nonzero): flags of A's 64 × 64 blocks, strides in flags per
+  // 64-row block of M and per K block; null: dense.
+  const unsigned char* a_nonzero = nullptr;
+  int64_t nz_sm = 0, nz_sk = 0;
 };
 
 // Whether the kernel stores the output's tiles by TMA (NOTE [kiln sm90 gemm]), encoding `map`

@@ -69,7 +69,24 @@ struct Sm90Problem {
   int batch;
   int tiles_m, tiles_n, k_blocks;
   int a_batched, b_batched;  // 0: the operand is broadcast over the batch (TMA batch coordinate 0)
+  // Block-sparse A (batch 1; null: dense): a_nonzero[i·nz_sm + j·nz_sk] == 0 says A's rows
+  // 64i .. 64i + 63 are zero over K block j (NOTE [skipped K blocks]).
+  const unsigned char* a_nonzero;
+  long long nz_sm, nz_sk;
 };
+
+// NOTE [skipped K blocks]: a tile's K block is skipped (not loaded, no product) when A's two
+// 64-row blocks of the tile (one at an M tail) are zero there. The producer and the consumers
+// ask the same flags, so they walk the same blocks and the stage ring stays in step; a tile whose
+// every block is skipped has a zero accumulator. Skipping a zero block changes no bit of a finite
+// product (acc + 0 = acc).
+__device__ __forceinline__ bool skip_k_block(const Sm90Problem& p, int m0, int kb) {
+  if (p.a_nonzero == nullptr) return false;
+  const unsigned char* f = p.a_nonzero + kb * p.nz_sk;
+  const long long i = m0 / 64;
+  if (f[i * p.nz_sm] != 0) return false;
+  return m0 + 64 >= p.m || f[(i + 1) * p.nz_sm] == 0;
+}
 
 // One k16 step of a 64 × 128 tile, both operands from shared memory; kTA / kTB = 1 read A / B
 // MN-major (transposed). scale_d = 0 overwrites d.
@@ -301,8 +318,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int a_groups = kAKMajor ? 2 : (tc.m0 + 64 < p.m ? 2 : 1);
       const int b_groups = kBKMajor ? kBGroups : min(kBGroups, (p.n - tc.n0 + 63) / 64);
       const uint32_t bytes = static_cast<uint32_t>((a_groups + b_groups) * (64 * kBK * 2));
-      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+      for (int kb = 0; kb < p.k_blocks; ++kb) {
+        if (skip_k_block(p, tc.m0, kb)) continue;  // NOTE [skipped K blocks]
         const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+        ++it;
         wg::mbar_wait(empty + stage, phase ^ 1);
         wg::mbar_arrive_expect_tx(full + stage, bytes);
         unsigned char* sa = smem + stage * S::kStageBytes;
@@ -338,8 +357,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
     const TileCoord tc = tile_coord<BN>(p, t);
     uint32_t prev_stage = 0;
-    for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+    bool first = true;  // no block multiplied yet: the next product overwrites the accumulator
+    for (int kb = 0; kb < p.k_blocks; ++kb) {
+      if (skip_k_block(p, tc.m0, kb)) continue;  // NOTE [skipped K blocks]
       const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
+      ++it;
       wg::mbar_wait(full + stage, phase);
       const uint32_t sa = smem_base + stage * S::kStageBytes, sb = sa + S::kABytes;
       const uint64_t da = wg::desc_sw128(sa + wgi * 64 * 128, kLboA, 1024);
@@ -349,16 +371,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
         mma_64xN<T, BN, kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, wg::desc_advance(da, kk * kStepA),
-                                                 wg::desc_advance(db, kk * kStepB), (kb > 0 || kk > 0) ? 1 : 0);
+                                                 wg::desc_advance(db, kk * kStepB), (!first || kk > 0) ? 1 : 0);
       wg::commit();
       wg::wait<1>();
       wg::fence_operands(acc);
-      if (kb > 0 && lane == 0) wg::mbar_arrive(empty + prev_stage);
+      if (!first && lane == 0) wg::mbar_arrive(empty + prev_stage);
       prev_stage = stage;
+      first = false;
     }
     wg::wait<0>();
     wg::fence_operands(acc);
-    if (lane == 0) wg::mbar_arrive(empty + prev_stage);
+    if (first) {  // every K block skipped: the product is zero
+#pragma unroll
+      for (int j = 0; j < kNJ; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
+    } else if (lane == 0) {
+      wg::mbar_arrive(empty + prev_stage);
+    }
 
     // ---- epilogue from registers, its kind fixed for the tile (NOTE [epilogue kind fixed per tile]),
     // stored by TMA through the staging tile where the launch says so ----

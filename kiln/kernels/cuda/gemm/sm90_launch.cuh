@@ -52,6 +52,7 @@ bool launch_tile(const Launch& l, bool is_bf16) {
   p.tiles_m = static_cast<int>((l.m + kBM - 1) / kBM), p.tiles_n = static_cast<int>((l.n + BN - 1) / BN);
   p.k_blocks = static_cast<int>((l.k + kBK - 1) / kBK);
   p.a_batched = l.a.bstride != 0 && l.batch > 1, p.b_batched = l.b.bstride != 0 && l.batch > 1;
+  p.a_nonzero = l.a_nonzero, p.nz_sm = l.nz_sm, p.nz_sk = l.nz_sk;
   if (l.a.k_major && l.b.k_major) launch_layout<T, BN, true, true>(l, ma, mb, mc, p, ep);
   else if (l.a.k_major) launch_layout<T, BN, true, false>(l, ma, mb, mc, p, ep);
   else if (l.b.k_major) launch_layout<T, BN, false, true>(l, ma, mb, mc, p, ep);
