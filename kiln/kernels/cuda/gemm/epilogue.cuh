@@ -27,6 +27,9 @@ struct EpiParams {
   int pair_stores;         // 1: out's base, ldo and batch stride let (r, c), (r, c + 1) with c even
                            // be stored as one 4-byte (16-bit out) or 8-byte (f32 out) store
   int staged;              // 1: the sm90 kernel stores a stageable kind's tiles by TMA (its map of out)
+  int pair_res;            // 1: the residual's base, ldr and batch stride let (r, c), (r, c + 1) with
+                           // c even be read as one 4-byte (16-bit) or 8-byte (f32) load
+  int pair_bias;           // 1: likewise for the bias (its base)
   void* out;
   int64_t ldo, out_bstride;  // elements
   const void* bias;          // [N]
@@ -113,17 +116,37 @@ struct RtEpilogue {
     }
   }
 
-  // What element() adds at (r, c), (r, c + 1): the bias or the residual, zeros for the other
-  // kinds. Apart from element() so that a caller can issue a row's loads together before its
-  // stores (the sm90 kernel does: one load latency a row, not one an element).
+  // (base[off], base[off + 1]) in out's dtype as floats; one 4- or 8-byte load when `pair`
+  // (off even, the base aligned for it), else one or two (ok1: whether off + 1 is in bounds).
+  __device__ __forceinline__ float2 load_pair(const void* base, int64_t off, bool ok1, bool pair) const {
+    if (pair && ok1) {
+      if (p.out_f32) return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + off);
+      const uint32_t raw = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(base) + off);
+      const T* h = reinterpret_cast<const T*>(&raw);
+      return make_float2(to_f32(h[0]), to_f32(h[1]));
+    }
+    return make_float2(load_out_dtype(base, off), ok1 ? load_out_dtype(base, off + 1) : 0.f);
+  }
+
+  // What element() adds at (r, c), (r, c + 1): the bias, the residual, or out's own values
+  // (accumulate), zeros for the other kinds. Apart from element() so that a caller can issue a
+  // row's loads together before its stores (the sm90 kernel does: one load latency a row, not
+  // one an element).
   struct Addend {
     float a0, a1;
   };
   __device__ __forceinline__ Addend addend(int b, int r, int c, bool ok1) const {
-    if (kind() == kEpiBias) return Addend{load_out_dtype(p.bias, c), ok1 ? load_out_dtype(p.bias, c + 1) : 0.f};
+    if (kind() == kEpiBias) {
+      const float2 x = load_pair(p.bias, c, ok1, p.pair_bias);
+      return Addend{x.x, x.y};
+    }
     if (kind() == kEpiResidual) {
-      const int64_t ro = b * p.res_bstride + static_cast<int64_t>(r) * p.ldr + c;
-      return Addend{load_out_dtype(p.res, ro), ok1 ? load_out_dtype(p.res, ro + 1) : 0.f};
+      const float2 x = load_pair(p.res, b * p.res_bstride + static_cast<int64_t>(r) * p.ldr + c, ok1, p.pair_res);
+      return Addend{x.x, x.y};
+    }
+    if (kind() == kEpiAccumulate) {  // out is f32 (host-checked)
+      const float2 x = load_pair(p.out, b * p.out_bstride + static_cast<int64_t>(r) * p.ldo + c, ok1, p.pair_stores);
+      return Addend{x.x, x.y};
     }
     return Addend{0.f, 0.f};
   }
@@ -174,10 +197,10 @@ struct RtEpilogue {
       store(o + c / 2, s * v1);
       return;
     }
-    if (kind() == kEpiAccumulate) {  // out is f32 (host-checked)
-      float* out = static_cast<float*>(p.out) + o + c;
-      out[0] += v0 * p.alpha;
-      if (ok1) out[1] += v1 * p.alpha;
+    if (kind() == kEpiAccumulate) {  // out is f32 (host-checked): out + alpha·v, out read by addend()
+      const float s0 = add.a0 + v0 * p.alpha, s1 = add.a1 + v1 * p.alpha;
+      if (ok1) store_pair(o + c, s0, s1);
+      else store(o + c, s0);
       return;
     }
     const float2 v = value_plus(b, r, c, v0, v1, ok1, add, row);

@@ -120,9 +120,12 @@ sm::EpiParams epi_params(const GemmProblem& p, const EpilogueArgs& e, const Dims
   ep.ldo = d.ldo, ep.out_bstride = d.so;
   ep.pair_stores = reinterpret_cast<uintptr_t>(ep.out) % 8 == 0 && d.ldo % 2 == 0 && d.so % 2 == 0;
   ep.bias = e.kind == Epilogue::bias ? e.bias.data_ptr() : nullptr;
+  const uintptr_t pair_bytes = ep.out_f32 ? 8 : 4;
+  ep.pair_bias = ep.bias != nullptr && reinterpret_cast<uintptr_t>(ep.bias) % pair_bytes == 0;
   if (e.kind == Epilogue::residual) {
     ep.res = e.residual.data_ptr();
     ep.ldr = row_stride(e.residual), ep.res_bstride = batch_stride(e.residual);
+    ep.pair_res = reinterpret_cast<uintptr_t>(ep.res) % pair_bytes == 0 && ep.ldr % 2 == 0 && ep.res_bstride % 2 == 0;
   }
   ep.alpha = e.alpha;
   if (e.kind == Epilogue::row_lse || e.kind == Epilogue::row_sumsq) {
