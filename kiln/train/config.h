@@ -44,6 +44,9 @@ struct TrainConfig {
   std::string score_mod, score_mod_derivative;
   std::string captures;  // safetensors file of the tensors the expressions name ("" none)
   bool fused_loss = false;
+  // CUDA, 16-bit: the backend of the linears' and the fused loss's products (docs/gemm.md):
+  // auto | cublaslt | kiln; "" the process's (KILN_GEMM_BACKEND, else cublaslt).
+  std::string gemm_backend;
   std::string checkpoint_activations = "none";  // none | block | mlp (recomputed in the backward)
   // optimisation
   int64_t steps = 0, batch = 0, seq = 0, accum = 1, warmup = -1;

@@ -74,6 +74,9 @@ std::vector<ConfigField> make_fields() {
       row("captures", &C::captures, "FILE", "safetensors file of the tensors the --score-mod / --attention-mask "
           "expressions name (slopes, bias, ...)"),
       row("fused_loss", &C::fused_loss, "", "use the fused linear + cross-entropy loss"),
+      row("gemm_backend", &C::gemm_backend, "BACKEND", "CUDA, bf16: the matrix products' backend: cublaslt, kiln "
+          "(kiln's Hopper GEMM: the linears, and the fused loss's products with their epilogues) or auto (each "
+          "linear's shape measured once, the faster taken); default: KILN_GEMM_BACKEND, else cublaslt", command),
       row("checkpoint_activations", &C::checkpoint_activations, "WHAT", "none, block (recompute each decoder "
           "block's activations in the backward) or mlp (only each MLP's): less memory, more compute"),
       // side work
@@ -117,7 +120,7 @@ std::vector<ConfigField> make_fields() {
     if (f.key == "sample") f.flag = "--sample-mode";
     // Not the run's: never recorded with it (out is, so a run folder names where it was written).
     if (f.key == "overwrite" || f.key == "resume" || f.key == "profile" || f.key == "peak_tflops" || f.key == "nproc" ||
-        f.key == "fsdp" || f.key == "on_failure" || f.key == "max_restarts")
+        f.key == "fsdp" || f.key == "on_failure" || f.key == "max_restarts" || f.key == "gemm_backend")
       f.saved = false;
     if (f.key == "resume") f.in_file = false;  // a resumed run takes no config file
   }

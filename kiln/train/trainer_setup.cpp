@@ -17,6 +17,7 @@
 #include "kiln/dist/backends.h"
 #include "kiln/data/token_file.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/kernels/cuda/gemm/options.h"
 #include "kiln/parallel/dcp.h"
 #include "kiln/train/memory_estimate.h"
 #include "kiln/train/trainer_state.h"
@@ -315,6 +316,8 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   if (is_rank0()) prepare_run_folder();  // the run folder is rank 0's (the others write shards into it)
   else if (resume_dir.empty() && cfg.warmup < 0) cfg.warmup = std::max<int64_t>(1, cfg.steps / 20);
   set_deterministic(cfg.deterministic);
+  if (!cfg.gemm_backend.empty())  // the process's GEMM backend (the linears, the fused loss)
+    kernels::gemm::set_default_backend(kernels::gemm::parse_backend(cfg.gemm_backend, "train: --gemm-backend"));
   dev = Device::parse(cfg.device);
   if (dev.is_cuda() && world) dev = cuda(dist::DistEnv::from_env().local_rank);  // one GPU per rank
   check_device_available(dev, "train");

@@ -343,9 +343,10 @@ TEST(Config, FieldTableDrivesSettersJsonAndResume) {
   const std::vector<std::string> changeable = {"steps", "eval_every", "ckpt_every", "keep_ckpts", "log_every",
                                                "max_time", "sample_tokens", "prompt"};
   EXPECT_EQ(train::changeable_on_resume(), changeable);
-  for (const char* k : {"out", "resume", "overwrite", "profile", "peak_tflops", "nproc"})
+  for (const char* k : {"out", "resume", "overwrite", "profile", "peak_tflops", "nproc", "gemm_backend"})
     EXPECT_EQ(train::find_config_field(k)->on_resume, train::OnResume::command) << k;
-  for (const char* k : {"resume", "overwrite", "profile", "peak_tflops", "nproc"}) EXPECT_FALSE(train::find_config_field(k)->saved) << k;
+  for (const char* k : {"resume", "overwrite", "profile", "peak_tflops", "nproc", "gemm_backend"})
+    EXPECT_FALSE(train::find_config_field(k)->saved) << k;
   train::TrainConfig c = base;
   expect_error([&] { train::set_config_value(c, "seed", json::Value(int64_t{-1})); }, "key 'seed' = -1: seed must be >= 0");
 }
@@ -380,6 +381,13 @@ TEST(Config, FileFlagsAndValidation) {
   bad = train::preset("tiny");
   bad.dtype = "f8";
   expect_error([&] { bad.validate(); }, "dtype='f8'");
+  bad = train::preset("tiny");
+  bad.gemm_backend = "cublas";
+  expect_error([&] { bad.validate(); }, "gemm_backend='cublas' is not one of: auto, cublaslt, kiln");
+  for (const char* ok : {"", "auto", "cublaslt", "kiln"}) {
+    bad.gemm_backend = ok;
+    bad.validate();
+  }
   // (From a probe) a prompt or path that is not UTF-8 made a run whose trainer_state.json no
   // reader takes: it could never be resumed.
   bad = train::preset("tiny");
