@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -540,18 +542,22 @@ TEST(TrainCli, CtrlCCheckpointsAndExits) {
 // Two real kiln train processes on one --out: while the first runs, a second one, an --overwrite
 // and a --resume are refused naming its pid (both exited 0 with their metrics interleaved);
 // once it is killed, the folder is usable again.
+// KILN_TEST_TIME_SCALE (default 1) stretches its waits, for an emulator far slower than a CPU
+// (qemu's 256-bit SVE, docs/arm.md).
 TEST(TrainCli, ARunFolderHasOneWriter) {
   fs::path out = temp_dir("one_writer");
+  const char* scale_env = std::getenv("KILN_TEST_TIME_SCALE");
+  const int scale = scale_env ? std::max(1, std::atoi(scale_env)) : 1;
   const pid_t first = ::fork();
   if (first == 0) {
-    ::alarm(60);
+    ::alarm(60 * scale);
     const std::string log = (out.string() + "-log.txt");
     ::freopen(log.c_str(), "w", stderr);
     ::execl(KILN_CLI_PATH, "kiln", "train", "--preset", "tiny", "--steps", "100000", "--sample-tokens", "0",
             "--ckpt-every", "1", "--out", out.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  for (int i = 0; i < 400 && !fs::exists(out / "latest"); ++i) ::usleep(50000);
+  for (int i = 0; i < 400 * scale && !fs::exists(out / "latest"); ++i) ::usleep(50000);
   ASSERT_TRUE(fs::exists(out / "latest"));
   const std::string in_use = out.string() + " is in use by pid " + std::to_string(first);
   for (const std::string args : {"--preset tiny --steps 2 --sample-tokens 0 --out " + out.string(),
