@@ -577,7 +577,7 @@ void run(const LceParams& p, const LceTensors& t) {
     if (overlap && r0 > 0) side.join(cs);  // the previous d_weight product has read the buffer
     // The chunk's operands as tensors, for kiln's GEMM: hc [mm, d], the logits / dz [mm, V] (row
     // stride ld), W [V, d].
-    Tensor hc_t, z_t, stats_c;
+    Tensor hc_t, z_t;
     if (kiln_gemm) {
       hc_t = rows_view(t.hidden, d, d, r0, mm);
       z_t = rows_view(buf_t, v, ld, 0, mm);
@@ -585,6 +585,7 @@ void run(const LceParams& p, const LceTensors& t) {
     kg::EpilogueArgs le;
     if (lse_epi) {
       le.kind = kg::Epilogue::row_lse;
+      le.lse_of_stored = true;  // the lse of the logits the row pass reads (bf16 / f16), not of v
       le.row_stats = Tensor::from_storage(stats_t.storage(), {1, mm, tiles}, {mm * tiles, tiles, 1}, 0, DType::f32);
     }
     const bool kiln_logits = kiln_product(kiln_gemm, {hc_t, t.weight, z_t, false, true}, le, "logits");

@@ -30,6 +30,7 @@ struct EpiParams {
   int pair_res;            // 1: the residual's base, ldr and batch stride let (r, c), (r, c + 1) with
                            // c even be read as one 4-byte (16-bit) or 8-byte (f32) load
   int pair_bias;           // 1: likewise for the bias (its base)
+  int lse_stored;          // row_lse: of the values as stored (rounded to out's dtype), not of v
   void* out;
   int64_t ldo, out_bstride;  // elements
   const void* bias;          // [N]
@@ -172,8 +173,8 @@ struct RtEpilogue {
       case kEpiResidual:
         return make_float2(v0 + add.a0, v1 + add.a1);
       case kEpiRowLse:
-        row = lse_push(row, v0);
-        if (ok1) row = lse_push(row, v1);
+        row = lse_push(row, p.lse_stored ? as_stored(v0) : v0);
+        if (ok1) row = lse_push(row, p.lse_stored ? as_stored(v1) : v1);
         return make_float2(v0, v1);
       case kEpiRowSumsq: {  // Σ out² of out as stored
         const float s0 = as_stored(v0), s1 = as_stored(v1);

@@ -131,6 +131,7 @@ sm::EpiParams epi_params(const GemmProblem& p, const EpilogueArgs& e, const Dims
   if (e.kind == Epilogue::row_lse || e.kind == Epilogue::row_sumsq) {
     ep.stats = e.row_stats.data<float>();
     ep.stats_ld = row_stat_tiles(d.n), ep.stats_bstride = d.m * row_stat_tiles(d.n);
+    ep.lse_stored = e.lse_of_stored ? 1 : 0;
   }
   return ep;
 }

@@ -25,7 +25,8 @@ namespace kiln::kernels::gemm {
 //   residual   out = v + residual[r, c]             (residual out's shape and dtype; may be out)
 //   swiglu     out[r, c/2] = silu(v[c]) · v[c + 1]  for even c (gate and up interleaved; out [M, N/2])
 //   accumulate out += v                             (out f32: dW accumulated across chunks)
-//   row_lse    out = v; row_stats[b, r, t] = log Σ exp(v) over the columns of tile t (f32)
+//   row_lse    out = v; row_stats[b, r, t] = log Σ exp(v) over the columns of tile t (f32; of
+//              out as stored with lse_of_stored)
 //   row_sumsq  out = v; row_stats[b, r, t] = Σ out² over tile t's columns (out as stored)
 // Tile t holds columns [kTileN·t, kTileN·(t+1)); combine_row_stats sums or log-sum-exps them.
 inline constexpr int64_t kTileN = 128;  // columns per row partial of row_lse / row_sumsq
@@ -37,6 +38,9 @@ struct EpilogueArgs {
   Tensor bias;       // bias: [N]
   Tensor residual;   // residual: like out
   Tensor row_stats;  // row_lse / row_sumsq: f32 [batch, M, row_stat_tiles(N)], contiguous
+  // row_lse over out as stored (rounded to its dtype) instead of v: the log-sum-exp a softmax
+  // over the stored values needs (the fused loss's row pass reads those).
+  bool lse_of_stored = false;
 };
 
 // The product: a is [batch, M, K] ([batch, K, M] when trans_a), b is [batch, K, N] ([batch, N, K]
