@@ -153,7 +153,7 @@ int run_bench_lce(const Args& args) {
   p.option("--warmup", &warmup, "K", "untimed steps first");
   p.option("--impl", &impls, "LIST",
            "comma-separated: fused, fused_filter, fused_kiln, fused_kiln_filter, gemm_bound, reference (default:\n"
-           "fused,reference on the CPU, fused,fused_filter,fused_kiln,gemm_bound,reference on CUDA)");
+           "fused,reference on the CPU, fused,fused_filter,gemm_bound,reference on CUDA, with fused_kiln for bf16 / f16)");
   p.option("--seed", &seed, "S", "random seed of the inputs");
   p.option("--chunk", &chunk, "M", "fused: tokens per chunk (0: chosen from V and the memory budget)");
   p.option("--dh-split", &dh_split, "S", "fused, CUDA: slices of V for the d_hidden product (0 or 1: unsplit)");
@@ -176,13 +176,15 @@ int run_bench_lce(const Args& args) {
   check_device_available(dev, "bench lce");
   const DType dtype = parse_dtype(dtype_s);
   KILN_CHECK(is_floating(dtype), "bench lce: --dtype ", dtype_s, " is not a floating dtype");
-  if (!p.given("--impl")) impls = dev.is_cuda() ? "fused,fused_filter,fused_kiln,gemm_bound,reference" : "fused,reference";
+  const bool half = dtype == DType::bf16 || dtype == DType::f16;  // fused_kiln's dtypes
+  if (!p.given("--impl"))
+    impls = !dev.is_cuda() ? "fused,reference"
+                           : half ? "fused,fused_filter,fused_kiln,gemm_bound,reference" : "fused,fused_filter,gemm_bound,reference";
   const std::vector<std::string> impl_list =
       parse_impls(impls, {"fused", "fused_filter", "fused_kiln", "fused_kiln_filter", "gemm_bound", "reference"}, "bench lce");
   const bool any_kiln = std::find(impl_list.begin(), impl_list.end(), "fused_kiln") != impl_list.end() ||
                         std::find(impl_list.begin(), impl_list.end(), "fused_kiln_filter") != impl_list.end();
-  KILN_CHECK(!any_kiln ||
-                 (dev.is_cuda() && (dtype == DType::bf16 || dtype == DType::f16)),
+  KILN_CHECK(!any_kiln || (dev.is_cuda() && half),
              "bench lce: impls fused_kiln and fused_kiln_filter need --device cuda and --dtype bf16 or f16");
   KILN_CHECK(logit_std > 0.0 && std::isfinite(logit_std), "bench lce: --logit-std must be > 0, got ", logit_std);
   profile = profile || env_profile();

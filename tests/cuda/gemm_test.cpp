@@ -351,8 +351,9 @@ TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
     Tensor a = (trans_a ? opa.transpose(0, 1).contiguous() : opa).to(DType::bf16).to(gpu());
     Tensor b = randn({K, N}, gen, DType::bf16, gpu());
     Tensor nz = from_vector<uint8_t>(flags, {mb, kb});
-    if (trans_a) nz = nz.transpose(0, 1).contiguous().transpose(0, 1);  // the same flags, other strides
-    nz = nz.to(gpu());
+    // tn: the same flags with other strides on the device (as the fused loss's d_weight has them)
+    nz = trans_a ? nz.transpose(0, 1).contiguous().to(gpu()).transpose(0, 1) : nz.to(gpu());
+    if (trans_a) EXPECT_EQ(nz.stride(0), 1);
     for (kg::Epilogue epi : {kg::Epilogue::none, kg::Epilogue::residual, kg::Epilogue::accumulate})
       for (int tile_n : {128, 256}) {
         const std::string what = std::string(trans_a ? "tn " : "nn ") + kg::epilogue_name(epi) + " tile " +
@@ -386,6 +387,29 @@ TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
         const double got261 = sparse.to(DType::f64).narrow(0, 261, 1).to_vector<double>()[0];
         const double start261 = epi == kg::Epilogue::none ? 0.0 : start.to(kCPU).to(DType::f64).narrow(0, 261, 1).to_vector<double>()[0];
         EXPECT_GT(std::abs(got261 - start261), 0.0) << what;
+        if (tile_n == 128 && epi == kg::Epilogue::none) {
+          // The flags are obeyed: block (0, 1) holds values but is flagged zero (block (1, 1) is
+          // zero and flagged so), so the first tile row's K block 1 is skipped: the product of a
+          // with block (0, 1) zeroed, bit for bit.
+          std::vector<float> zv = av;
+          for (int64_t r = 0; r < 64; ++r)
+            for (int64_t c = 64; c < 128; ++c) zv[r * K + c] = 0.f;
+          const Tensor opz = from_vector<float>(zv, {M, K});
+          const Tensor az = (trans_a ? opz.transpose(0, 1).contiguous() : opz).to(DType::bf16).to(gpu());
+          std::vector<uint8_t> lie = flags;
+          lie[0 * kb + 1] = 0;
+          Tensor nl = from_vector<uint8_t>(lie, {mb, kb});
+          nl = trans_a ? nl.transpose(0, 1).contiguous().to(gpu()).transpose(0, 1) : nl.to(gpu());
+          kg::GemmProblem pz, pl;
+          pz.a = az, pl.a = a;
+          pz.b = pl.b = b, pz.trans_a = pl.trans_a = trans_a;
+          pz.out = full({M, N}, NAN, odt, gpu()), pl.out = full({M, N}, NAN, odt, gpu());
+          pl.a_nonzero = nl;
+          kg::gemm(pz, e, o);
+          kg::gemm(pl, e, o);
+          EXPECT_TRUE(same_bits(pl.out.to(kCPU), pz.out.to(kCPU), "a block flagged zero is skipped " + what));
+          EXPECT_FALSE(same_bits(pl.out.to(kCPU), dense, "")) << "block (0, 1) was multiplied " << what;
+        }
         if (tile_n == 128) {  // cuBLASLt computes every block: the same product within rounding
           const Tensor lt = product(true, kg::Backend::cublaslt);
           EXPECT_LE(amax(abs(sub(lt.to(DType::f64), dense.to(DType::f64)))).item(),
