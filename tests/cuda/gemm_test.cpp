@@ -353,7 +353,9 @@ TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
     Tensor nz = from_vector<uint8_t>(flags, {mb, kb});
     // tn: the same flags with other strides on the device (as the fused loss's d_weight has them)
     nz = trans_a ? nz.transpose(0, 1).contiguous().to(gpu()).transpose(0, 1) : nz.to(gpu());
-    if (trans_a) EXPECT_EQ(nz.stride(0), 1);
+    if (trans_a) {
+      EXPECT_EQ(nz.stride(0), 1);
+    }
     for (kg::Epilogue epi : {kg::Epilogue::none, kg::Epilogue::residual, kg::Epilogue::accumulate})
       for (int tile_n : {128, 256}) {
         const std::string what = std::string(trans_a ? "tn " : "nn ") + kg::epilogue_name(epi) + " tile " +
