@@ -154,3 +154,17 @@ TEST(GemmOptions, NamesParseAndTheEnvironmentSetsTheDefault) {
   EXPECT_EQ(row_stat_tiles(128), 1);
   EXPECT_EQ(row_stat_tiles(129), 2);
 }
+
+// The cache key names the shape, layout, dtypes and epilogue, and a block-sparse a apart from the
+// dense problem (its time depends on the flags).
+TEST(GemmCache, ProblemKeysNameLayoutDtypesEpilogueAndSparsity) {
+  GemmProblem p;
+  p.a = kiln::Tensor::empty({3, 5}, kiln::DType::bf16), p.b = kiln::Tensor::empty({7, 5}, kiln::DType::bf16);
+  p.out = kiln::Tensor::empty({3, 7}, kiln::DType::f32);
+  p.trans_b = true;
+  EpilogueArgs e;
+  e.kind = Epilogue::accumulate;
+  EXPECT_EQ(problem_key(p, e), "3x7x5*1|nt|bf16>f32|accumulate");
+  p.a_nonzero = kiln::Tensor::empty({1, 1}, kiln::DType::u8);
+  EXPECT_EQ(problem_key(p, e), "3x7x5*1|nt|bf16>f32|accumulate|sparse");
+}

@@ -480,7 +480,11 @@ void run(const LceParams& p, const LceTensors& t) {
   const bool kiln_gemm = p.gemm_backend == kg::Backend::kiln && dt != DType::f32;
   const bool lse_epi = kiln_gemm && !t.bias.defined() && p.softcap == 0.0 && p.label_smoothing == 0.0;
   const int64_t tiles = kg::row_stat_tiles(v);
-  const bool filter_blocks = kiln_gemm && grads && p.filter_eps > 0.0;
+  // d_weight on a side stream, concurrent with d_hidden, each held to part of the SMs (opt-in;
+  // not while profiling, whose events time one stream).
+  const bool overlap = p.dw_sms > 0 && p.dw_sms < ctx.sm_count && gw && gh && grads && !p.profile;
+  // (not with the side stream, whose products stay on cuBLASLt)
+  const bool filter_blocks = kiln_gemm && grads && p.filter_eps > 0.0 && !overlap;
   const int64_t nz_ld = kg::sparse_blocks(v);
   const Chunking ck = choose_chunking(p, es, grads && gh != nullptr, ctx.workspace_bytes,
                                       (lse_epi ? tiles * 4 : 0) + (filter_blocks ? nz_ld / 64 + 1 : 0));
@@ -508,9 +512,6 @@ void run(const LceParams& p, const LceTensors& t) {
   const T* cw = t.class_weight.defined() ? static_cast<const T*>(t.class_weight.data_ptr()) : nullptr;
   const float* rs = t.row_scale.defined() ? t.row_scale.data<float>() : nullptr;
 
-  // d_weight on a side stream, concurrent with d_hidden, each held to part of the SMs (opt-in;
-  // not while profiling, whose events time one stream).
-  const bool overlap = p.dw_sms > 0 && p.dw_sms < ctx.sm_count && gw && gh && grads && !p.profile;
   const int32_t dh_sms = overlap ? static_cast<int32_t>(ctx.sm_count - p.dw_sms) : 0;
   auto plan = [&](int64_t mm) {
     ChunkPlans pl;

@@ -81,7 +81,8 @@ bool kiln_stores_by_tma(const GemmProblem& p, const EpilogueArgs& e, const GemmO
 // The backend gemm() would use now for this problem (auto measures if it has not yet).
 Backend chosen_backend(const GemmProblem& p, const EpilogueArgs& e, const GemmOptions& o = {});
 // The key of a problem in the autotune cache: "MxNxK*batch|layout|dtype>out|epilogue", layout
-// "nn", "nt", "tn" or "tt" (trans_a, trans_b).
+// "nn", "nt", "tn" or "tt" (trans_a, trans_b), and "|sparse" for a block-sparse a (a_nonzero:
+// its time depends on the flags, so it is not the dense problem's choice).
 inline std::string problem_key(const GemmProblem& p, const EpilogueArgs& e) {
   const Tensor& a = p.a;
   const int64_t batch = a.dim() == 3 ? a.size(0) : (p.out.dim() == 3 ? p.out.size(0) : 1);
@@ -89,7 +90,7 @@ inline std::string problem_key(const GemmProblem& p, const EpilogueArgs& e) {
   const int64_t n = p.trans_b ? p.b.size(-2) : p.b.size(-1);
   return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + "*" + std::to_string(batch) + "|" +
          (p.trans_a ? "t" : "n") + (p.trans_b ? "t" : "n") + "|" + dtype_name(a.dtype()) + ">" +
-         dtype_name(p.out.dtype()) + "|" + epilogue_name(e.kind);
+         dtype_name(p.out.dtype()) + "|" + epilogue_name(e.kind) + (p.a_nonzero.defined() ? "|sparse" : "");
 }
 
 // out[b, r] = Σ_t stats[b, r, t] (sumsq) or log Σ_t exp(stats[b, r, t]) (lse), t in order;
