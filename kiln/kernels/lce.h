@@ -47,8 +47,9 @@ struct LceParams {
                                  // ignored while profiling. 0: sequential (default)
   // CUDA, 16-bit inputs: kiln runs the chunk's products on kiln's Hopper GEMM where it applies
   // (the logits with their per-tile log-sum-exp in the epilogue, d_hidden, d_weight accumulated
-  // in its epilogue; docs/loss.md); auto and cublaslt: cuBLASLt.
-  gemm::Backend gemm_backend = gemm::default_backend();
+  // in its epilogue; docs/loss.md); auto and cublaslt: cuBLASLt. The front end passes
+  // LinearCrossEntropyOptions::gemm_backend (the process default unless set).
+  gemm::Backend gemm_backend = gemm::Backend::cublaslt;
   LceProfile* profile = nullptr; // when set, filled (summed into) by the CUDA body
 };
 

@@ -220,16 +220,6 @@ GemmRun run_and_check(const Case& cs, bool ta, bool tb, DType dt, kg::Epilogue e
   return result;
 }
 
-bool kiln_kernel_available() {
-  // Whether this GPU runs kiln's kernel at all (sm_90): asked on a tiny aligned problem.
-  kg::GemmProblem p;
-  p.a = zeros({8, 8}, DType::bf16, gpu()), p.b = zeros({8, 8}, DType::bf16, gpu()), p.out = zeros({8, 8}, DType::bf16, gpu());
-  std::string why;
-  const bool ok = kg::kiln_supported(p, {}, &why);
-  if (!ok) std::cerr << "kiln's GEMM kernel does not apply here: " << why << "\n";
-  return ok;
-}
-
 // The backends and kiln kernel variants each case runs: both tile widths with an out that TMA can
 // store, 128 with an odd leading dim (direct stores), 128 with direct stores asked for (where the
 // kind would stage), and cuBLASLt.
@@ -257,7 +247,7 @@ std::vector<DType> out_dtypes(kg::Epilogue e, DType dt) {
 
 TEST(Gemm, EveryLayoutDtypeEpilogueMatchesFloat64) {
   KILN_SKIP_WITHOUT_CUDA();
-  const bool have_kiln = kiln_kernel_available();
+  const bool have_kiln = kiln_gemm_available();
   Generator gen(34);
   // 1, 7, 129, 1000; K = 1, 65, 200, 1000 (not multiples of 64), tails in M and N.
   // An odd N (131: the last column alone, odd leading dims of out) for every epilogue but swiglu.
@@ -300,7 +290,7 @@ TEST(Gemm, ContiguousOddLeadingDimsFallBackToCublasLt) {
 
 TEST(Gemm, BitsEqualRunToRun) {
   KILN_SKIP_WITHOUT_CUDA();
-  if (!kiln_kernel_available()) GTEST_SKIP() << "needs an sm_90 GPU";
+  if (!kiln_gemm_available()) GTEST_SKIP() << "needs an sm_90 GPU";
   for (kg::Epilogue epi : kg::kAllEpilogues) {
     const DType odt = epi == kg::Epilogue::accumulate ? DType::f32 : DType::bf16;
     for (const Variant& v : variants(epi, odt)) {
@@ -327,15 +317,14 @@ TEST(Gemm, BitsEqualRunToRun) {
 // tn: d_hidden and d_weight), M, N and K tails, both tile widths; cuBLASLt ignores the flags.
 TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
   KILN_SKIP_WITHOUT_CUDA();
-  if (!kiln_kernel_available()) GTEST_SKIP() << "needs an sm_90 GPU";
+  if (!kiln_gemm_available()) GTEST_SKIP() << "needs an sm_90 GPU";
   // 16-byte rows in both orientations (TMA): M, N, K multiples of 8; tails in M (296 = 2·128 + 40) and K (712).
   const int64_t M = 296, N = 200, K = 712, mb = kg::sparse_blocks(M), kb = kg::sparse_blocks(K);
   Generator gen(36);
   for (bool trans_a : {false, true}) {
     // op(a) [M, K] on the CPU, blocks zeroed: every block of rows 128-319 (tile row 1 whole, and
     // row block 4), a checkerboard elsewhere; row block 4's block (4, 6) given back one entry.
-    Tensor opa = randn({M, K}, gen, DType::f32);
-    std::vector<float> av = opa.to_vector<float>();
+    std::vector<float> av = randn({M, K}, gen, DType::f32).to_vector<float>();
     std::vector<uint8_t> flags(static_cast<size_t>(mb * kb), 1);
     for (int64_t i = 0; i < mb; ++i)
       for (int64_t j = 0; j < kb; ++j) {
@@ -347,12 +336,17 @@ TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
       }
     av[(64 * 4 + 5) * K + 64 * 6 + 3] = 40.f;  // block (4, 6) was zeroed: one large entry, flagged
     flags[4 * kb + 6] = 1;
-    opa = from_vector<float>(av, {M, K});
-    Tensor a = (trans_a ? opa.transpose(0, 1).contiguous() : opa).to(DType::bf16).to(gpu());
-    Tensor b = randn({K, N}, gen, DType::bf16, gpu());
-    Tensor nz = from_vector<uint8_t>(flags, {mb, kb});
-    // tn: the same flags with other strides on the device (as the fused loss's d_weight has them)
-    nz = trans_a ? nz.transpose(0, 1).contiguous().to(gpu()).transpose(0, 1) : nz.to(gpu());
+    // a on the device (op(a)'s values; [K, M] for tn), and flags on the device: for tn the same
+    // flags with other strides (as the fused loss's d_weight has them).
+    auto operand = [&](const std::vector<float>& values) {
+      const Tensor t = from_vector<float>(values, {M, K});
+      return (trans_a ? t.transpose(0, 1).contiguous() : t).to(DType::bf16).to(gpu());
+    };
+    auto device_flags = [&](const std::vector<uint8_t>& f) {
+      const Tensor t = from_vector<uint8_t>(f, {mb, kb});
+      return trans_a ? t.transpose(0, 1).contiguous().to(gpu()).transpose(0, 1) : t.to(gpu());
+    };
+    const Tensor a = operand(av), b = randn({K, N}, gen, DType::bf16, gpu()), nz = device_flags(flags);
     if (trans_a) {
       EXPECT_EQ(nz.stride(0), 1);
     }
@@ -368,17 +362,17 @@ TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
         kg::GemmOptions o;
         o.backend = kg::Backend::kiln;
         o.tile_n = tile_n;
-        auto product = [&](bool sparse, kg::Backend be) {
+        auto product = [&](const Tensor& a_, const Tensor& flags_, kg::Backend be) {
           kg::GemmProblem p;
-          p.a = a, p.b = b, p.trans_a = trans_a;
+          p.a = a_, p.b = b, p.trans_a = trans_a;
           p.out = epi == kg::Epilogue::accumulate ? start.clone() : full({M, N}, NAN, odt, gpu());
-          if (sparse) p.a_nonzero = nz;
+          p.a_nonzero = flags_;
           kg::GemmOptions q = o;
           q.backend = be;
           kg::gemm(p, e, q);
           return p.out.to(kCPU);
         };
-        const Tensor dense = product(false, kg::Backend::kiln), sparse = product(true, kg::Backend::kiln);
+        const Tensor dense = product(a, Tensor(), kg::Backend::kiln), sparse = product(a, nz, kg::Backend::kiln);
         EXPECT_TRUE(same_bits(sparse, dense, what));
         // Rows 128-255 (a tile row with every block zero): the epilogue of a zero product.
         const Tensor rows = sparse.narrow(0, 128, 128).to(DType::f64);
@@ -396,24 +390,15 @@ TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
           std::vector<float> zv = av;
           for (int64_t r = 0; r < 64; ++r)
             for (int64_t c = 64; c < 128; ++c) zv[r * K + c] = 0.f;
-          const Tensor opz = from_vector<float>(zv, {M, K});
-          const Tensor az = (trans_a ? opz.transpose(0, 1).contiguous() : opz).to(DType::bf16).to(gpu());
           std::vector<uint8_t> lie = flags;
           lie[0 * kb + 1] = 0;
-          Tensor nl = from_vector<uint8_t>(lie, {mb, kb});
-          nl = trans_a ? nl.transpose(0, 1).contiguous().to(gpu()).transpose(0, 1) : nl.to(gpu());
-          kg::GemmProblem pz, pl;
-          pz.a = az, pl.a = a;
-          pz.b = pl.b = b, pz.trans_a = pl.trans_a = trans_a;
-          pz.out = full({M, N}, NAN, odt, gpu()), pl.out = full({M, N}, NAN, odt, gpu());
-          pl.a_nonzero = nl;
-          kg::gemm(pz, e, o);
-          kg::gemm(pl, e, o);
-          EXPECT_TRUE(same_bits(pl.out.to(kCPU), pz.out.to(kCPU), "a block flagged zero is skipped " + what));
-          EXPECT_FALSE(same_bits(pl.out.to(kCPU), dense, "")) << "block (0, 1) was multiplied " << what;
+          const Tensor skipped = product(a, device_flags(lie), kg::Backend::kiln);
+          EXPECT_TRUE(same_bits(skipped, product(operand(zv), Tensor(), kg::Backend::kiln),
+                                "a block flagged zero is skipped " + what));
+          EXPECT_FALSE(same_bits(skipped, dense, "")) << "block (0, 1) was multiplied " << what;
         }
         if (tile_n == 128) {  // cuBLASLt computes every block: the same product within rounding
-          const Tensor lt = product(true, kg::Backend::cublaslt);
+          const Tensor lt = product(a, nz, kg::Backend::cublaslt);
           EXPECT_LE(amax(abs(sub(lt.to(DType::f64), dense.to(DType::f64)))).item(),
                     0.1 + 0.02 * amax(abs(dense.to(DType::f64))).item()) << what;
         }
@@ -435,7 +420,7 @@ TEST(Gemm, BlockSparseASkipsZeroBlocksWithTheDenseBits) {
 
 TEST(Gemm, TmaStoredTilesEqualDirectStores) {
   KILN_SKIP_WITHOUT_CUDA();
-  if (!kiln_kernel_available()) GTEST_SKIP() << "needs an sm_90 GPU";
+  if (!kiln_gemm_available()) GTEST_SKIP() << "needs an sm_90 GPU";
   // The same values leave either way: the staged tile (rounded in the same place) and the
   // registers' stores give the same bits, tails in M and N (300 × 520) and a batch included.
   for (kg::Epilogue epi : kg::kAllEpilogues)
@@ -461,7 +446,7 @@ TEST(Gemm, RowStatsCombineToTheWholeRow) {
   Generator gen(36);
   const int64_t m = 33, n = 1000, k = 64;
   Tensor a = randn({m, k}, gen, DType::bf16, gpu()), b = randn({n, k}, gen, DType::bf16, gpu());
-  const bool have_kiln = kiln_kernel_available();
+  const bool have_kiln = kiln_gemm_available();
   for (kg::Backend be : {kg::Backend::kiln, kg::Backend::cublaslt})
     for (kg::Epilogue epi : {kg::Epilogue::row_lse, kg::Epilogue::row_sumsq}) {
       if (be == kg::Backend::kiln && !have_kiln) continue;
@@ -506,7 +491,7 @@ TEST(Gemm, MatmulOpTakesTheSelectedBackend) {
 
 TEST(Gemm, AutoMeasuresOnceAndWritesTheCacheFile) {
   KILN_SKIP_WITHOUT_CUDA();
-  if (!kiln_kernel_available()) GTEST_SKIP() << "needs an sm_90 GPU";
+  if (!kiln_gemm_available()) GTEST_SKIP() << "needs an sm_90 GPU";
   // The cache folder is read when a device's cache is first made: this test owns the process's
   // first auto choice only if it runs first, so it checks the file wherever KILN_CACHE_DIR points.
   const char* env = std::getenv("KILN_CACHE_DIR");

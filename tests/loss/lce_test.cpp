@@ -14,11 +14,11 @@
 #include <functional>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/kernels/cuda/gemm/gemm.h"
 #include "kiln/core/profile.h"
 #include "kiln/loss/linear_cross_entropy.h"
 #include "kiln/loss/module.h"
 #include "kiln/ops/ops.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "tests/expect.h"
 
 using namespace kiln;
@@ -161,20 +161,12 @@ struct LceTarget {
   bool kiln_gemm = false;
 };
 
-// Whether this GPU runs kiln's GEMM kernel at all (sm_90): asked on a tiny aligned problem.
-bool kiln_gemm_available() {
-  kernels::gemm::GemmProblem p;
-  p.a = zeros({8, 8}, DType::bf16, cuda(0)), p.b = zeros({8, 8}, DType::bf16, cuda(0));
-  p.out = zeros({8, 8}, DType::bf16, cuda(0));
-  return kernels::gemm::kiln_supported(p, {});
-}
-
 class Lce : public ::testing::TestWithParam<LceTarget> {
  protected:
   void SetUp() override {
     if (GetParam().dev.is_cuda() && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
     if (GetParam().kiln_gemm) {
-      if (!kiln_gemm_available()) GTEST_SKIP() << "kiln's GEMM kernel needs an sm_90 GPU";
+      if (!test::kiln_gemm_available()) GTEST_SKIP() << "kiln's GEMM kernel needs an sm_90 GPU";
       kernels::gemm::set_default_backend(kernels::gemm::Backend::kiln);
     }
   }

@@ -437,8 +437,7 @@ Tensor rows_view(const Tensor& t, int64_t cols, int64_t ld, int64_t first, int64
 // One product of a chunk on kiln's GEMM (LceParams::gemm_backend == kiln) where kiln_supported
 // says it applies: true when it ran; false (nothing done) sends the caller to cuBLASLt's plan.
 // KILN_GEMM_VERBOSE=1 says why kiln's kernel did not apply.
-bool kiln_product(bool want, const kg::GemmProblem& pr, const kg::EpilogueArgs& e, const char* what) {
-  if (!want) return false;
+bool kiln_product(const kg::GemmProblem& pr, const kg::EpilogueArgs& e, const char* what) {
   std::string why;
   if (!kg::kiln_supported(pr, e, &why)) {
     if (std::getenv("KILN_GEMM_VERBOSE")) std::fprintf(stderr, "kiln: linear_cross_entropy %s: cuBLASLt: %s\n", what, why.c_str());
@@ -589,7 +588,7 @@ void run(const LceParams& p, const LceTensors& t) {
       le.lse_of_stored = true;  // the lse of the logits the row pass reads (bf16 / f16), not of v
       le.row_stats = Tensor::from_storage(stats_t.storage(), {1, mm, tiles}, {mm * tiles, tiles, 1}, 0, DType::f32);
     }
-    const bool kiln_logits = kiln_product(kiln_gemm, {hc_t, t.weight, z_t, false, true}, le, "logits");
+    const bool kiln_logits = kiln_gemm && kiln_product({hc_t, t.weight, z_t, false, true}, le, "logits");
     if (!kiln_logits) run_gemm(ctx, *pl.logits, W, hc, buf, 0.f);
     if (mm == m) logits_kiln_full = kiln_logits;
     const float* stats = kiln_logits && lse_epi ? stats_t.data<float>() : nullptr;
@@ -629,7 +628,7 @@ void run(const LceParams& p, const LceTensors& t) {
       if (S == 1) {
         // d_hidden [mm, d] = dz [mm, V] · W [V, d] (kiln: out in the inputs' dtype only).
         const bool kiln_dh = kiln_gemm && !overlap && t.grad_hidden.dtype() == dt &&
-                             kiln_product(true, {z_t, t.weight, rows_view(t.grad_hidden, d, d, r0, mm), false, false, flags(false)},
+                             kiln_product({z_t, t.weight, rows_view(t.grad_hidden, d, d, r0, mm), false, false, flags(false)},
                                           {}, "d_hidden");
         if (!kiln_dh) run_gemm(ctx, *pl.dh, W, buf, ghc, 0.f);
         if (mm == m) dh_kiln_full = kiln_dh;
@@ -656,7 +655,7 @@ void run(const LceParams& p, const LceTensors& t) {
         const Tensor gw_t = rows_view(t.grad_weight, d, d, 0, v);
         we.kind = t.grad_weight.dtype() == DType::f32 ? kg::Epilogue::accumulate : kg::Epilogue::residual;
         if (we.kind == kg::Epilogue::residual) we.residual = gw_t;
-        kiln_dw = kiln_product(true, {z_t, hc_t, gw_t, true, false, flags(true)}, we, "d_weight");
+        kiln_dw = kiln_product({z_t, hc_t, gw_t, true, false, flags(true)}, we, "d_weight");
         if (mm == m && kiln_dw) dw_kiln_full = we.kind;
       }
       if (!kiln_dw) run_gemm(ctx, *pl.dw, hc, buf, gw, 1.f);
