@@ -10,13 +10,15 @@
 #include "kiln/io/json.h"
 #include "kiln/kernels/blas_core.h"
 #include "kiln/kernels/cpu/isa/isa.h"
+#include "kiln/kernels/cpu/sgemm.h"
 
 namespace kiln::cli {
 
 int run_info(const Args& args) {
   bool as_json = false;
   ArgParser p("info", "Print kiln's version, build options, the devices it sees (with memory), its\n"
-                      "thread count, the BLAS library in use (and OpenBLAS's kernel core), the CPU's vector features and the kernel set and\n"
+                      "thread count, the BLAS library in use (and OpenBLAS's kernel core), the f32 GEMM in use (kiln's AVX-512\n"
+                      "kernel or the BLAS: KILN_CPU_GEMM=auto|kiln|blas), the CPU's vector features and the kernel set and\n"
                       "vector length kiln uses on it (aarch64: SVE or NEON, KILN_CPU_ISA=neon forces NEON).");
   p.flag("--json", &as_json, "print one JSON object instead of text");
   if (!p.parse(args)) return 0;
@@ -29,6 +31,9 @@ int run_info(const Args& args) {
   doc["blas"] = KILN_BLAS_NAME;
   const std::string blas_core = kernels::cpu::blas_core_name();  // main chose it (kernels/blas_core.h)
   if (!blas_core.empty()) doc["blas_core"] = blas_core;
+  // f32 products on the CPU: kiln's AVX-512 kernel or the BLAS (KILN_CPU_GEMM, kernels/cpu/sgemm.h)
+  const char* cpu_gemm = kernels::cpu::own_sgemm_chosen() ? "kiln (AVX-512)" : KILN_BLAS_NAME;
+  doc["cpu_gemm"] = cpu_gemm;
   doc["threads"] = static_cast<int64_t>(omp_get_max_threads());
   const kernels::cpu::isa::CpuFeatures& cpu = kernels::cpu::isa::cpu_features();
   json::Value cj = json::Value::object();
@@ -54,8 +59,8 @@ int run_info(const Args& args) {
     return 0;
   }
   std::printf("kiln %s (%s build, CUDA %s)\n", KILN_VERSION, KILN_BUILD_TYPE, cuda_built() ? "on" : "off");
-  std::printf("threads: %d   BLAS: %s%s%s\n", omp_get_max_threads(), KILN_BLAS_NAME,
-              blas_core.empty() ? "" : ", core ", blas_core.c_str());
+  std::printf("threads: %d   BLAS: %s%s%s   f32 GEMM: %s\n", omp_get_max_threads(), KILN_BLAS_NAME,
+              blas_core.empty() ? "" : ", core ", blas_core.c_str(), cpu_gemm);
   std::printf("cpu: %s (%s); kernels %s, %d-bit vectors", cpu.arch.c_str(),
               kernels::cpu::isa::feature_list(cpu).c_str(), cpu.kernels.c_str(), cpu.vector_bits);
   if (cpu.sve_bits) std::printf("; SVE length %d bits", cpu.sve_bits);

@@ -1,9 +1,10 @@
-// CPU body of the fused linear + cross-entropy (kiln/kernels/lce.h): token chunks, OpenBLAS
-// for the three products, one OpenMP row pass per chunk. Memory: one chunk buffer of
-// chunk_tokens × V accumulation-type values (chunk_tokens = max(1, 12 Mi / V), so ≤ 48 MiB f32
-// unless one row alone is larger), plus, for 16-bit inputs, f32 copies of hidden and weight.
+// CPU body of the fused linear + cross-entropy (kiln/kernels/lce.h): token chunks, the three
+// products on the CPU's f32 product (kernels/cpu/sgemm.h: kiln's kernel or OpenBLAS) or OpenBLAS's
+// dgemm, one OpenMP row pass per chunk. Memory: one chunk buffer of chunk_tokens × V
+// accumulation-type values (chunk_tokens = max(1, 12 Mi / V), so ≤ 48 MiB f32 unless one row alone
+// is larger), plus, for 16-bit inputs, f32 copies of hidden and weight.
 // Deterministic: each row is reduced by one thread in a fixed order (kernels/cpu/lce_rows.h: the
-// row loops, SVE on aarch64 cores that have it), products are BLAS calls in a fixed chunk order,
+// row loops, SVE on aarch64 cores that have it), products are calls in a fixed chunk order,
 // bias gradients are column sums in row order.
 #include <cblas.h>
 
@@ -13,6 +14,7 @@
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/cpu/lce_rows.h"
 #include "kiln/kernels/cpu/loops.h"
+#include "kiln/kernels/cpu/sgemm.h"
 #include "kiln/kernels/lce.h"
 
 namespace kiln::kernels::cpu {
@@ -27,7 +29,7 @@ void gemm_rm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, int6
   if (m == 0 || n == 0) return;
   const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<A, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), beta, c, int(ldc));
+    sgemm({m, n, k, ta, tb, a, lda, b, ldb, c, ldc, beta});
   else
     cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }

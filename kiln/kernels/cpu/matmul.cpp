@@ -1,14 +1,18 @@
-// CPU gemm through OpenBLAS (cblas_sgemm/dgemm); 16-bit inputs go through f32 copies. Where
-// the BLAS runs each call on one thread (blas_threads.h) and kiln has more, a large product is
-// split into row (or column) blocks over kiln's OpenMP threads, one BLAS call a block: each
-// output element is still one call's dot product over all of K.
+// CPU gemm: f32 products on kiln's own AVX-512 kernel where the CPU has it (kernels/cpu/sgemm.h;
+// KILN_CPU_GEMM=blas keeps them on the BLAS), the rest through OpenBLAS (cblas_sgemm/dgemm);
+// 16-bit inputs go through f32 copies. Where the BLAS runs each call on one thread
+// (blas_threads.h) and kiln has more, a large product is split into row (or column) blocks over
+// kiln's OpenMP threads, one BLAS call a block: each output element is still one call's dot
+// product over all of K.
 #include <cblas.h>
 
 #include <algorithm>
 
+#include "kiln/core/env.h"
 #include "kiln/core/error.h"
 #include "kiln/kernels/blas_threads.h"
 #include "kiln/kernels/cpu/loops.h"
+#include "kiln/kernels/cpu/sgemm.h"
 #include "kiln/kernels/copy.h"
 #include "kiln/kernels/matmul.h"
 
@@ -30,9 +34,54 @@ void blas_call(const GemmArgs& g, int64_t m, int64_t n, T* out, int64_t ldo, con
 
 constexpr int64_t kSplitFlops = int64_t{1} << 22;  // products below this stay one call
 constexpr int64_t kSplitMinRows = 16;             // the smallest block (rows or columns) a thread takes
+// Products below this many multiply-adds stay on the BLAS: kiln's kernel pays ~1 us more to start
+// (67 x 45 x 33: 1.9 us against OpenBLAS's 1.1 us).
+constexpr int64_t kOwnSgemmMinMacs = int64_t{1} << 18;
+
+}  // namespace
+
+bool own_sgemm_chosen() {
+  static const bool chosen = [] {
+    const std::string v = env_string("KILN_CPU_GEMM").value_or("auto");
+    KILN_CHECK(v == "auto" || v == "kiln" || v == "blas", "KILN_CPU_GEMM='", v,
+               "' is not one of: auto, kiln, blas");
+    KILN_CHECK(v != "kiln" || own_sgemm_supported(),
+               "KILN_CPU_GEMM=kiln: kiln's own f32 product needs an x86-64 CPU with AVX-512F; this one has none");
+    return v != "blas" && own_sgemm_supported();
+  }();
+  return chosen;
+}
+
+bool own_sgemm_takes(int64_t m, int64_t n, int64_t k) { return m * n * k >= kOwnSgemmMinMacs && own_sgemm_chosen(); }
+
+void sgemm(const SgemmProblem& p) {
+  if (p.m == 0 || p.n == 0) return;
+  if (p.k > 0 && own_sgemm_takes(p.m, p.n, p.k)) return own_sgemm(p);
+  cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, p.a, static_cast<int>(p.lda),
+              p.b, static_cast<int>(p.ldb), p.beta, p.c, static_cast<int>(p.ldc));
+}
+
+namespace {
+
+// The f32 product of every batch entry on kiln's kernel, when it takes this shape.
+bool own_sgemm_batch(const GemmArgs& g, float* out, const float* a, const float* b) {
+  if (!own_sgemm_takes(g.m, g.n, g.k)) return false;
+  SgemmProblem p;
+  p.m = g.m, p.n = g.n, p.k = g.k, p.trans_a = g.trans_a, p.trans_b = g.trans_b;
+  p.lda = g.trans_a ? g.m : g.k, p.ldb = g.trans_b ? g.k : g.n, p.ldc = g.n;
+  p.beta = static_cast<float>(g.beta);
+  for (int64_t i = 0; i < g.batch; ++i) {
+    p.a = a + i * g.batch_stride_a, p.b = b + i * g.batch_stride_b, p.c = out + i * g.m * g.n;
+    own_sgemm(p);
+  }
+  return true;
+}
 
 template <class T>
-void gemm_blas(const GemmArgs& g, T* out, const T* a, const T* b, bool split) {
+void gemm_typed(const GemmArgs& g, T* out, const T* a, const T* b, bool split, bool own_allowed) {
+  if constexpr (std::is_same_v<T, float>)
+    if (own_allowed && own_sgemm_batch(g, out, a, b)) return;
   const int64_t lda = g.trans_a ? g.m : g.k;
   const int64_t ldb = g.trans_b ? g.k : g.n;
   for (int64_t i = 0; i < g.batch; ++i) {
@@ -67,7 +116,7 @@ Tensor as_f32(const Tensor& t) {
   return f;
 }
 
-void gemm_dispatch(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b, bool split) {
+void gemm_dispatch(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b, bool split, bool own_allowed) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   // The BLAS takes int sizes: past 2^31 − 1 a cast wrapped (OpenBLAS refused on stderr and left
   // zeros; 2^32 + 1 rows would have computed one).
@@ -79,12 +128,12 @@ void gemm_dispatch(const GemmArgs& g, const Tensor& out, const Tensor& a, const 
     return;
   }
   switch (a.dtype()) {
-    case DType::f32: gemm_blas(g, out.data<float>(), a.data<float>(), b.data<float>(), split); break;
-    case DType::f64: gemm_blas(g, out.data<double>(), a.data<double>(), b.data<double>(), split); break;
+    case DType::f32: gemm_typed(g, out.data<float>(), a.data<float>(), b.data<float>(), split, own_allowed); break;
+    case DType::f64: gemm_typed(g, out.data<double>(), a.data<double>(), b.data<double>(), split, own_allowed); break;
     case DType::f16:
     case DType::bf16: {
       Tensor o32 = as_f32(out);
-      gemm_blas(g, o32.data<float>(), as_f32(a).data<float>(), as_f32(b).data<float>(), split);
+      gemm_typed(g, o32.data<float>(), as_f32(a).data<float>(), as_f32(b).data<float>(), split, own_allowed);
       copy(out, o32);
       break;
     }
@@ -94,11 +143,11 @@ void gemm_dispatch(const GemmArgs& g, const Tensor& out, const Tensor& a, const 
 }  // namespace
 
 void gemm(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b) {
-  gemm_dispatch(g, out, a, b, g.m * g.n * g.k >= kSplitFlops && blas_runs_one_thread());
+  gemm_dispatch(g, out, a, b, g.m * g.n * g.k >= kSplitFlops && blas_runs_one_thread(), true);
 }
 
 void gemm_split_over_threads(const GemmArgs& g, const Tensor& out, const Tensor& a, const Tensor& b) {
-  gemm_dispatch(g, out, a, b, true);
+  gemm_dispatch(g, out, a, b, true, false);
 }
 
 }  // namespace kiln::kernels::cpu

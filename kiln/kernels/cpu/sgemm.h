@@ -1,0 +1,50 @@
+// kiln's own f32 matrix product for x86-64 CPUs with AVX-512 (kernels/cpu/sgemm_avx512.cpp), used
+// by the CPU gemm (kernels/cpu/matmul.cpp) in place of the BLAS where it applies: at the trainer's
+// shapes (a few hundred to a few thousand on each side) Debian's OpenBLAS 0.3.21 reaches 55-75 % of
+// the cores' FMA peak and MKL ~95 % (BENCHMARKS.md, "kiln's CPU GEMM").
+//
+// Goto's scheme: op(b) is packed once per K block into 32-column panels (zero-padded), and a 14 x 32
+// register tile of c (28 accumulators) is formed from broadcasts of op(a), read where it lies (no
+// packing: a row-major a gives 14 row streams, a transposed one 14 contiguous values per k).
+// Deterministic: each element of c is one chain of FMAs over a K block in order, the blocks added in
+// order; the split over threads (row panels, or column panels when there are few rows) changes no
+// bits, so results do not depend on OMP_NUM_THREADS.
+#pragma once
+#include <cstdint>
+
+namespace kiln::kernels::cpu {
+
+// Row-major c[m, n] (leading dim ldc) = op(a)[m, k] · op(b)[k, n] + beta · c. op(a) is a[m, k]
+// (lda ≥ k) or, transposed, a[k, m] (lda ≥ m); op(b) likewise. beta == 0 never reads c.
+struct SgemmProblem {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  float beta = 0.0f;
+};
+
+// Whether this build and CPU run kiln's product (x86-64 with AVX-512F); elsewhere the BLAS does.
+bool own_sgemm_supported();
+
+// The product over kiln's OpenMP threads (one when called inside a parallel region). Requires
+// own_sgemm_supported(); k ≥ 1.
+void own_sgemm(const SgemmProblem& p);
+
+// Whether f32 products run on kiln's kernel: KILN_CPU_GEMM=auto (the default: where
+// own_sgemm_supported()), kiln (the same, an error where it cannot) or blas; read once. An
+// unknown value is an error naming it.
+bool own_sgemm_chosen();
+// own_sgemm_chosen() and m · n · k ≥ 2^18 multiply-adds (smaller products start faster on the BLAS).
+bool own_sgemm_takes(int64_t m, int64_t n, int64_t k);
+
+// The product on kiln's kernel where it is chosen (KILN_CPU_GEMM=auto|kiln|blas, read once; auto
+// takes it where own_sgemm_supported()) and the product is large enough to gain (2^18
+// multiply-adds), else one cblas_sgemm call (kernels/cpu/matmul.cpp). k = 0 sets c = beta · c.
+void sgemm(const SgemmProblem& p);
+
+}  // namespace kiln::kernels::cpu
