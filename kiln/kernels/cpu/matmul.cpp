@@ -34,9 +34,14 @@ void blas_call(const GemmArgs& g, int64_t m, int64_t n, T* out, int64_t ldo, con
 
 constexpr int64_t kSplitFlops = int64_t{1} << 22;  // products below this stay one call
 constexpr int64_t kSplitMinRows = 16;             // the smallest block (rows or columns) a thread takes
-// Products below this many multiply-adds stay on the BLAS: kiln's kernel pays ~1 us more to start
-// (67 x 45 x 33: 1.9 us against OpenBLAS's 1.1 us).
+// The shapes kiln's kernel takes: those where it was measured faster than OpenBLAS 0.3.21
+// (BENCHMARKS.md, "kiln's CPU GEMM": the small preset's products, 1.2-1.9 x). Below 2^18
+// multiply-adds the BLAS starts faster (67 x 45 x 33: 1.1 us against 1.9); past 384 columns or a
+// K of 1024 it lost (1024 x 4096 x 512: 0.73-0.85 x; its tile streams b from L2, and a row-major b
+// read in place aliases in L1 when its rows are a multiple of 4 KiB apart); a transposed b under
+// 128 rows of a costs more to pack than it gains (8-64 x 4096 x 512: 0.62-0.73 x).
 constexpr int64_t kOwnSgemmMinMacs = int64_t{1} << 18;
+constexpr int64_t kOwnSgemmMaxN = 384, kOwnSgemmMaxK = 1024, kOwnSgemmMinRowsPacked = 128;
 
 }  // namespace
 
@@ -52,11 +57,14 @@ bool own_sgemm_chosen() {
   return chosen;
 }
 
-bool own_sgemm_takes(int64_t m, int64_t n, int64_t k) { return m * n * k >= kOwnSgemmMinMacs && own_sgemm_chosen(); }
+bool own_sgemm_takes(int64_t m, int64_t n, int64_t k, bool trans_b) {
+  return m * n * k >= kOwnSgemmMinMacs && n <= kOwnSgemmMaxN && k <= kOwnSgemmMaxK &&
+         (!trans_b || m >= kOwnSgemmMinRowsPacked) && own_sgemm_chosen();
+}
 
 void sgemm(const SgemmProblem& p) {
   if (p.m == 0 || p.n == 0) return;
-  if (p.k > 0 && own_sgemm_takes(p.m, p.n, p.k)) return own_sgemm(p);
+  if (p.k > 0 && own_sgemm_takes(p.m, p.n, p.k, p.trans_b)) return own_sgemm(p);
   cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, p.a, static_cast<int>(p.lda),
               p.b, static_cast<int>(p.ldb), p.beta, p.c, static_cast<int>(p.ldc));
@@ -66,7 +74,7 @@ namespace {
 
 // The f32 product of every batch entry on kiln's kernel, when it takes this shape.
 bool own_sgemm_batch(const GemmArgs& g, float* out, const float* a, const float* b) {
-  if (!own_sgemm_takes(g.m, g.n, g.k)) return false;
+  if (!own_sgemm_takes(g.m, g.n, g.k, g.trans_b)) return false;
   SgemmProblem p;
   p.m = g.m, p.n = g.n, p.k = g.k, p.trans_a = g.trans_a, p.trans_b = g.trans_b;
   p.lda = g.trans_a ? g.m : g.k, p.ldb = g.trans_b ? g.k : g.n, p.ldc = g.n;

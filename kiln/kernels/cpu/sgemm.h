@@ -1,7 +1,8 @@
 // kiln's own f32 matrix product for x86-64 CPUs with AVX-512 (kernels/cpu/sgemm_avx512.cpp), used
-// by the CPU gemm (kernels/cpu/matmul.cpp) in place of the BLAS where it applies: at the trainer's
-// shapes (a few hundred to a few thousand on each side) Debian's OpenBLAS 0.3.21 reaches 55-75 % of
-// the cores' FMA peak and MKL ~95 % (BENCHMARKS.md, "kiln's CPU GEMM").
+// by the CPU gemm (kernels/cpu/matmul.cpp) in place of the BLAS where it was measured faster: at
+// the small preset's shapes (1024 rows, 64-352 columns, K 64-1024) Debian's OpenBLAS 0.3.21 reaches
+// 170-300 GFLOP/s on two AVX-512 cores, this kernel 310-395, MKL ~410 (BENCHMARKS.md, "kiln's
+// CPU GEMM"). Larger shapes stay on the BLAS (own_sgemm_takes).
 //
 // Goto's scheme: op(b) is packed once per K block into 32-column panels (zero-padded), and a 14 x 32
 // register tile of c (28 accumulators) is formed from broadcasts of op(a), read where it lies (no
@@ -39,12 +40,12 @@ void own_sgemm(const SgemmProblem& p);
 // own_sgemm_supported()), kiln (the same, an error where it cannot) or blas; read once. An
 // unknown value is an error naming it.
 bool own_sgemm_chosen();
-// own_sgemm_chosen() and m · n · k ≥ 2^18 multiply-adds (smaller products start faster on the BLAS).
-bool own_sgemm_takes(int64_t m, int64_t n, int64_t k);
+// own_sgemm_chosen() and a shape where kiln's kernel was measured faster than the BLAS: m · n · k
+// ≥ 2^18 multiply-adds, n ≤ 384, k ≤ 1024, and m ≥ 128 when b is transposed (kernels/cpu/matmul.cpp).
+bool own_sgemm_takes(int64_t m, int64_t n, int64_t k, bool trans_b);
 
-// The product on kiln's kernel where it is chosen (KILN_CPU_GEMM=auto|kiln|blas, read once; auto
-// takes it where own_sgemm_supported()) and the product is large enough to gain (2^18
-// multiply-adds), else one cblas_sgemm call (kernels/cpu/matmul.cpp). k = 0 sets c = beta · c.
+// The product on kiln's kernel where own_sgemm_takes() it, else one cblas_sgemm call
+// (kernels/cpu/matmul.cpp). k = 0 sets c = beta · c.
 void sgemm(const SgemmProblem& p);
 
 }  // namespace kiln::kernels::cpu

@@ -27,7 +27,7 @@ namespace {
 constexpr int kMr = 14;               // rows of c per tile (28 accumulators + 2 b vectors + 1 broadcast)
 constexpr int kNr = 32;               // columns of c per tile: two 16-float vectors
 constexpr int64_t kKcMax = 384;       // K block: a tile's 14 rows of a stay in L1 across the columns
-constexpr int64_t kNc = 2048;         // column block: a K block of packed b (≤ 3 MiB) stays in L2/L3
+constexpr int64_t kNc = 1024;         // column block: a K block of packed b (≤ 1.5 MiB) stays in L2
 
 // transpose16 transposes the 16 x 16 block in r (r[i] is row i) in place: transposing swaps each
 // bit of the row index with the same bit of the column index, one stage a bit, each an exchange
