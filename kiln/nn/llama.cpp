@@ -297,6 +297,16 @@ Tensor attention_mask(int64_t B, int64_t T, int64_t past, const std::vector<int6
 
 }  // namespace
 
+#ifdef KILN_NN_HAVE_FLEX
+namespace {
+// The flex block masks' block size: 128 (PyTorch's default, what the CUDA kernels tile by) on a
+// GPU, 32 on the CPU, whose kernels tile by the block too: at the small preset's causal S = 128 one
+// 128-block is a single tile half masked, computed whole, while 32-blocks skip 6 of 16 tiles
+// (fwd + bwd 0.64 x the wall time at B=8, H=4, D=32; no slower at S = 1024, BENCHMARKS.md).
+int64_t flex_block_size(Device device) { return device.is_cpu() ? 32 : attention::kDefaultBlockSize; }
+}  // namespace
+#endif
+
 AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tensor& doc_ids, Device device,
                                  bool use_flex) const {
   std::vector<int64_t> d;
@@ -321,7 +331,7 @@ AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tenso
     KILN_CHECK(d.empty(), "LlamaModel: run-time attention mods have no document mask (document ids were given)");
     if (!flex_shared_ || flex_shared_len_ != T) {
       flex_shared_ = std::make_shared<const attention::RuntimeBlockMask>(attention::create_block_mask(
-          config.runtime_mods->mask_mod, 1, 1, T, T, attention::kDefaultBlockSize, attention::kDefaultBlockSize, device));
+          config.runtime_mods->mask_mod, 1, 1, T, T, flex_block_size(device), flex_block_size(device), device));
       flex_shared_len_ = T;
     }
     m.flex.push_back(flex_shared_);
@@ -332,6 +342,7 @@ AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tenso
       MaskSpec spec;
       spec.kind = window > 0 ? MaskSpec::Kind::sliding_window : MaskSpec::Kind::causal;
       spec.window = window;
+      spec.block_size = flex_block_size(device);
       flex_shared_ = std::make_shared<const AnyBlockMask>(attention::create_block_mask(spec, T, T, device));
       flex_shared_len_ = T;
     }
@@ -348,6 +359,7 @@ AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tenso
     MaskSpec spec;
     spec.kind = MaskSpec::Kind::document;
     spec.document_ids = from_vector(row, {T});
+    spec.block_size = flex_block_size(device);
     auto bm = std::make_shared<AnyBlockMask>(attention::create_block_mask(spec, T, T, kCPU));
     if (!device.is_cpu()) {
       bm->layout = bm->layout.to(device);
