@@ -215,6 +215,39 @@ TEST(Rotary, MatchesHuggingFaceFormula) {
   }
 }
 
+// f32 rows (the vectorised row loop on the CPU): every element of the output and of x's gradient
+// is the double sum of its two products rounded once to f32, bit for bit, at head dims across the
+// vector widths (odd half, 16, 64 lanes and one past).
+TEST(Rotary, F32ElementsAreTheDoubleSumRoundedOnce) {
+  KILN_TEST_GENERATOR(gen);
+  for (int64_t d : {2, 6, 32, 128, 130}) {
+    const int64_t rows = 3, t = 4, half = d / 2;
+    Tensor c = randn({t, d}, gen, DType::f32), s = randn({t, d}, gen, DType::f32);
+    Tensor x = randn({rows, t, d}, gen, DType::f32).requires_grad_();
+    Tensor g = randn({rows, t, d}, gen, DType::f32);
+    Tensor y = rotary_embedding(x, c, s);
+    sum(mul(y, g)).backward();
+    const auto xv = x.detach().to_vector<float>(), gv = g.to_vector<float>(), cv = c.to_vector<float>(),
+               sv = s.to_vector<float>(), yv = y.detach().to_vector<float>(), dxv = x.grad().to_vector<float>();
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows * t; ++r)
+      for (int64_t j = 0; j < d; ++j) {
+        const int64_t p = r % t, at = r * d + j, tab = p * d;
+        const auto X = [&](int64_t i) { return double(xv[static_cast<size_t>(r * d + i)]); };
+        const auto G = [&](int64_t i) { return double(gv[static_cast<size_t>(r * d + i)]); };
+        const auto C = [&](int64_t i) { return double(cv[static_cast<size_t>(tab + i)]); };
+        const auto S = [&](int64_t i) { return double(sv[static_cast<size_t>(tab + i)]); };
+        const float want_y = float(j < half ? X(j) * C(j) - X(j + half) * S(j) : X(j) * C(j) + X(j - half) * S(j));
+        const float want_dx = float(j < half ? G(j) * C(j) + G(j + half) * S(j + half)
+                                             : G(j) * C(j) - G(j - half) * S(j - half));
+        if ((yv[static_cast<size_t>(at)] != want_y || dxv[static_cast<size_t>(at)] != want_dx) && bad++ < 5)
+          ADD_FAILURE() << "D=" << d << " row " << r << " col " << j << ": y " << yv[static_cast<size_t>(at)]
+                        << " (want " << want_y << "), dx " << dxv[static_cast<size_t>(at)] << " (want " << want_dx << ")";
+      }
+    EXPECT_EQ(bad, 0) << "D=" << d;
+  }
+}
+
 TEST(Rotary, Harness) {
   auto fn = [](const std::vector<Tensor>& in) { return rotary_embedding(in[0], in[1], in[2]); };
   // Fused path: f32 [T, D] tables (random, so the backward must be the exact adjoint).

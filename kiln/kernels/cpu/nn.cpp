@@ -193,6 +193,12 @@ void rotary(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor&
         T* yr = py + (flat ? rt * dd : row_offset(out, rt));
         const float* cr = pc + pos * dd;
         const float* sr = ps + pos * dd;
+        if constexpr (std::is_same_v<T, float>) {
+          if (dd == 2 * half) {
+            rotary_row_f32(yr, xr, cr, sr, half, transpose);  // vectorised, the same bits (vec_math.h)
+            continue;
+          }
+        }
         for (int64_t c = 0; c < dd; ++c) {
           double v = static_cast<double>(xr[c]) * cr[c];
           if (!transpose)

@@ -53,4 +53,18 @@ KILN_CPU_CLONES void swiglu_grad_f32(float* dg, float* du, const float* dy, cons
   }
 }
 
+KILN_CPU_CLONES void rotary_row_f32(float* y, const float* x, const float* cos, const float* sin, int64_t half,
+                                    bool transpose) {
+  // The two halves in loops of their own (no per-element branch: they vectorise).
+  const double sign = transpose ? 1.0 : -1.0;          // the first half's partner term
+  const float* s_lo = transpose ? sin + half : sin;    // sin of the first half's partner
+  const float* s_hi = transpose ? sin : sin + half;    // ... and of the second half's
+#pragma omp simd
+  for (int64_t c = 0; c < half; ++c)
+    y[c] = static_cast<float>(double(x[c]) * cos[c] + sign * double(x[c + half]) * s_lo[c]);
+#pragma omp simd
+  for (int64_t c = half; c < 2 * half; ++c)
+    y[c] = static_cast<float>(double(x[c]) * cos[c] - sign * double(x[c - half]) * s_hi[c - half]);
+}
+
 }  // namespace kiln::kernels::cpu

@@ -50,5 +50,10 @@ void silu_f32(float* y, const float* x, int64_t n, bool deriv);
 // silu(g[i])·u[i]; dg[i] = dy[i]·u[i]·silu'(g[i]), du[i] = dy[i]·silu(g[i]).
 void swiglu_f32(float* y, const float* g, const float* u, int64_t n);
 void swiglu_grad_f32(float* dg, float* du, const float* dy, const float* g, const float* u, int64_t n);
+// One f32 row of the rotary embedding (kernels/nn.h's rotary): y[c] = x[c]·cos[c] ∓ x[c ± half]·sin,
+// each element one double sum of two products rounded to f32 (the products of floats are exact in
+// double, so the bits do not depend on the vector width or on FMA); transpose applies the inverse
+// rotation (the backward).
+void rotary_row_f32(float* y, const float* x, const float* cos, const float* sin, int64_t half, bool transpose);
 
 }  // namespace kiln::kernels::cpu
