@@ -4,6 +4,7 @@
 // determinism, non-contiguous inputs, the run-time MaskSpec path, bad input, and (with a GPU)
 // the CUDA kernels and builder vs the CPU ones.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -513,6 +514,37 @@ TEST(FlexCpu, GradientsBitwiseDeterministic) {
                             {a.dv, b.dv, "dv"}, {a.dbias, b.dbias, "dbias"}}) {
     ASSERT_EQ(x.nbytes(), y.nbytes());
     EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << name;
+  }
+}
+
+// The CPU backward's one-pass form (one task per (b, h_kv): P and dS once for dQ, dK and dV; taken
+// when B · H_kv covers the threads) against the two-pass form (more threads than B · H_kv): the same
+// bits for out, dQ and the bias gradient (summed in the same order), dK and dV within f32 rounding
+// of each other (summed in another order), and each form against the float64 reference.
+TEST(FlexCpu, OnePassAndTwoPassBackwardsAgree) {
+  KILN_TEST_GENERATOR(gen);
+  const int omp_before = omp_get_max_threads();
+  Tensor q = randn({2, 4, 70, 16}, gen), k = randn({2, 2, 70, 16}, gen), v = randn({2, 2, 70, 12}, gen);
+  Tensor dout = randn({2, 4, 70, 12}, gen), dlse = randn({2, 4, 70}, gen), bias = randn({4, 139}, gen);
+  auto bm = create_block_mask(and_masks(Causal{}, SlidingWindow{40}), 1, 1, 70, 70, 16, 32);
+  omp_set_num_threads(1);  // B · H_kv = 4 tasks >= 1 thread: one pass
+  Grads one = run_flex(q, k, v, RelativePositionBias{}, bm, dout, dlse, bias);
+  omp_set_num_threads(8);  // 4 tasks < 8 threads: two passes
+  Grads two = run_flex(q, k, v, RelativePositionBias{}, bm, dout, dlse, bias);
+  omp_set_num_threads(omp_before);
+  for (auto [x, y, name] : {std::tuple{one.out, two.out, "out"}, {one.dq, two.dq, "dq"}, {one.dbias, two.dbias, "dbias"}}) {
+    ASSERT_EQ(x.nbytes(), y.nbytes());
+    EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << name;
+  }
+  EXPECT_TRUE(kiln::test::all_close(one.dk, two.dk.to_vector<double>(), {1e-5, 1e-5}, "dk"));
+  EXPECT_TRUE(kiln::test::all_close(one.dv, two.dv.to_vector<double>(), {1e-5, 1e-5}, "dv"));
+  ReferenceResult r = reference_flex_attention(q, k, v, RelativePositionBias{}, and_masks(Causal{}, SlidingWindow{40}),
+                                               0.25, dout, dlse, bias);
+  for (const Grads* g : {&one, &two}) {
+    EXPECT_TRUE(kiln::test::all_close(g->dq, r.dq.to_vector<double>(), {1e-4, 1e-4}, "dq vs float64"));
+    EXPECT_TRUE(kiln::test::all_close(g->dk, r.dk.to_vector<double>(), {1e-4, 1e-4}, "dk vs float64"));
+    EXPECT_TRUE(kiln::test::all_close(g->dv, r.dv.to_vector<double>(), {1e-4, 1e-4}, "dv vs float64"));
+    EXPECT_TRUE(kiln::test::all_close(g->dbias, r.dbias.to_vector<double>(), {1e-4, 1e-4}, "dbias vs float64"));
   }
 }
 

@@ -256,94 +256,156 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
       for (int64_t e = 0; e < Ev; ++e) d += static_cast<float>(dout[r * Ev + e]) * static_cast<float>(out[r * Ev + e]);
     p.delta[r] = d - (p.dlse ? p.dlse[r] : 0.0f);
   }
-  // ---- dQ pass ----
   const int64_t qtasks = p.B * p.Hq * p.nQ;
   T* dq = static_cast<T*>(p.dq);
-#pragma omp parallel if (qtasks > 1)
-  {
-    std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), kf(KT * E), vt(Ev * KT), s(QT * KT), dp(QT * KT),
-        raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), acc(QT * E);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < qtasks; ++t) {
-      const int64_t qb = t % p.nQ, h = (t / p.nQ) % p.Hq, b = t / (p.nQ * p.Hq), hk = h / G;
-      const int64_t i0 = qb * QB, nq = std::min(QB, p.L - i0);
-      const int64_t o = (b * p.Hq + h) * p.L + i0;
-      for (int64_t i = 0; i < nq; ++i) {
-        load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
-        load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float* dbias_row = nullptr;
-      if (learn) {
-        dbias_row = p.dbias_partial + t * p.bias_row;
-        std::fill(dbias_row, dbias_row + p.bias_row, 0.0f);
-      }
-      const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
-      const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
-      const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
-      for (int pass = 0; pass < 2; ++pass) {
-        const bool partial = pass == 0;
-        const auto [cnt, idx] = p.kv_blocks(row, partial);
-        for (int32_t c = 0; c < cnt; ++c) {
-          const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
-          load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
-          load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
-          for (int64_t j = 0; j < nk; ++j) load_row(&kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
-          tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
-          tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
-          flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
-                         static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
-                         dbias_row);
-          tile_ax(acc.data(), E, dp.data(), KT, nq, kf.data(), nk);
-        }
-      }
-      for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &acc[i * E], E);
-    }
-  }
-  // ---- dK/dV pass ----
-  const int64_t ktasks = p.B * p.Hkv * p.nKV;
   T* dk = static_cast<T*>(p.dk);
   T* dv = static_cast<T*>(p.dv);
-#pragma omp parallel if (ktasks > 1)
-  {
-    std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), vt(Ev * KT), s(QT * KT), dp(QT * KT),
-        raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), dka(KT * E), dva(KT * Ev);
+  // ---- one pass, where there are tasks enough: one task per (b, h_kv) computes each tile's P and
+  // dS once for dQ, dK and dV together (the two passes below compute them twice: 7 tile products a
+  // tile instead of 5, two exp passes instead of one). dQ and the bias partials sum in the same
+  // order as the dQ pass; dK and dV sum over (query head, q block) in increasing order. Its dK/dV
+  // accumulators are the whole sequence's (S · (E + Ev) floats a thread), so only below 4 Mi floats.
+  const bool one_pass = p.B * p.Hkv >= omp_get_max_threads() && p.S * (E + Ev) <= (int64_t{1} << 22);
+  if (one_pass) {
+#pragma omp parallel if (p.B * p.Hkv > 1)
+    {
+      std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), kf(KT * E), vt(Ev * KT), s(QT * KT), dp(QT * KT),
+          raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), acc(QT * E), dka(p.S * E), dva(p.S * Ev);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < ktasks; ++t) {
-      const int64_t kb = t % p.nKV, hk = (t / p.nKV) % p.Hkv, b = t / (p.nKV * p.Hkv);
-      const int64_t j0 = kb * KB, nk = std::min(KB, p.S - j0);
-      const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
-      const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
-      load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
-      load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
-      std::fill(dka.begin(), dka.end(), 0.0f);
-      std::fill(dva.begin(), dva.end(), 0.0f);
-      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-        const int64_t col = Geo{p}.mask_row(b, h) * p.nKV + kb;
-        for (int pass = 0; pass < 2; ++pass) {
-          const bool partial = pass == 0;
-          const auto [cnt, idx] = p.q_blocks(col, partial);
-          for (int32_t c = 0; c < cnt; ++c) {
-            const int64_t i0 = static_cast<int64_t>(idx[c]) * QB, nq = std::min(QB, p.L - i0);
+      for (int64_t t = 0; t < p.B * p.Hkv; ++t) {
+        const int64_t hk = t % p.Hkv, b = t / p.Hkv;
+        const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
+        const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
+        std::fill(dka.begin(), dka.end(), 0.0f);
+        std::fill(dva.begin(), dva.end(), 0.0f);
+        for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
+          for (int64_t qb = 0; qb < p.nQ; ++qb) {
+            const int64_t i0 = qb * QB, nq = std::min(QB, p.L - i0);
             const int64_t o = (b * p.Hq + h) * p.L + i0;
             for (int64_t i = 0; i < nq; ++i) {
               load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
               load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
             }
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            float* dbias_row = nullptr;
+            if (learn) {  // the dQ pass's task index of (b, h, qb)
+              dbias_row = p.dbias_partial + ((b * p.Hq + h) * p.nQ + qb) * p.bias_row;
+              std::fill(dbias_row, dbias_row + p.bias_row, 0.0f);
+            }
+            const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
+            for (int pass = 0; pass < 2; ++pass) {
+              const bool partial = pass == 0;
+              const auto [cnt, idx] = p.kv_blocks(row, partial);
+              for (int32_t c = 0; c < cnt; ++c) {
+                const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
+                load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+                load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+                for (int64_t j = 0; j < nk; ++j) load_row(&kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
+                tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
+                tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
+                flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
+                               static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
+                               dbias_row);
+                tile_ax(acc.data(), E, dp.data(), KT, nq, kf.data(), nk);
+                tile_atx(dva.data() + j0 * Ev, Ev, s.data(), KT, nq, dof.data(), nk);
+                tile_atx(dka.data() + j0 * E, E, dp.data(), KT, nq, qf.data(), nk);
+              }
+            }
+            for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &acc[i * E], E);
+          }
+        const int64_t ob = (b * p.Hkv + hk) * p.S;
+        for (int64_t j = 0; j < p.S; ++j) {
+          store_row(dk + (ob + j) * E, &dka[j * E], E);
+          store_row(dv + (ob + j) * Ev, &dva[j * Ev], Ev);
+        }
+      }
+    }
+  } else {  // two passes: dQ per (b, h, q block), then dK/dV per (b, h_kv, kv block)
+    // ---- dQ pass ----
+#pragma omp parallel if (qtasks > 1)
+    {
+      std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), kf(KT * E), vt(Ev * KT), s(QT * KT), dp(QT * KT),
+          raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), acc(QT * E);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < qtasks; ++t) {
+        const int64_t qb = t % p.nQ, h = (t / p.nQ) % p.Hq, b = t / (p.nQ * p.Hq), hk = h / G;
+        const int64_t i0 = qb * QB, nq = std::min(QB, p.L - i0);
+        const int64_t o = (b * p.Hq + h) * p.L + i0;
+        for (int64_t i = 0; i < nq; ++i) {
+          load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
+          load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        float* dbias_row = nullptr;
+        if (learn) {
+          dbias_row = p.dbias_partial + t * p.bias_row;
+          std::fill(dbias_row, dbias_row + p.bias_row, 0.0f);
+        }
+        const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
+        const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
+        const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
+        for (int pass = 0; pass < 2; ++pass) {
+          const bool partial = pass == 0;
+          const auto [cnt, idx] = p.kv_blocks(row, partial);
+          for (int32_t c = 0; c < cnt; ++c) {
+            const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
+            load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+            load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+            for (int64_t j = 0; j < nk; ++j) load_row(&kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
             tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
             tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
             flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
                            static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
-                           nullptr);
-            tile_atx(dva.data(), Ev, s.data(), KT, nq, dof.data(), nk);
-            tile_atx(dka.data(), E, dp.data(), KT, nq, qf.data(), nk);
+                           dbias_row);
+            tile_ax(acc.data(), E, dp.data(), KT, nq, kf.data(), nk);
           }
         }
+        for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &acc[i * E], E);
       }
-      const int64_t ob = (b * p.Hkv + hk) * p.S + j0;
-      for (int64_t j = 0; j < nk; ++j) {
-        store_row(dk + (ob + j) * E, &dka[j * E], E);
-        store_row(dv + (ob + j) * Ev, &dva[j * Ev], Ev);
+    }
+    // ---- dK/dV pass ----
+    const int64_t ktasks = p.B * p.Hkv * p.nKV;
+#pragma omp parallel if (ktasks > 1)
+    {
+      std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), vt(Ev * KT), s(QT * KT), dp(QT * KT),
+          raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), dka(KT * E), dva(KT * Ev);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < ktasks; ++t) {
+        const int64_t kb = t % p.nKV, hk = (t / p.nKV) % p.Hkv, b = t / (p.nKV * p.Hkv);
+        const int64_t j0 = kb * KB, nk = std::min(KB, p.S - j0);
+        const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
+        const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
+        load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+        load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+        std::fill(dka.begin(), dka.end(), 0.0f);
+        std::fill(dva.begin(), dva.end(), 0.0f);
+        for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+          const int64_t col = Geo{p}.mask_row(b, h) * p.nKV + kb;
+          for (int pass = 0; pass < 2; ++pass) {
+            const bool partial = pass == 0;
+            const auto [cnt, idx] = p.q_blocks(col, partial);
+            for (int32_t c = 0; c < cnt; ++c) {
+              const int64_t i0 = static_cast<int64_t>(idx[c]) * QB, nq = std::min(QB, p.L - i0);
+              const int64_t o = (b * p.Hq + h) * p.L + i0;
+              for (int64_t i = 0; i < nq; ++i) {
+                load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
+                load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
+              }
+              tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
+              tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
+              flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
+                             static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
+                             nullptr);
+              tile_atx(dva.data(), Ev, s.data(), KT, nq, dof.data(), nk);
+              tile_atx(dka.data(), E, dp.data(), KT, nq, qf.data(), nk);
+            }
+          }
+        }
+        const int64_t ob = (b * p.Hkv + hk) * p.S + j0;
+        for (int64_t j = 0; j < nk; ++j) {
+          store_row(dk + (ob + j) * E, &dka[j * E], E);
+          store_row(dv + (ob + j) * Ev, &dva[j * Ev], Ev);
+        }
       }
     }
   }
