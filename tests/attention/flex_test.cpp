@@ -519,8 +519,8 @@ TEST(FlexCpu, GradientsBitwiseDeterministic) {
 
 // The CPU backward's one-pass form (one task per (b, h_kv): P and dS once for dQ, dK and dV; taken
 // when B · H_kv covers the threads) against the two-pass form (more threads than B · H_kv): the same
-// bits for out, dQ and the bias gradient (summed in the same order), dK and dV within f32 rounding
-// of each other (summed in another order), and each form against the float64 reference.
+// bits for every output (each sums in the same order: the results do not depend on the thread
+// count), and each form against the float64 reference.
 TEST(FlexCpu, OnePassAndTwoPassBackwardsAgree) {
   KILN_TEST_GENERATOR(gen);
   const int omp_before = omp_get_max_threads();
@@ -532,12 +532,11 @@ TEST(FlexCpu, OnePassAndTwoPassBackwardsAgree) {
   omp_set_num_threads(8);  // 4 tasks < 8 threads: two passes
   Grads two = run_flex(q, k, v, RelativePositionBias{}, bm, dout, dlse, bias);
   omp_set_num_threads(omp_before);
-  for (auto [x, y, name] : {std::tuple{one.out, two.out, "out"}, {one.dq, two.dq, "dq"}, {one.dbias, two.dbias, "dbias"}}) {
+  for (auto [x, y, name] : {std::tuple{one.out, two.out, "out"}, {one.dq, two.dq, "dq"}, {one.dk, two.dk, "dk"},
+                            {one.dv, two.dv, "dv"}, {one.dbias, two.dbias, "dbias"}}) {
     ASSERT_EQ(x.nbytes(), y.nbytes());
     EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << name;
   }
-  EXPECT_TRUE(kiln::test::all_close(one.dk, two.dk.to_vector<double>(), {1e-5, 1e-5}, "dk"));
-  EXPECT_TRUE(kiln::test::all_close(one.dv, two.dv.to_vector<double>(), {1e-5, 1e-5}, "dv"));
   ReferenceResult r = reference_flex_attention(q, k, v, RelativePositionBias{}, and_masks(Causal{}, SlidingWindow{40}),
                                                0.25, dout, dlse, bias);
   for (const Grads* g : {&one, &two}) {

@@ -7,10 +7,12 @@
 //   dQ pass, one task per (b, h, q-block): recompute P from the saved lse, dP = dO·Vᵀ,
 //     dS = P ∘ (dP − Δ) ∘ score_mod', dQ = scale · dS·K (and the learnable bias's per-task
 //     partial row, reduced afterwards over (b, q-block) in a fixed order);
-//   dK/dV pass, one task per (b, h_kv, kv-block) over the transposed lists and the query heads
-//     of its GQA group: dV = Pᵀ·dO, dK = scale · dSᵀ·Q.
-// Extra memory per thread is O(block · (E + Ev + block)); inner loops run over contiguous
-// f32 rows (`omp simd`), exp is a vectorisable polynomial (fast_expf).
+//   dK/dV pass, one task per (b, h_kv, kv-block) over the transposed lists (partial and full
+//     merged in block order) and the query heads of its GQA group: dV = Pᵀ·dO, dK = scale · dSᵀ·Q;
+//   or, where B · H_kv covers the threads, both in one pass, one task per (b, h_kv), each tile's
+//     P and dS formed once (the same sums in the same order: the same bits).
+// Extra memory per thread is O(block · (E + Ev + block)), the one-pass form's plus S · (E + Ev);
+// inner loops run over contiguous f32 rows (`omp simd`), exp is a vectorisable polynomial (fast_expf).
 #pragma once
 #include <cstdint>
 #include <omp.h>
@@ -262,9 +264,11 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
   T* dv = static_cast<T*>(p.dv);
   // ---- one pass, where there are tasks enough: one task per (b, h_kv) computes each tile's P and
   // dS once for dQ, dK and dV together (the two passes below compute them twice: 7 tile products a
-  // tile instead of 5, two exp passes instead of one). dQ and the bias partials sum in the same
-  // order as the dQ pass; dK and dV sum over (query head, q block) in increasing order. Its dK/dV
-  // accumulators are the whole sequence's (S · (E + Ev) floats a thread), so only below 4 Mi floats.
+  // tile instead of 5, two exp passes instead of one). Every output sums in the two passes' order
+  // (dQ and the bias partials over the row's kv blocks, partial then full; dK and dV over (query
+  // head, q block) in increasing order), so the bits do not depend on which form the thread count
+  // chose. Its dK/dV accumulators are the whole sequence's (S · (E + Ev) floats a thread), so only
+  // below 4 Mi floats.
   const bool one_pass = p.B * p.Hkv >= omp_get_max_threads() && p.S * (E + Ev) <= (int64_t{1} << 22);
   if (one_pass) {
 #pragma omp parallel if (p.B * p.Hkv > 1)
@@ -381,24 +385,26 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
         std::fill(dva.begin(), dva.end(), 0.0f);
         for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
           const int64_t col = Geo{p}.mask_row(b, h) * p.nKV + kb;
-          for (int pass = 0; pass < 2; ++pass) {
-            const bool partial = pass == 0;
-            const auto [cnt, idx] = p.q_blocks(col, partial);
-            for (int32_t c = 0; c < cnt; ++c) {
-              const int64_t i0 = static_cast<int64_t>(idx[c]) * QB, nq = std::min(QB, p.L - i0);
-              const int64_t o = (b * p.Hq + h) * p.L + i0;
-              for (int64_t i = 0; i < nq; ++i) {
-                load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
-                load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
-              }
-              tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
-              tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
-              flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
-                             static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
-                             nullptr);
-              tile_atx(dva.data(), Ev, s.data(), KT, nq, dof.data(), nk);
-              tile_atx(dka.data(), E, dp.data(), KT, nq, qf.data(), nk);
+          // The partial and full q blocks merged in increasing block order (the lists are each
+          // sorted): the order the one-pass form adds them in, so both give the same bits.
+          const auto [pcnt, pidx] = p.q_blocks(col, true);
+          const auto [fcnt, fidx] = p.q_blocks(col, false);
+          for (int32_t pa = 0, fu = 0; pa < pcnt || fu < fcnt;) {
+            const bool partial = fu >= fcnt || (pa < pcnt && pidx[pa] < fidx[fu]);
+            const int64_t i0 = static_cast<int64_t>(partial ? pidx[pa++] : fidx[fu++]) * QB;
+            const int64_t nq = std::min(QB, p.L - i0);
+            const int64_t o = (b * p.Hq + h) * p.L + i0;
+            for (int64_t i = 0; i < nq; ++i) {
+              load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
+              load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
             }
+            tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
+            tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
+            flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
+                           static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
+                           nullptr);
+            tile_atx(dva.data(), Ev, s.data(), KT, nq, dof.data(), nk);
+            tile_atx(dka.data(), E, dp.data(), KT, nq, qf.data(), nk);
           }
         }
         const int64_t ob = (b * p.Hkv + hk) * p.S + j0;
