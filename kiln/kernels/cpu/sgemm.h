@@ -7,9 +7,10 @@
 // Goto's scheme: op(b) is packed once per K block into 32-column panels (zero-padded), and a 14 x 32
 // register tile of c (28 accumulators) is formed from broadcasts of op(a), read where it lies (no
 // packing: a row-major a gives 14 row streams, a transposed one 14 contiguous values per k).
-// Deterministic: each element of c is one chain of FMAs over a K block in order, the blocks added in
-// order; the split over threads (row panels, or column panels when there are few rows) changes no
-// bits, so results do not depend on OMP_NUM_THREADS.
+// Deterministic: each element of c is one chain of FMAs over a K block (at most 256) in order, the
+// blocks added in order; the split over threads (row panels; for a weight gradient, transposed a and
+// row-major b, whole K blocks whose parts are added in block order afterwards) changes no bits, so
+// results do not depend on OMP_NUM_THREADS.
 #pragma once
 #include <cstdint>
 
