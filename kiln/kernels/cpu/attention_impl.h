@@ -99,9 +99,11 @@ inline void apply_mods(float* s, int64_t ld, float* raw, int64_t nq, int64_t nk,
         si[j] = sm(r, b, h, qi, static_cast<int>(j0 + j));
       }
     }
-    if (partial)
-      for (int64_t j = 0; j < nk; ++j)
-        if (!mm(b, h, qi, static_cast<int>(j0 + j))) si[j] = kNegInf;
+    if (partial) {
+      // A select, not a conditional store, so that it vectorises (mask_mods are pure functions).
+#pragma omp simd
+      for (int64_t j = 0; j < nk; ++j) si[j] = mm(b, h, qi, static_cast<int>(j0 + j)) ? si[j] : kNegInf;
+    }
   }
 }
 
