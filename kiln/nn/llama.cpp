@@ -329,22 +329,24 @@ AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tenso
   using attention::MaskSpec;
   if (config.runtime_mods) {  // the run-time mask_mod's block mask, reused while T is the same
     KILN_CHECK(d.empty(), "LlamaModel: run-time attention mods have no document mask (document ids were given)");
-    if (!flex_shared_ || flex_shared_len_ != T) {
+    if (!flex_shared_ || flex_shared_len_ != T || flex_shared_device_ != device) {
       flex_shared_ = std::make_shared<const attention::RuntimeBlockMask>(attention::create_block_mask(
           config.runtime_mods->mask_mod, 1, 1, T, T, flex_block_size(device), flex_block_size(device), device));
       flex_shared_len_ = T;
+      flex_shared_device_ = device;
     }
     m.flex.push_back(flex_shared_);
     return m;
   }
   if (d.empty()) {  // causal or sliding window: one block mask for every row, reused while T is the same
-    if (!flex_shared_ || flex_shared_len_ != T) {
+    if (!flex_shared_ || flex_shared_len_ != T || flex_shared_device_ != device) {
       MaskSpec spec;
       spec.kind = window > 0 ? MaskSpec::Kind::sliding_window : MaskSpec::Kind::causal;
       spec.window = window;
       spec.block_size = flex_block_size(device);
       flex_shared_ = std::make_shared<const AnyBlockMask>(attention::create_block_mask(spec, T, T, device));
       flex_shared_len_ = T;
+      flex_shared_device_ = device;
     }
     m.flex.push_back(flex_shared_);
     return m;

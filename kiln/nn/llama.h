@@ -123,6 +123,7 @@ class LlamaModel : public Module {
  private:
   mutable std::shared_ptr<const void> flex_shared_;  // the last causal/window block mask (reused per shape)
   mutable int64_t flex_shared_len_ = -1;
+  mutable Device flex_shared_device_ = kCPU;  // the device it was built for (its block size, its tensors)
 };
 
 class LlamaForCausalLM : public Module {

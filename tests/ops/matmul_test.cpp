@@ -115,6 +115,20 @@ TEST(Matmul, EmptyInnerDimGivesZeros) {
   }
 }
 
+// The CPU kernel with an empty inner dimension scales out by beta (it left out as it was for any
+// beta but 0), and never reads out at beta 0.
+TEST(Matmul, CpuEmptyInnerDimScalesByBeta) {
+  for (double beta : {0.0, 1.0, 0.5, -2.0}) {
+    kernels::GemmArgs g;
+    g.m = 2, g.n = 3, g.k = 0, g.beta = beta;
+    Tensor out = from_vector<float>({1, 2, 3, 4, 5, std::nanf("")}, {2, 3});
+    kernels::cpu::gemm(g, out, zeros({2, 0}, DType::f32), zeros({0, 3}, DType::f32));
+    const auto got = out.to_vector<float>();
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], float(beta * (i + 1))) << "beta " << beta;
+    if (beta == 0.0) EXPECT_EQ(got[5], 0.0f);  // a NaN out is not read at beta 0
+  }
+}
+
 TEST(MatmulErrors, NameOpAndValues) {
   EXPECT_KILN_ERROR(matmul(zeros({2, 3}), zeros({4, 5})), "matmul", "3", "4");
   EXPECT_KILN_ERROR(matmul(zeros({2, 3}), zeros({3, 2}, DType::f64)), "matmul", "f32", "f64");

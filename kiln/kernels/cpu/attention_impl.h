@@ -387,8 +387,10 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
         std::fill(dva.begin(), dva.end(), 0.0f);
         for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
           const int64_t col = Geo{p}.mask_row(b, h) * p.nKV + kb;
-          // The partial and full q blocks merged in increasing block order (the lists are each
-          // sorted): the order the one-pass form adds them in, so both give the same bits.
+          // The partial and full q blocks merged in increasing block order: the order the one-pass
+          // form adds them in, so both give the same bits where each list is sorted (as
+          // create_block_mask builds them; a hand-made layout with unsorted lists gets correct
+          // gradients whose bits may depend on which form the thread count chose).
           const auto [pcnt, pidx] = p.q_blocks(col, true);
           const auto [fcnt, fidx] = p.q_blocks(col, false);
           for (int32_t pa = 0, fu = 0; pa < pcnt || fu < fcnt;) {

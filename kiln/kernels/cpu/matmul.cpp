@@ -14,6 +14,7 @@
 #include "kiln/kernels/cpu/loops.h"
 #include "kiln/kernels/cpu/sgemm.h"
 #include "kiln/kernels/copy.h"
+#include "kiln/kernels/elementwise.h"
 #include "kiln/kernels/matmul.h"
 
 namespace kiln::kernels::cpu {
@@ -58,8 +59,9 @@ bool own_sgemm_chosen() {
 }
 
 bool own_sgemm_takes(int64_t m, int64_t n, int64_t k, bool trans_b) {
-  return m * n * k >= kOwnSgemmMinMacs && n <= kOwnSgemmMaxN && k <= kOwnSgemmMaxK &&
-         (!trans_b || m >= kOwnSgemmMinRowsPacked) && own_sgemm_chosen();
+  // The choice first, so that a bad KILN_CPU_GEMM fails at the first f32 product, whatever its shape.
+  return own_sgemm_chosen() && m * n * k >= kOwnSgemmMinMacs && n <= kOwnSgemmMaxN && k <= kOwnSgemmMaxK &&
+         (!trans_b || m >= kOwnSgemmMinRowsPacked);
 }
 
 void sgemm(const SgemmProblem& p) {
@@ -131,8 +133,11 @@ void gemm_dispatch(const GemmArgs& g, const Tensor& out, const Tensor& a, const 
   constexpr int64_t kIntMax = 2147483647;
   KILN_CHECK(g.m <= kIntMax && g.n <= kIntMax && g.k <= kIntMax, "matmul (CPU): a product of [", g.m, ", ", g.k,
              "] by [", g.k, ", ", g.n, "] has a dimension past 2^31 - 1, the BLAS's limit; split it");
-  if (g.k == 0) {
-    if (g.beta == 0.0) fill(out, 0.0);
+  if (g.k == 0) {  // out = beta · out (out is not read when beta is 0)
+    if (g.beta == 0.0)
+      fill(out, 0.0);
+    else if (g.beta != 1.0)
+      unary(UnaryOp::mul_scalar, out, out, g.beta);
     return;
   }
   switch (a.dtype()) {
