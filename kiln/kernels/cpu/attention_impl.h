@@ -264,6 +264,54 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
   T* dq = static_cast<T*>(p.dq);
   T* dk = static_cast<T*>(p.dk);
   T* dv = static_cast<T*>(p.dv);
+  // One thread's tiles for q_block (a tile's rows QT and columns KT at most).
+  struct QScratch {
+    std::vector<float> qf, dof, kt, kf, vt, s, dp, raw, acc;
+    QScratch(int64_t QT, int64_t KT, int64_t E, int64_t Ev, bool keep_raw)
+        : qf(QT * E), dof(QT * Ev), kt(E * KT), kf(KT * E), vt(Ev * KT), s(QT * KT), dp(QT * KT),
+          raw(keep_raw ? QT * KT : 0), acc(QT * E) {}
+  };
+  constexpr bool keep_raw = !std::is_same_v<SM, attention::NoScoreMod>;  // score_mod' needs the raw score
+  // Query block qb of (b, h): its dQ rows and the bias partial row of its dQ-pass task, over its kv
+  // blocks, partial then full; with dka / dva (dK and dV of the whole sequence of (b, h / G)), each
+  // tile's terms of those too, from the same P and dS.
+  const auto q_block = [&](QScratch& w, int64_t b, int64_t h, int64_t qb, float* dka, float* dva) {
+    const int64_t hk = h / G, i0 = qb * QB, nq = std::min(QB, p.L - i0);
+    const int64_t o = (b * p.Hq + h) * p.L + i0;
+    for (int64_t i = 0; i < nq; ++i) {
+      load_row(&w.qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
+      load_row(&w.dof[i * Ev], dout + (o + i) * Ev, Ev);
+    }
+    std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+    float* dbias_row = nullptr;
+    if (learn) {
+      dbias_row = p.dbias_partial + ((b * p.Hq + h) * p.nQ + qb) * p.bias_row;
+      std::fill(dbias_row, dbias_row + p.bias_row, 0.0f);
+    }
+    const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
+    const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
+    const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool partial = pass == 0;
+      const auto [cnt, idx] = p.kv_blocks(row, partial);
+      for (int32_t c = 0; c < cnt; ++c) {
+        const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
+        load_transposed(w.kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+        load_transposed(w.vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+        for (int64_t j = 0; j < nk; ++j) load_row(&w.kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
+        tile_abt(w.s.data(), KT, w.qf.data(), nq, E, w.kt.data(), nk);
+        tile_abt(w.dp.data(), KT, w.dof.data(), nq, Ev, w.vt.data(), nk);
+        flex_tile_grad(w.s.data(), w.dp.data(), w.raw.empty() ? nullptr : w.raw.data(), KT, nq, nk, i0, j0,
+                       static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial, dbias_row);
+        tile_ax(w.acc.data(), E, w.dp.data(), KT, nq, w.kf.data(), nk);
+        if (dka) {
+          tile_atx(dva + j0 * Ev, Ev, w.s.data(), KT, nq, w.dof.data(), nk);
+          tile_atx(dka + j0 * E, E, w.dp.data(), KT, nq, w.qf.data(), nk);
+        }
+      }
+    }
+    for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &w.acc[i * E], E);
+  };
   // ---- one pass, where there are tasks enough: one task per (b, h_kv) computes each tile's P and
   // dS once for dQ, dK and dV together (the two passes below compute them twice: 7 tile products a
   // tile instead of 5, two exp passes instead of one). Every output sums in the two passes' order
@@ -275,50 +323,15 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
   if (one_pass) {
 #pragma omp parallel if (p.B * p.Hkv > 1)
     {
-      std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), kf(KT * E), vt(Ev * KT), s(QT * KT), dp(QT * KT),
-          raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), acc(QT * E), dka(p.S * E), dva(p.S * Ev);
+      QScratch w(QT, KT, E, Ev, keep_raw);
+      std::vector<float> dka(p.S * E), dva(p.S * Ev);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < p.B * p.Hkv; ++t) {
         const int64_t hk = t % p.Hkv, b = t / p.Hkv;
-        const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
-        const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
         std::fill(dka.begin(), dka.end(), 0.0f);
         std::fill(dva.begin(), dva.end(), 0.0f);
         for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
-          for (int64_t qb = 0; qb < p.nQ; ++qb) {
-            const int64_t i0 = qb * QB, nq = std::min(QB, p.L - i0);
-            const int64_t o = (b * p.Hq + h) * p.L + i0;
-            for (int64_t i = 0; i < nq; ++i) {
-              load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
-              load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
-            }
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            float* dbias_row = nullptr;
-            if (learn) {  // the dQ pass's task index of (b, h, qb)
-              dbias_row = p.dbias_partial + ((b * p.Hq + h) * p.nQ + qb) * p.bias_row;
-              std::fill(dbias_row, dbias_row + p.bias_row, 0.0f);
-            }
-            const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
-            for (int pass = 0; pass < 2; ++pass) {
-              const bool partial = pass == 0;
-              const auto [cnt, idx] = p.kv_blocks(row, partial);
-              for (int32_t c = 0; c < cnt; ++c) {
-                const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
-                load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
-                load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
-                for (int64_t j = 0; j < nk; ++j) load_row(&kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
-                tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
-                tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
-                flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
-                               static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
-                               dbias_row);
-                tile_ax(acc.data(), E, dp.data(), KT, nq, kf.data(), nk);
-                tile_atx(dva.data() + j0 * Ev, Ev, s.data(), KT, nq, dof.data(), nk);
-                tile_atx(dka.data() + j0 * E, E, dp.data(), KT, nq, qf.data(), nk);
-              }
-            }
-            for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &acc[i * E], E);
-          }
+          for (int64_t qb = 0; qb < p.nQ; ++qb) q_block(w, b, h, qb, dka.data(), dva.data());
         const int64_t ob = (b * p.Hkv + hk) * p.S;
         for (int64_t j = 0; j < p.S; ++j) {
           store_row(dk + (ob + j) * E, &dka[j * E], E);
@@ -330,51 +343,16 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
     // ---- dQ pass ----
 #pragma omp parallel if (qtasks > 1)
     {
-      std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), kf(KT * E), vt(Ev * KT), s(QT * KT), dp(QT * KT),
-          raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), acc(QT * E);
+      QScratch w(QT, KT, E, Ev, keep_raw);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t t = 0; t < qtasks; ++t) {
-        const int64_t qb = t % p.nQ, h = (t / p.nQ) % p.Hq, b = t / (p.nQ * p.Hq), hk = h / G;
-        const int64_t i0 = qb * QB, nq = std::min(QB, p.L - i0);
-        const int64_t o = (b * p.Hq + h) * p.L + i0;
-        for (int64_t i = 0; i < nq; ++i) {
-          load_row(&qf[i * E], q + b * p.q_st[0] + h * p.q_st[1] + (i0 + i) * p.q_st[2], E);
-          load_row(&dof[i * Ev], dout + (o + i) * Ev, Ev);
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        float* dbias_row = nullptr;
-        if (learn) {
-          dbias_row = p.dbias_partial + t * p.bias_row;
-          std::fill(dbias_row, dbias_row + p.bias_row, 0.0f);
-        }
-        const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
-        const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
-        const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
-        for (int pass = 0; pass < 2; ++pass) {
-          const bool partial = pass == 0;
-          const auto [cnt, idx] = p.kv_blocks(row, partial);
-          for (int32_t c = 0; c < cnt; ++c) {
-            const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
-            load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
-            load_transposed(vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
-            for (int64_t j = 0; j < nk; ++j) load_row(&kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
-            tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
-            tile_abt(dp.data(), KT, dof.data(), nq, Ev, vt.data(), nk);
-            flex_tile_grad(s.data(), dp.data(), raw.empty() ? nullptr : raw.data(), KT, nq, nk, i0, j0,
-                           static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial,
-                           dbias_row);
-            tile_ax(acc.data(), E, dp.data(), KT, nq, kf.data(), nk);
-          }
-        }
-        for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &acc[i * E], E);
-      }
+      for (int64_t t = 0; t < qtasks; ++t) q_block(w, t / (p.nQ * p.Hq), (t / p.nQ) % p.Hq, t % p.nQ, nullptr, nullptr);
     }
     // ---- dK/dV pass ----
     const int64_t ktasks = p.B * p.Hkv * p.nKV;
 #pragma omp parallel if (ktasks > 1)
     {
       std::vector<float> qf(QT * E), dof(QT * Ev), kt(E * KT), vt(Ev * KT), s(QT * KT), dp(QT * KT),
-          raw(std::is_same_v<SM, attention::NoScoreMod> ? 0 : QT * KT), dka(KT * E), dva(KT * Ev);
+          raw(keep_raw ? QT * KT : 0), dka(KT * E), dva(KT * Ev);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < ktasks; ++t) {
         const int64_t kb = t % p.nKV, hk = (t / p.nKV) % p.Hkv, b = t / (p.nKV * p.Hkv);
