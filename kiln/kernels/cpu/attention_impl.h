@@ -80,6 +80,20 @@ struct Geo {
   int64_t mask_row(int64_t b, int64_t h) const { return ((p.Bm == 1 ? 0 : b) * p.Hm + (p.Hm == 1 ? 0 : h)); }
 };
 
+// f(j0, nk, partial) for each kv block of mask row `row` (a q block): the partial blocks (the
+// mask evaluated) first, then the full ones, each in its list's order; empty blocks never.
+template <class F>
+inline void for_each_kv_block(const FlexParams& p, int64_t row, F&& f) {
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool partial = pass == 0;
+    const auto [cnt, idx] = p.kv_blocks(row, partial);
+    for (int32_t c = 0; c < cnt; ++c) {
+      const int64_t j0 = static_cast<int64_t>(idx[c]) * p.KB;
+      f(j0, std::min(p.KB, p.S - j0), partial);
+    }
+  }
+}
+
 // Scores of one tile after the score_mod and the mask: s holds raw scale·q·k on entry; on exit
 // x (−inf where masked). raw (optional) keeps the scaled pre-mod score for score_mod'.
 template <class SM, class MM>
@@ -135,39 +149,34 @@ void flex_forward(const FlexParams& p, const SM& sm, const MM& mm) {
       const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
       const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
       const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
-      for (int pass = 0; pass < 2; ++pass) {
-        const bool partial = pass == 0;
-        const auto [cnt, idx] = p.kv_blocks(row, partial);
-        for (int32_t c = 0; c < cnt; ++c) {
-          const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
-          load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
-          for (int64_t j = 0; j < nk; ++j) load_row(&vf[j * Ev], vbase + (j0 + j) * p.v_st[2], Ev);
-          tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
-          apply_mods(s.data(), KT, nullptr, nq, nk, i0, j0, static_cast<int>(b), static_cast<int>(h), p.scale, sm, mm,
-                     partial);
-          for (int64_t i = 0; i < nq; ++i) {
-            float* si = &s[i * KT];
-            const float mx = row_max(si, nk);
-            const float mnew = std::max(m[i], mx);
-            if (mnew == kNegInf) {  // everything masked so far, or NaN (row_max skips NaN)
-              bool nan = false;
-              for (int64_t j = 0; j < nk; ++j) nan = nan || std::isnan(si[j]), si[j] = 0.0f;
-              if (nan) m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();  // the row's output and lse
-              continue;
-            }
-            const float alpha = fast_expf(m[i] - mnew);
-            const float sum = row_exp_sum(si, nk, mnew);
-            l[i] = l[i] * alpha + sum;
-            m[i] = mnew;
-            if (alpha != 1.0f) {
-              float* ai = &acc[i * Ev];
-#pragma omp simd
-              for (int64_t e = 0; e < Ev; ++e) ai[e] *= alpha;
-            }
+      for_each_kv_block(p, row, [&](int64_t j0, int64_t nk, bool partial) {
+        load_transposed(kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+        for (int64_t j = 0; j < nk; ++j) load_row(&vf[j * Ev], vbase + (j0 + j) * p.v_st[2], Ev);
+        tile_abt(s.data(), KT, qf.data(), nq, E, kt.data(), nk);
+        apply_mods(s.data(), KT, nullptr, nq, nk, i0, j0, static_cast<int>(b), static_cast<int>(h), p.scale, sm, mm,
+                   partial);
+        for (int64_t i = 0; i < nq; ++i) {
+          float* si = &s[i * KT];
+          const float mx = row_max(si, nk);
+          const float mnew = std::max(m[i], mx);
+          if (mnew == kNegInf) {  // everything masked so far, or NaN (row_max skips NaN)
+            bool nan = false;
+            for (int64_t j = 0; j < nk; ++j) nan = nan || std::isnan(si[j]), si[j] = 0.0f;
+            if (nan) m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();  // the row's output and lse
+            continue;
           }
-          tile_ax(acc.data(), Ev, s.data(), KT, nq, vf.data(), nk);
+          const float alpha = fast_expf(m[i] - mnew);
+          const float sum = row_exp_sum(si, nk, mnew);
+          l[i] = l[i] * alpha + sum;
+          m[i] = mnew;
+          if (alpha != 1.0f) {
+            float* ai = &acc[i * Ev];
+#pragma omp simd
+            for (int64_t e = 0; e < Ev; ++e) ai[e] *= alpha;
+          }
         }
-      }
+        tile_ax(acc.data(), Ev, s.data(), KT, nq, vf.data(), nk);
+      });
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t o = (b * p.Hq + h) * p.L + i0 + i;
         float* ai = &acc[i * Ev];
@@ -291,25 +300,20 @@ void flex_backward(const FlexParams& p, const SM& sm, const MM& mm) {
     const int64_t row = Geo{p}.mask_row(b, h) * p.nQ + qb;
     const T* kbase = k + b * p.k_st[0] + hk * p.k_st[1];
     const T* vbase = v + b * p.v_st[0] + hk * p.v_st[1];
-    for (int pass = 0; pass < 2; ++pass) {
-      const bool partial = pass == 0;
-      const auto [cnt, idx] = p.kv_blocks(row, partial);
-      for (int32_t c = 0; c < cnt; ++c) {
-        const int64_t j0 = static_cast<int64_t>(idx[c]) * KB, nk = std::min(KB, p.S - j0);
-        load_transposed(w.kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
-        load_transposed(w.vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
-        for (int64_t j = 0; j < nk; ++j) load_row(&w.kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
-        tile_abt(w.s.data(), KT, w.qf.data(), nq, E, w.kt.data(), nk);
-        tile_abt(w.dp.data(), KT, w.dof.data(), nq, Ev, w.vt.data(), nk);
-        flex_tile_grad(w.s.data(), w.dp.data(), w.raw.empty() ? nullptr : w.raw.data(), KT, nq, nk, i0, j0,
-                       static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial, dbias_row);
-        tile_ax(w.acc.data(), E, w.dp.data(), KT, nq, w.kf.data(), nk);
-        if (dka) {
-          tile_atx(dva + j0 * Ev, Ev, w.s.data(), KT, nq, w.dof.data(), nk);
-          tile_atx(dka + j0 * E, E, w.dp.data(), KT, nq, w.qf.data(), nk);
-        }
+    for_each_kv_block(p, row, [&](int64_t j0, int64_t nk, bool partial) {
+      load_transposed(w.kt.data(), KT, kbase + j0 * p.k_st[2], p.k_st[2], nk, E);
+      load_transposed(w.vt.data(), KT, vbase + j0 * p.v_st[2], p.v_st[2], nk, Ev);
+      for (int64_t j = 0; j < nk; ++j) load_row(&w.kf[j * E], kbase + (j0 + j) * p.k_st[2], E);
+      tile_abt(w.s.data(), KT, w.qf.data(), nq, E, w.kt.data(), nk);
+      tile_abt(w.dp.data(), KT, w.dof.data(), nq, Ev, w.vt.data(), nk);
+      flex_tile_grad(w.s.data(), w.dp.data(), w.raw.empty() ? nullptr : w.raw.data(), KT, nq, nk, i0, j0,
+                     static_cast<int>(b), static_cast<int>(h), p, p.lse + o, p.delta + o, sm, mm, partial, dbias_row);
+      tile_ax(w.acc.data(), E, w.dp.data(), KT, nq, w.kf.data(), nk);
+      if (dka) {
+        tile_atx(dva + j0 * Ev, Ev, w.s.data(), KT, nq, w.dof.data(), nk);
+        tile_atx(dka + j0 * E, E, w.dp.data(), KT, nq, w.qf.data(), nk);
       }
-    }
+    });
     for (int64_t i = 0; i < nq; ++i) store_row(dq + (o + i) * E, &w.acc[i * E], E);
   };
   // ---- one pass, where there are tasks enough: one task per (b, h_kv) computes each tile's P and
