@@ -118,6 +118,12 @@ TEST(OwnSgemm, BetaAddsToWhatCHolds) {
       check(make(30, 50, 400, layout & 2, layout & 1, 1, beta, rng), "beta");  // two K blocks: the second adds
       check(make(7, 9, 3, layout & 2, layout & 1, 0, beta, rng), "beta, small");
     }
+  // A weight gradient's shape on two threads: split over its four K blocks, the parts and beta · c
+  // added afterwards.
+  const int omp_before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (float beta : {0.0f, 1.0f, 0.5f}) check(make(128, 64, 1024, true, false, 2, beta, rng), "beta, split over K");
+  omp_set_num_threads(omp_before);
 }
 
 TEST(OwnSgemm, BitsDoNotDependOnThreadsOrRun) {

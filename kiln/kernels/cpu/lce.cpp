@@ -27,11 +27,11 @@ template <class A>
 void gemm_rm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const A* b, int64_t ldb,
              A beta, A* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<A, float>)
     sgemm({m, n, k, ta, tb, a, lda, b, ldb, c, ldc, beta});
   else
-    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), beta, c, int(ldc));
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+                1.0, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
 // The tensor itself when it already has dtype `acc`, else a converted copy.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/core/error.h"
+#include "kiln/kernels/cpu/isa/isa.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -21,13 +22,15 @@
 
 namespace kiln::kernels::cpu {
 
+bool own_sgemm_supported() { return isa::cpu_features().avx512f; }  // false off x86-64
+
 #if defined(__x86_64__)
 namespace {
 
 constexpr int kMr = 14;               // rows of c per tile (28 accumulators + 2 b vectors + 1 broadcast)
 constexpr int kNr = 32;               // columns of c per tile: two 16-float vectors
 constexpr int64_t kKcMax = 256;       // K block: a tile's 14 rows of a stay in L1 across the columns
-constexpr int64_t kNc = 1024;         // column block: a K block of packed b (≤ 1.5 MiB) stays in L2
+constexpr int64_t kNc = 1024;         // column block: a K block of packed b (≤ 1 MiB) stays in L2
 
 // transpose16 transposes the 16 x 16 block in r (r[i] is row i) in place: transposing swaps each
 // bit of the row index with the same bit of the column index, one stage a bit, each an exchange
@@ -64,6 +67,11 @@ KILN_AVX512 void transpose16(__m512 r[16]) {
   }
 }
 
+// The mask of a vector's first n lanes (n clamped to [0, 16]).
+inline __mmask16 lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
 // Panel q of op(b)[k0 : k0 + kc, j0 : j0 + nc] into `out`: kc rows of 32 columns, row-major,
 // columns past nc zero.
 KILN_AVX512 void pack_b_panel(const SgemmProblem& p, int64_t k0, int64_t kc, int64_t j0, int64_t nc, int64_t q,
@@ -74,7 +82,7 @@ KILN_AVX512 void pack_b_panel(const SgemmProblem& p, int64_t k0, int64_t kc, int
   for (int half = 0; half < 2; ++half) {
     for (int64_t kb = 0; kb < kc; kb += 16) {
       const int64_t kn = std::min<int64_t>(16, kc - kb);
-      const __mmask16 km = kn == 16 ? __mmask16(0xFFFF) : __mmask16((1u << kn) - 1);
+      const __mmask16 km = lanes(kn);
       __m512 r[16];
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
@@ -95,8 +103,7 @@ KILN_AVX512 void pack_b_panel(const SgemmProblem& p, int64_t k0, int64_t kc, int
 template <int R, bool TransA>
 KILN_AVX512 void tile(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                       float beta, int cols) {
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : __mmask16(0);
+  const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);
   __m512 c0[R], c1[R];
 #pragma GCC unroll 14
   for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
@@ -129,7 +136,7 @@ KILN_AVX512 void tile(int64_t kc, const float* a, int64_t lda, const float* b, i
 KILN_AVX512 void add_parts_row(float* c, const float* part, int64_t stride, int64_t parts, int64_t n, float beta) {
   const __m512 vb = _mm512_set1_ps(beta);
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+    const __mmask16 m = lanes(n - j);
     __m512 acc = _mm512_maskz_loadu_ps(m, part + j);
     if (beta != 0.0f) acc = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, c + j), acc);
     for (int64_t b = 1; b < parts; ++b) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, part + b * stride + j));
@@ -149,14 +156,6 @@ constexpr auto kTilesTransA = tile_table<true>(std::make_index_sequence<kMr>{});
 
 }  // namespace
 
-bool own_sgemm_supported() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return ok;
-}
-
 void own_sgemm(const SgemmProblem& p) {
   KILN_CHECK(own_sgemm_supported(), "own_sgemm: this CPU has no AVX-512F");
   KILN_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 1, "own_sgemm: a product of [", p.m, ", ", p.k, "] by [", p.k, ", ", p.n,
@@ -164,8 +163,10 @@ void own_sgemm(const SgemmProblem& p) {
   if (p.m == 0 || p.n == 0) return;
   const auto& tiles = p.trans_a ? kTilesTransA : kTilesRowMajorA;
   const int64_t k_blocks = (p.k + kKcMax - 1) / kKcMax, kc_even = (p.k + k_blocks - 1) / k_blocks;
-  // Row panels of even height (128 rows: ten of 12-13, not nine of 14 and one of 2).
+  // Row panels of even height (128 rows: ten of 12-13, not nine of 14 and one of 2): panel mp is
+  // rows [first_row(mp), first_row(mp + 1)).
   const int64_t m_panels = (p.m + kMr - 1) / kMr;
+  const auto first_row = [&](int64_t mp) { return p.m * mp / m_panels; };
   const int64_t nc_max = std::min(kNc, p.n), panels_max = (nc_max + kNr - 1) / kNr;
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int use = static_cast<int>(std::clamp<int64_t>(p.m * p.n * p.k >> 20, 1, threads));  // ≥ 1 M MACs a thread
@@ -184,7 +185,7 @@ void own_sgemm(const SgemmProblem& p) {
     // A transposed b is packed (its columns are rows of b), by every thread for itself: panels
     // packed on one core and read on another crossed between their caches (128 x 128 x 1024 took
     // 195 us on two threads, as long as on one). The thread's buffer is kept between calls (a
-    // fresh one cost its page faults each time: a K block of b is up to 3 MiB). A row-major b is
+    // fresh one cost its page faults each time: a K block of b is up to 1 MiB). A row-major b is
     // read in place.
     thread_local std::vector<float> packed;
     if (p.trans_b) packed.resize(static_cast<size_t>(kc_even * panels_max * kNr));
@@ -201,7 +202,7 @@ void own_sgemm(const SgemmProblem& p) {
         const int64_t k0 = kb * kc_even, kc = std::min(kc_even, p.k - k0);
         float* part = parts + kb * p.m * p.n;
         for (int64_t mp = 0; mp < m_panels; ++mp) {
-          const int64_t i0 = p.m * mp / m_panels, rows = p.m * (mp + 1) / m_panels - i0;
+          const int64_t i0 = first_row(mp), rows = first_row(mp + 1) - i0;
           pack_a(i0, rows, k0, kc);
           for (int64_t q = 0; q * kNr < p.n; ++q) {
             const int cols = static_cast<int>(std::min<int64_t>(kNr, p.n - q * kNr));
@@ -212,37 +213,38 @@ void own_sgemm(const SgemmProblem& p) {
       }
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < p.m; ++i) add_parts_row(p.c + i * p.ldc, parts + i * p.n, p.m * p.n, k_blocks, p.n, p.beta);
-    }
-    for (int64_t j0 = 0; j0 < p.n && !k_split; j0 += kNc) {
-      const int64_t nc = std::min(kNc, p.n - j0), n_panels = (nc + kNr - 1) / kNr;
-      for (int64_t k0 = 0; k0 < p.k; k0 += kc_even) {
-        const int64_t kc = std::min(kc_even, p.k - k0);
-        const float beta = k0 == 0 ? p.beta : 1.0f;  // later K blocks add to what the first wrote
-        if (p.trans_b)
-          for (int64_t q = 0; q < n_panels; ++q) pack_b_panel(p, k0, kc, j0, nc, q, bp);
-        // Tiles in row-panel-major order, split into contiguous ranges: a thread keeps its rows of
-        // a in L1 across the column panels, and takes the rows the same static split of the
-        // elementwise loops wrote on its core (a split by columns read half of a from the other
-        // core's cache: slower in the trainer than OpenBLAS).
-        int64_t packed_mp = -1;  // the row panel a_panel holds
+    } else {
+      for (int64_t j0 = 0; j0 < p.n; j0 += kNc) {
+        const int64_t nc = std::min(kNc, p.n - j0), n_panels = (nc + kNr - 1) / kNr;
+        for (int64_t k0 = 0; k0 < p.k; k0 += kc_even) {
+          const int64_t kc = std::min(kc_even, p.k - k0);
+          const float beta = k0 == 0 ? p.beta : 1.0f;  // later K blocks add to what the first wrote
+          if (p.trans_b)
+            for (int64_t q = 0; q < n_panels; ++q) pack_b_panel(p, k0, kc, j0, nc, q, bp);
+          // Tiles in row-panel-major order, split into contiguous ranges: a thread keeps its rows of
+          // a in L1 across the column panels, and takes the rows the same static split of the
+          // elementwise loops wrote on its core (a split by columns read half of a from the other
+          // core's cache: slower in the trainer than OpenBLAS).
+          int64_t packed_mp = -1;  // the row panel a_panel holds
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < m_panels * n_panels; ++t) {
-          const int64_t mp = t / n_panels, q = t % n_panels;
-          const int64_t i0 = p.m * mp / m_panels, rows = p.m * (mp + 1) / m_panels - i0;
-          const float* at = p.a + i0 * p.lda + k0;
-          int64_t lda = p.lda;
-          if (p.trans_a) {
-            if (mp != packed_mp) {
-              pack_a(i0, rows, k0, kc);
-              packed_mp = mp;
+          for (int64_t t = 0; t < m_panels * n_panels; ++t) {
+            const int64_t mp = t / n_panels, q = t % n_panels;
+            const int64_t i0 = first_row(mp), rows = first_row(mp + 1) - i0;
+            const float* at = p.a + i0 * p.lda + k0;
+            int64_t lda = p.lda;
+            if (p.trans_a) {
+              if (mp != packed_mp) {
+                pack_a(i0, rows, k0, kc);
+                packed_mp = mp;
+              }
+              at = a_panel;
+              lda = kMr;
             }
-            at = a_panel;
-            lda = kMr;
+            const float* bt = p.trans_b ? bp + q * kc * kNr : p.b + k0 * p.ldb + j0 + q * kNr;
+            const int64_t ldb = p.trans_b ? kNr : p.ldb;
+            const int cols = static_cast<int>(std::min<int64_t>(kNr, nc - q * kNr));
+            tiles[rows - 1](kc, at, lda, bt, ldb, p.c + i0 * p.ldc + j0 + q * kNr, p.ldc, beta, cols);
           }
-          const float* bt = p.trans_b ? bp + q * kc * kNr : p.b + k0 * p.ldb + j0 + q * kNr;
-          const int64_t ldb = p.trans_b ? kNr : p.ldb;
-          const int cols = static_cast<int>(std::min<int64_t>(kNr, nc - q * kNr));
-          tiles[rows - 1](kc, at, lda, bt, ldb, p.c + i0 * p.ldc + j0 + q * kNr, p.ldc, beta, cols);
         }
       }
     }
@@ -250,8 +252,6 @@ void own_sgemm(const SgemmProblem& p) {
 }
 
 #else  // not x86-64: the BLAS does every product
-
-bool own_sgemm_supported() { return false; }
 
 void own_sgemm(const SgemmProblem&) { fail("own_sgemm: kiln's own f32 product is built for x86-64 only"); }
 
