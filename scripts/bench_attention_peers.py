@@ -5,8 +5,13 @@ device, shape, dtype, mask, backward, ms_median, peak_bytes, tflops on unmasked 
 --backward also bwd_ms_median and bwd_tflops, the backward alone timed after untimed forwards).
 SDPA runs dense causal for causal/window/document masks (is_causal=True), as in the issue's
 anchors. --score-mod softcap:C|alibi (as `kiln bench attention --score-mod`) gives torch's
-flex_attention that score_mod and skips SDPA, which has none.
+flex_attention that score_mod and skips SDPA, which has none. --impls kiln_torch adds kiln's
+Python module inside the same torch step (`kiln.torch.flex_attention` through torch's autograd,
+on torch's stream): the library's mods by name, and the docwindow mask as the same Python
+mask_mod torch's flex_attention gets, traced into a run-time mod (needs kiln's module on
+PYTHONPATH, e.g. build/cuda/python).
 Usage: bench_attention_peers.py --seq 32768 --heads 16 --head-dim 128 --mask window:256 --backward
+       [--impls torch_flex,torch_sdpa,kiln_torch]
 """
 import argparse
 import json
@@ -67,6 +72,31 @@ def score_mod_for(spec, heads):
     raise SystemExit(f"--score-mod must be none, softcap:C or alibi, got {spec!r}")
 
 
+def kiln_torch_impl(mask, spec, S, heads):
+    """kiln.torch.flex_attention for the same mask and score_mod: the library's mods by name where
+    kiln has them, else (docwindow) torch's own Python mask_mod, traced by kiln."""
+    import kiln.torch as kt
+    if mask == "none":
+        mm = None
+    elif mask == "causal":
+        mm = kt.mods.causal
+    elif mask.startswith("window:"):
+        mm = kt.mods.sliding_window(int(mask.split(":")[1]))
+    elif mask.startswith("document:"):
+        n = int(mask.split(":")[1])
+        mm = kt.mods.document((torch.arange(S) // n).to(torch.int32))
+    else:
+        mm = mask_mod_for(mask)
+    bm = kt.create_block_mask(mm, None, None, S, S, device="cuda") if mm is not None else None
+    if spec == "none":
+        sm = None
+    elif spec.startswith("softcap:"):
+        sm = kt.mods.softcap(float(spec.split(":", 1)[1]))
+    else:
+        sm = kt.mods.alibi
+    return lambda q, k, v: kt.flex_attention(q, k, v, score_mod=sm, block_mask=bm)
+
+
 def time_ms(fn, iters, warmup=0, prepare=None):
     """Median ms of fn between two CUDA events, after `warmup` untimed calls; with `prepare`,
     each timed call is fn(prepare()), prepare's work untimed."""
@@ -98,7 +128,12 @@ def main():
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--impls", default="torch_flex,torch_sdpa", help="comma-separated: torch_flex, torch_sdpa, kiln_torch")
     a = ap.parse_args()
+    wanted = a.impls.split(",")
+    for name in wanted:
+        if name not in ("torch_flex", "torch_sdpa", "kiln_torch"):
+            raise SystemExit(f"--impls: unknown implementation {name!r} (torch_flex, torch_sdpa, kiln_torch)")
     dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[a.dtype]
     B, H, S, D = a.batch, a.heads, a.seq, a.head_dim
     q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(4))
@@ -107,9 +142,13 @@ def main():
     flex = torch.compile(flex_attention)
     causal = a.mask != "none"
     sm = score_mod_for(a.score_mod, H)
-    impls = {"torch_flex": lambda q, k, v: flex(q, k, v, score_mod=sm, block_mask=bm)}
-    if sm is None:
+    impls = {}
+    if "torch_flex" in wanted:
+        impls["torch_flex"] = lambda q, k, v: flex(q, k, v, score_mod=sm, block_mask=bm)
+    if sm is None and "torch_sdpa" in wanted:
         impls["torch_sdpa"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if "kiln_torch" in wanted:
+        impls["kiln_torch"] = kiln_torch_impl(a.mask, a.score_mod, S, H)
     shape = f"B={B},H={H},S={S},D={D}"
     for name, f in impls.items():
         def forward():
@@ -123,7 +162,7 @@ def main():
         torch.cuda.reset_peak_memory_stats()
         ms = time_ms(once, a.iters, a.warmup)
         # The pairs this implementation computes (SDPA: dense causal, or all of them) times D.
-        mask = a.mask if name == "torch_flex" else ("causal" if causal else "none")
+        mask = a.mask if name != "torch_sdpa" else ("causal" if causal else "none")
         pairs_d = count_pairs(mask, S) * B * H * D
         rec = {"bench": "attention", "impl": name, "device": "cuda", "shape": shape, "dtype": a.dtype,
                "mask": mask, "backward": a.backward, "ms_median": ms,

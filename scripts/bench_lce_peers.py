@@ -2,10 +2,12 @@
 """The peers of `kiln bench lce` on the GPU: PyTorch eager, torch.compile, Liger-Kernel's and
 Cut Cross-Entropy's fused losses, forward + backward at the same shapes, printed as the same
 JSON lines (bench, impl, device, shape, dtype, ms_median, peak_bytes above the inputs, tflops,
-loss). A peer that is not installed prints a record with "status": "not installed".
+loss). A peer that is not installed prints a record with "status": "not installed". The impl
+"kiln" is kiln's Python module in the same torch step (`kiln.torch.linear_cross_entropy` through
+torch's autograd, on torch's stream; kiln's module on PYTHONPATH, e.g. build/cuda/python).
 
 usage: scripts/bench_lce_peers.py [--tokens 16384 --dim 4096 --vocab 128256 --dtype bf16]
-                                  [--impls eager,compile,liger,cce] [--iters 20 --warmup 3]
+                                  [--impls eager,compile,liger,cce,kiln] [--iters 20 --warmup 3]
 """
 import argparse
 import json
@@ -60,6 +62,9 @@ def main():
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
             fn = LigerFusedLinearCrossEntropyLoss()
             return lambda h, w, t: fn(w, h, t)
+        if impl == "kiln":
+            import kiln.torch as kt
+            return lambda h, w, t: kt.linear_cross_entropy(h, w, t)
         if impl == "cce":
             from cut_cross_entropy import linear_cross_entropy
             return lambda h, w, t: linear_cross_entropy(h, w, t)
