@@ -20,6 +20,7 @@ import time
 import torch
 import transformers
 
+import kiln
 import kiln.hf
 
 
@@ -57,6 +58,7 @@ def main():
         g = torch.Generator().manual_seed(a.seed)
         if a.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
+            kiln.reset_peak_memory_stats(str(torch.device(a.device)))
         losses, times = [], []
         for _ in range(a.steps):
             starts = torch.randint(0, len(data) - a.seq - 1, (a.batch,), generator=g)
@@ -69,7 +71,9 @@ def main():
             losses.append(loss.item())  # synchronises
             times.append(time.perf_counter() - t0)
         ms = statistics.median(times[1:] if len(times) > 1 else times) * 1e3
-        peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None
+        peak = None
+        if a.device.startswith("cuda"):  # torch's allocator, plus kiln's (which torch's statistics do not see)
+            peak = torch.cuda.max_memory_allocated() + kiln.memory_stats(str(torch.device(a.device)))["peak_bytes"]
         print(json.dumps({"bench": "hf_llama_train", "impl": impl, "device": a.device,
                           "shape": {"batch": a.batch, "seq": a.seq, "hidden": a.hidden, "layers": a.layers,
                                     "vocab": a.vocab},
