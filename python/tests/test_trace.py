@@ -118,6 +118,24 @@ def test_traced_masks_keep_pythons_integer_semantics(gen, name, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_an_index_over_a_positive_constant_traces_to_the_plain_operators(gen, device):
+    # q_idx // n and kv_idx % n need no sign fix-up (indices are never negative): C++'s / and %.
+    fn = lambda b, h, q, kv: (q >= kv) & (q // 8 == kv // 8) & (kv % 3 != 1)  # noqa: E731
+    expr, _, _ = trace_mod(fn, "mask_mod")
+    assert expr == "((q_idx >= kv_idx) && ((q_idx / 8) == (kv_idx / 8))) && ((kv_idx % 3) != 1)"
+    # a difference of indices can be negative: it keeps Python's floor
+    expr2, _, _ = trace_mod(lambda b, h, q, kv: (q - kv) // 8 == 0, "mask_mod")
+    assert "where(" in expr2
+    B, H, L, E = 1, 1, 37, 8
+    q, k, v = (randn(gen, B, H, L, E) for _ in range(3))
+    keep = fn(None, None, torch.arange(L)[:, None], torch.arange(L)[None, :])
+    bm = kt.create_block_mask(fn, 1, 1, L, L, device=device, BLOCK_SIZE=8)
+    out = kt.flex_attention(q.to(device), k.to(device), v.to(device), block_mask=bm)
+    torch.testing.assert_close(out.double().cpu(), reference(q.double(), k.double(), v.double(), keep), rtol=2e-5,
+                               atol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_captured_tensor_gets_its_gradient(gen, device):
     B, H, L, E = 1, 2, 23, 8
     q, k, v = (randn(gen, B, H, L, E).to(device).requires_grad_() for _ in range(3))

@@ -19,6 +19,8 @@ from .._C import KilnError
 
 # Python's operators on ints follow floor semantics; C++'s truncate. These helpers keep Python's.
 _FLOORDIV = "where(({a}) % ({b}) != 0 && ((({a}) < 0) != (({b}) < 0)), ({a}) / ({b}) - 1, ({a}) / ({b}))"
+# The mods' index arguments: never negative (b < B, h < H, q_idx < L, kv_idx < S).
+_INDEX_NAMES = ("b", "h", "q_idx", "kv_idx")
 _MOD = "where(({a}) % ({b}) != 0 && ((({a}) % ({b}) < 0) != (({b}) < 0)), ({a}) % ({b}) + ({b}), ({a}) % ({b}))"
 
 _UNTRACEABLE = ("kiln.torch: the {what} cannot be traced: {why}. A traced mod runs as one expression over "
@@ -167,6 +169,10 @@ class Proxy:
         if a.kind == "float" or b.kind == "float":
             self.trace.fail(f"`{op}` of a float has no expression in kiln's mod language (use torch.floor or write "
                             f"it another way)")
+        if a.text in _INDEX_NAMES and b.text.isdigit() and int(b.text) > 0:
+            # An index (never negative) over a positive constant: C++'s / and % already floor, so
+            # the plain operator (a shift or a multiply in the kernels) replaces the sign fix-up.
+            return Proxy(f"({a.text} {'/' if op == '//' else '%'} {b.text})", "int", self.trace)
         return Proxy("(" + template.format(a=a.text, b=b.text) + ")", "int", self.trace)
 
     def __floordiv__(self, o): return self._intop(o, _FLOORDIV, "//", False)
