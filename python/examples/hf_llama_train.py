@@ -45,6 +45,7 @@ def main():
         raise SystemExit(f"--vocab must be at least 256 (the ids are the text's bytes), got {a.vocab}")
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
+    kiln_device = str(torch.device(a.device))  # kiln's name of it, for its allocator's statistics
     kiln.hf.register()
     cfg = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=4 * a.hidden,
                                    num_hidden_layers=a.layers, num_attention_heads=a.heads,
@@ -58,7 +59,7 @@ def main():
         g = torch.Generator().manual_seed(a.seed)
         if a.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-            kiln.reset_peak_memory_stats(str(torch.device(a.device)))
+            kiln.reset_peak_memory_stats(kiln_device)
         losses, times = [], []
         for _ in range(a.steps):
             starts = torch.randint(0, len(data) - a.seq - 1, (a.batch,), generator=g)
@@ -73,7 +74,7 @@ def main():
         ms = statistics.median(times[1:] if len(times) > 1 else times) * 1e3
         peak = None
         if a.device.startswith("cuda"):  # torch's allocator, plus kiln's (which torch's statistics do not see)
-            peak = torch.cuda.max_memory_allocated() + kiln.memory_stats(str(torch.device(a.device)))["peak_bytes"]
+            peak = torch.cuda.max_memory_allocated() + kiln.memory_stats(kiln_device)["peak_bytes"]
         print(json.dumps({"bench": "hf_llama_train", "impl": impl, "device": a.device,
                           "shape": {"batch": a.batch, "seq": a.seq, "hidden": a.hidden, "layers": a.layers,
                                     "vocab": a.vocab},

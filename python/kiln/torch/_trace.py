@@ -19,9 +19,9 @@ from .._C import KilnError
 
 # Python's operators on ints follow floor semantics; C++'s truncate. These helpers keep Python's.
 _FLOORDIV = "where(({a}) % ({b}) != 0 && ((({a}) < 0) != (({b}) < 0)), ({a}) / ({b}) - 1, ({a}) / ({b}))"
+_MOD = "where(({a}) % ({b}) != 0 && ((({a}) % ({b}) < 0) != (({b}) < 0)), ({a}) % ({b}) + ({b}), ({a}) % ({b}))"
 # The mods' index arguments: never negative (b < B, h < H, q_idx < L, kv_idx < S).
 _INDEX_NAMES = ("b", "h", "q_idx", "kv_idx")
-_MOD = "where(({a}) % ({b}) != 0 && ((({a}) % ({b}) < 0) != (({b}) < 0)), ({a}) % ({b}) + ({b}), ({a}) % ({b}))"
 
 _UNTRACEABLE = ("kiln.torch: the {what} cannot be traced: {why}. A traced mod runs as one expression over "
                 "(score, b, h, q_idx, kv_idx) for every pair, so a branch that depends on those values has no "
