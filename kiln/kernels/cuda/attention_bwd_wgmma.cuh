@@ -115,11 +115,12 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   constexpr bool kIdentity = dev::is_same_v<SM, attention::NoScoreMod>;
   extern __shared__ unsigned char bwd_wgmma_smem[];
   unsigned char* smem = wg::align_1024(bwd_wgmma_smem);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
-  uint64_t* res_full = bars;
-  uint64_t* res_empty = bars + 2;
-  uint64_t* full = bars + 4;
-  uint64_t* empty = bars + 4 + kStages;
+  // The barriers as 32-bit shared addresses (wgmma.cuh's mbarriers).
+  const uint32_t base = wg::smem_u32(smem), bars = base + Smem::kBar;
+  auto res_full = [&](uint32_t r) { return bars + 8 * r; };
+  auto res_empty = [&](uint32_t r) { return bars + 8 * (2 + r); };
+  auto full = [&](uint32_t s) { return bars + 8 * (4 + s); };
+  auto empty = [&](uint32_t s) { return bars + 8 * (4 + kStages + s); };
   const float* stats = reinterpret_cast<const float*>(smem + Smem::kStats);
   int32_t* info = reinterpret_cast<int32_t*>(smem + Smem::kInfo);
   int32_t* tile_slot = reinterpret_cast<int32_t*>(smem + Smem::kTileSlot);
@@ -148,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   if (tid == 0) {
     // res_empty: dQ's consumers once they have their resident rows in registers and delta;
     // dK/dV's once they have staged their results there, their issuers once the stores have read them.
-    for (int r = 0; r < 2; ++r) wg::mbar_init(res_full + r, 1), wg::mbar_init(res_empty + r, kConsumerArrivals);
-    for (int s = 0; s < kStages; ++s) wg::mbar_init(full + s, kFullArrivals), wg::mbar_init(empty + s, kConsumerArrivals);
+    for (int r = 0; r < 2; ++r) wg::mbar_init(res_full(r), 1), wg::mbar_init(res_empty(r), kConsumerArrivals);
+    for (int s = 0; s < kStages; ++s) wg::mbar_init(full(s), kFullArrivals), wg::mbar_init(empty(s), kConsumerArrivals);
     wg::mbar_init_fence();
   }
   __syncthreads();
@@ -166,9 +167,9 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       t = __shfl_sync(0xffffffffu, t, 0);
       // Resident buffer `buf` is free once its previous tile is done with it (dK/dV: has stored
       // its results from it; dQ: has its rows in registers).
-      wg::mbar_wait(res_empty + buf, res_phase ^ 1);
+      wg::mbar_wait(res_empty(buf), res_phase ^ 1);
       if (t >= n_tiles) {
-        if (lane == 0) tile_slot[buf] = -1, wg::mbar_arrive(res_full + buf);
+        if (lane == 0) tile_slot[buf] = -1, wg::mbar_arrive(res_full(buf));
         break;
       }
       const BwdTile<KV_SIDE> tile(p, t, n_row_tiles, heads_fastest);
@@ -177,23 +178,23 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       const int64_t blk = KV_SIDE ? tile.row0 / p.KB : mask_row(p, b, head) * p.nQ + tile.row0 / p.QB;
       if (lane == 0) {
         tile_slot[buf] = t;  // released by the arrive below
-        wg::mbar_arrive_expect_tx(res_full + buf, 2 * Smem::kResBytes);
-        unsigned char* res = smem + buf * Smem::kPairBytes;
-        load_rows_tma<kGroups, kBwdRows>(res, &maps.r0, res_full + buf, static_cast<int>(tile.row0), head, b);
-        load_rows_tma<kGroups, kBwdRows>(res + Smem::kResBytes, &maps.r1, res_full + buf, static_cast<int>(tile.row0),
+        wg::mbar_arrive_expect_tx(res_full(buf), 2 * Smem::kResBytes);
+        const uint32_t res = base + buf * Smem::kPairBytes;
+        load_rows_tma<kGroups, kBwdRows>(res, &maps.r0, res_full(buf), static_cast<int>(tile.row0), head, b);
+        load_rows_tma<kGroups, kBwdRows>(res + Smem::kResBytes, &maps.r1, res_full(buf), static_cast<int>(tile.row0),
                                          head, b);
       }
       if constexpr (!KV_SIDE) {
         // The dQ pass's first stage of a tile holds the tile's 128 rows of O, for delta.
         const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
         ++it;
-        wg::mbar_wait(empty + stage, phase ^ 1);
+        wg::mbar_wait(empty(stage), phase ^ 1);
         if (lane == 0) {
-          wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
-          unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
+          wg::mbar_arrive_expect_tx(full(stage), 2 * Smem::kStrBytes);
+          const uint32_t st = base + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
 #pragma unroll
           for (int half = 0; half < 2; ++half)  // two 64-row boxes, in the places of the streamed pair
-            load_rows_tma<kGroups, kBwdStep>(st + half * Smem::kStrBytes, &maps.o1, full + stage,
+            load_rows_tma<kGroups, kBwdStep>(st + half * Smem::kStrBytes, &maps.o1, full(stage),
                                              static_cast<int>(tile.row0) + 64 * half, head, b);
         }
       }
@@ -203,11 +204,11 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
       for (;; ++it) {
         const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
-        wg::mbar_wait(empty + stage, phase ^ 1);
+        wg::mbar_wait(empty(stage), phase ^ 1);
         int32_t* slot = info + 2 * stage;
         if (!cur.valid) {
-          if (lane == 0) slot[1] = kWalkEnd, wg::mbar_arrive(full + stage);
-          if constexpr (KV_SIDE) wg::mbar_arrive(full + stage);  // the 32 lanes' arrivals, as for a step
+          if (lane == 0) slot[1] = kWalkEnd, wg::mbar_arrive(full(stage));
+          if constexpr (KV_SIDE) wg::mbar_arrive(full(stage));  // the 32 lanes' arrivals, as for a step
           ++it;
           break;
         }
@@ -215,10 +216,10 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
         const int start = static_cast<int>(cur.start);
         if (lane == 0) {
           slot[0] = start, slot[1] = cur.hi * 2 + cur.pass;  // released by the arrive below
-          wg::mbar_arrive_expect_tx(full + stage, 2 * Smem::kStrBytes);
-          unsigned char* st = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
-          load_rows_tma<kGroups, kBwdStep>(st, &maps.s0, full + stage, start, hs, b);
-          load_rows_tma<kGroups, kBwdStep>(st + Smem::kStrBytes, &maps.s1, full + stage, start, hs, b);
+          wg::mbar_arrive_expect_tx(full(stage), 2 * Smem::kStrBytes);
+          const uint32_t st = base + Smem::kStage0 + stage * 2 * Smem::kStrBytes;
+          load_rows_tma<kGroups, kBwdStep>(st, &maps.s0, full(stage), start, hs, b);
+          load_rows_tma<kGroups, kBwdStep>(st + Smem::kStrBytes, &maps.s1, full(stage), start, hs, b);
         }
         if constexpr (KV_SIDE) {
           const int64_t o = (static_cast<int64_t>(b) * p.Hq + hs) * p.L;
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
             stat[x] = flex_mma::bwd::exp_base<kIdentity>(i < p.L ? p.lse[o + i] : -INFINITY);
             stat[kBwdStep + x] = i < p.L ? p.delta[o + i] : 0.0f;
           }
-          wg::mbar_arrive(full + stage);  // release: the stores above are visible to the waiters
+          wg::mbar_arrive(full(stage));  // release: the stores above are visible to the waiters
         }
         flex_mma::bwd::advance<kBwdStep, KV_SIDE>(p, b, h0, n_heads, blk, limit, cur);
       }
@@ -288,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       mma::ldmatrix_x4(ra1[kk], r1_base + off);
     }
   };
-  auto stage_base = [&](uint32_t stage) { return wg::smem_u32(smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes); };
+  auto stage_base = [&](uint32_t stage) { return base + Smem::kStage0 + stage * 2 * Smem::kStrBytes; };
   auto issue_products = [&](uint32_t s0_base) {
     const uint64_t s0 = wg::desc_sw128(s0_base, 16, 1024), s1 = wg::desc_sw128(s0_base + Smem::kStrBytes, 16, 1024);
     const uint64_t r0 = wg::desc_sw128(r0_base, 16, 1024), r1 = wg::desc_sw128(r1_base, 16, 1024);
@@ -442,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   auto products_now = [&](uint32_t stage) { issue_and_wait([&] { issue_products(stage_base(stage)); }); };
   auto accumulate_now = [&](uint32_t stage) {
     issue_and_wait([&] { issue_accumulate(stage_base(stage)); });
-    wg::mbar_arrive(empty + stage);
+    wg::mbar_arrive(empty(stage));
   };
 
   // The step of a stage from the producer's slot (read after full[stage]); false: the tile's
@@ -450,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   auto read_step = [&](uint32_t stage, flex_mma::bwd::Cursor& c) {
     const int32_t meta = info[2 * stage + 1];
     if (meta == kWalkEnd) {
-      wg::mbar_arrive(empty + stage);
+      wg::mbar_arrive(empty(stage));
       return false;
     }
     c.start = info[2 * stage], c.hi = meta >> 1, c.pass = meta & 1;
@@ -462,12 +463,12 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
   auto release_previous = [&](uint32_t buf) {
     if (!prev_pending) return;
     prev_pending = false;
-    if (issuer) wg::bulk_wait_read<0>(), wg::mbar_arrive(res_empty + (buf ^ 1));
+    if (issuer) wg::bulk_wait_read<0>(), wg::mbar_arrive(res_empty(buf ^ 1));
   };
   uint32_t it = 0;  // stage uses, over all tiles (as the producer counts them)
   for (uint32_t tc = 0;; ++tc) {
     const uint32_t buf = tc % kResBufs;
-    wg::mbar_wait(res_full + buf, (tc / kResBufs) & 1);
+    wg::mbar_wait(res_full(buf), (tc / kResBufs) & 1);
     const int32_t t = tile_slot[buf];
     if (t < 0) break;
     {
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
     h0 = KV_SIDE ? head * G : head;
     wrow = static_cast<int>(row0) + 64 * wgi + 16 * wq;
     res_tail = row0 + kBwdRows > res_len;
-    r0_base = wg::smem_u32(smem + buf * Smem::kPairBytes) + wgi * 64 * 128;
+    r0_base = base + buf * Smem::kPairBytes + wgi * 64 * 128;
     r1_base = r0_base + Smem::kResBytes;
     if constexpr (kResInRegs) load_resident_fragments();
     if constexpr (!KV_SIDE) {
@@ -491,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       // tile's first stage): two lanes a row, D / 2 columns each, in 16-byte chunks; written
       // for the dK/dV pass, which runs after this one.
       const uint32_t stage = it % kStages;
-      wg::mbar_wait(full + stage, (it / kStages) & 1);
+      wg::mbar_wait(full(stage), (it / kStages) & 1);
       const int rr = lane >> 1, half = lane & 1, lr = 16 * wq + rr;  // lr: row within the warpgroup's 64
       const unsigned char* o_rows = smem + Smem::kStage0 + stage * 2 * Smem::kStrBytes + wgi * Smem::kStrBytes;
       const unsigned char* do_rows = smem + buf * Smem::kPairBytes + Smem::kResBytes + wgi * 64 * 128;
@@ -510,7 +511,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       // The warp has read its O rows and (here and by ldmatrix, above) its resident rows: the
       // stage goes back, and so does the resident buffer once all 8 warps are here (the next
       // tile's Q and dO load into it during this walk).
-      wg::mbar_arrive(empty + stage), wg::mbar_arrive(res_empty + buf);
+      wg::mbar_arrive(empty(stage)), wg::mbar_arrive(res_empty(buf));
       ++it;
 #pragma unroll
       for (int r = 0; r < 2; ++r) row_delta[r] = __shfl_sync(0xffffffffu, d, 2 * (g + 8 * r));
@@ -526,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       // accumulator registers leave no room for a second step's S and dP, and every score mod).
       for (;; ++it) {
         const uint32_t stage = it % kStages;
-        wg::mbar_wait(full + stage, (it / kStages) & 1);
+        wg::mbar_wait(full(stage), (it / kStages) & 1);
         if (!read_step(stage, cur)) break;
         products_now(stage);
         release_previous(buf);
@@ -539,7 +540,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           issue_one_accumulate.template operator()<true>(stage);  // dK += dSᵀ·Q
           wg::wait<0>();
           fence_all();
-          wg::mbar_arrive(empty + stage);
+          wg::mbar_arrive(empty(stage));
         } else {
           gradients(cur, stage, PAndDs{});
           pack();
@@ -549,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       ++it;  // the end stage
     } else {
       uint32_t stage = it % kStages;
-      wg::mbar_wait(full + stage, (it / kStages) & 1);
+      wg::mbar_wait(full(stage), (it / kStages) & 1);
       if (read_step(stage, cur)) {
         // Step 0 (nothing to overlap with yet).
         uint32_t prev = stage;
@@ -561,7 +562,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
         // this warpgroup computes P and dS of the current step.
         for (++it;; ++it) {
           stage = it % kStages;
-          wg::mbar_wait(full + stage, (it / kStages) & 1);
+          wg::mbar_wait(full(stage), (it / kStages) & 1);
           if (!read_step(stage, cur)) break;
           fence_all();
           wg::fence();
@@ -575,7 +576,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
           gradients(cur, stage, PAndDs{});
           wg::wait<0>();
           fence_all();
-          wg::mbar_arrive(empty + prev);
+          wg::mbar_arrive(empty(prev));
           pack();
           prev = stage;
         }
@@ -601,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1) flex_bwd_wgmma_kernel(const __gri
       wg::store_rows_tma<T, kAt, kBwdRows>(acc0, res, wgi, lane, issuer, &maps.o0, static_cast<int>(row0), head, b);
       wg::store_rows_tma<T, kAt, kBwdRows>(acc1, res + Smem::kResBytes, wgi, lane, issuer, &maps.o1, static_cast<int>(row0),
                                        head, b);
-      if (!issuer) wg::mbar_arrive(res_empty + buf);
+      if (!issuer) wg::mbar_arrive(res_empty(buf));
       prev_pending = true;
     } else {
       // dQ through the staging tile, once the previous tile's store has read it (a walk ago).

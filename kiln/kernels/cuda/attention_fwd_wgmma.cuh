@@ -133,10 +133,15 @@ __device__ __forceinline__ void pv_issue(float (&o)[D / 8][4], const uint32_t (&
 // swizzled shared memory at `dst` (one TMA box per 64-column group; NOTE [swizzled tiles for
 // wgmma and TMA]), completing on `bar`.
 template <int GROUPS, int ROWS>
-__device__ __forceinline__ void load_rows_tma(unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int row,
-                                              int head, int b) {
+__device__ __forceinline__ void load_rows_tma(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                              int b) {
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) wg::tma_load_4d(dst + g * ROWS * 128, map, bar, 64 * g, row, head, b);
+}
+template <int GROUPS, int ROWS>
+__device__ __forceinline__ void load_rows_tma(unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int row,
+                                              int head, int b) {
+  load_rows_tma<GROUPS, ROWS>(wg::smem_u32(dst), map, wg::smem_u32(bar), row, head, b);
 }
 
 template <class T, int D, class SM, class MM>
@@ -149,19 +154,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kGroups = D / 64;  // 64-column groups of a row (one TMA box each)
   extern __shared__ unsigned char fwd_wgmma_smem[];
   unsigned char* smem = wg::align_1024(fwd_wgmma_smem);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBar);
-  uint64_t* q_full = bars;
-  uint64_t* q_empty = bars + 1;
-  uint64_t* kv_full = bars + 2;
-  uint64_t* kv_empty = bars + 2 + kStages;
-  int32_t* info = reinterpret_cast<int32_t*>(smem + Smem::kInfo);
-  int32_t* tile_slot = reinterpret_cast<int32_t*>(smem + Smem::kTileSlot);
+  // Shared addresses as 32-bit offsets from the base (wgmma.cuh's mbarriers), the producer's
+  // slots also as pointers for its stores.
+  const uint32_t base = wg::smem_u32(smem);
+  const uint32_t q_full = base + Smem::kBar, q_empty = q_full + 8;
+  auto kv_full = [&](uint32_t s) { return q_full + 16 + 8 * s; };
+  auto kv_empty = [&](uint32_t s) { return q_full + 16 + 8 * (kStages + s); };
+  const uint32_t info = base + Smem::kInfo, tile_slot = base + Smem::kTileSlot;
+  int32_t* info_w = reinterpret_cast<int32_t*>(smem + Smem::kInfo);
+  int32_t* tile_slot_w = reinterpret_cast<int32_t*>(smem + Smem::kTileSlot);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     wg::mbar_init(q_full, 1);
     wg::mbar_init(q_empty, kConsumerWarps);
-    for (int s = 0; s < kStages; ++s) wg::mbar_init(kv_full + s, 1), wg::mbar_init(kv_empty + s, kConsumerWarps);
+    for (int s = 0; s < kStages; ++s) wg::mbar_init(kv_full(s), 1), wg::mbar_init(kv_empty(s), kConsumerWarps);
     wg::mbar_init_fence();
   }
   __syncthreads();
@@ -179,24 +186,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (uint32_t q_phase = 1;; q_phase ^= 1) {
       wg::mbar_wait(q_empty, q_phase);
       if (t >= n_tiles) {
-        tile_slot[0] = -1, wg::mbar_arrive(q_full);
+        tile_slot_w[0] = -1, wg::mbar_arrive(q_full);
         break;
       }
       const FwdTile tile = fwd_tile(p, t, n_qtiles, heads_fastest);
       const KvSteps<kBN> steps(p, tile.b, tile.h, tile.q0);
       const int hk = static_cast<int>(tile.h / group);
-      info[0] = steps.n_part, info[1] = steps.n, tile_slot[0] = t;  // released to the consumers by the arrive
+      info_w[0] = steps.n_part, info_w[1] = steps.n, tile_slot_w[0] = t;  // released to the consumers by the arrive
       wg::mbar_arrive_expect_tx(q_full, Smem::kQBytes);
-      load_rows_tma<kGroups, kBM>(smem, &tq, q_full, static_cast<int>(tile.q0), tile.h, tile.b);
+      load_rows_tma<kGroups, kBM>(base, &tq, q_full, static_cast<int>(tile.q0), tile.h, tile.b);
       for (int s = 0; s < steps.n; ++s, ++it) {
         const uint32_t stage = it % kStages, phase = (it / kStages) & 1;
-        wg::mbar_wait(kv_empty + stage, phase ^ 1);
+        wg::mbar_wait(kv_empty(stage), phase ^ 1);
         const int kv0 = static_cast<int>(steps.kv0(p, s));
-        info[2 + stage] = kv0;  // released to the consumers by the arrive
-        wg::mbar_arrive_expect_tx(kv_full + stage, 2 * Smem::kKVBytes);
-        unsigned char* sk = smem + Smem::kK + stage * 2 * Smem::kKVBytes;
-        load_rows_tma<kGroups, kBN>(sk, &tk, kv_full + stage, kv0, hk, tile.b);
-        load_rows_tma<kGroups, kBN>(sk + Smem::kKVBytes, &tv, kv_full + stage, kv0, hk, tile.b);
+        info_w[2 + stage] = kv0;  // released to the consumers by the arrive
+        wg::mbar_arrive_expect_tx(kv_full(stage), 2 * Smem::kKVBytes);
+        const uint32_t sk = base + Smem::kK + stage * 2 * Smem::kKVBytes;
+        load_rows_tma<kGroups, kBN>(sk, &tk, kv_full(stage), kv0, hk, tile.b);
+        load_rows_tma<kGroups, kBN>(sk + Smem::kKVBytes, &tv, kv_full(stage), kv0, hk, tile.b);
       }
       t = claim_tile(tile_counter);
     }
@@ -207,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   wg::setmaxnreg_inc<kConsumerRegs>();
   const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, t4 = lane & 3;
   const int L = static_cast<int>(p.L), S = static_cast<int>(p.S);
-  const uint32_t q_base = wg::smem_u32(smem) + wgi * 64 * 128;
+  const uint32_t q_base = base + wgi * 64 * 128;
   constexpr int kNt = kBN / 8, kOt = D / 8;
   constexpr bool kIdentity = dev::is_same_v<SM, attention::NoScoreMod>;
   const bool issuer = wq == 0 && lane == 0;  // stores this warpgroup's O rows
@@ -216,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int held_stage = -1;
   auto release_held = [&] {
     if (held_stage < 0) return;
-    if (issuer) wg::bulk_wait_read<0>(), wg::mbar_arrive(kv_empty + held_stage);
+    if (issuer) wg::bulk_wait_read<0>(), wg::mbar_arrive(kv_empty(held_stage));
     held_stage = -1;
   };
   uint32_t it = 0;
@@ -302,12 +309,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) c_to_a<T>(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
     };
-    auto k_of = [&](uint32_t stage) { return wg::smem_u32(smem + Smem::kK + stage * 2 * Smem::kKVBytes); };
+    auto k_of = [&](uint32_t stage) { return base + Smem::kK + stage * 2 * Smem::kKVBytes; };
 
     if (n_steps > 0) {
       // Step 0: S, softmax, nothing to overlap with yet.
       uint32_t stage_prev = it % kStages;
-      wg::mbar_wait(kv_full + stage_prev, (it / kStages) & 1);
+      wg::mbar_wait(kv_full(stage_prev), (it / kStages) & 1);
       const int kv_tile0 = wg::warp_read_slot(info + 2 + stage_prev);
       wg::fence_operands(sc);
       wg::fence();
@@ -324,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // run P·V while this warpgroup does the softmax of S.
       for (int s = 1; s < n_steps; ++s, ++it) {
         const uint32_t stage = it % kStages;
-        wg::mbar_wait(kv_full + stage, (it / kStages) & 1);
+        wg::mbar_wait(kv_full(stage), (it / kStages) & 1);
         const int kv_tile = wg::warp_read_slot(info + 2 + stage);
         wg::fence_operands(sc);
         wg::fence_operands(o);
@@ -341,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::wait<0>();  // the previous P·V is done: release its stage
         wg::fence_operands(o);
         wg::fence_operands(pa);
-        if (lane == 0) wg::mbar_arrive(kv_empty + stage_prev);
+        if (lane == 0) wg::mbar_arrive(kv_empty(stage_prev));
         rescale_and_pack();
         stage_prev = stage;
       }
@@ -378,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::mbar_wait(q_empty, tc & 1);
       wg::store_rows_tma<T, kOt, kBN>(o, smem + Smem::kK + last * 2 * Smem::kKVBytes, wgi, lane, issuer, &to,
                                   static_cast<int>(tile.q0), tile.h, tile.b);
-      if (lane == 0 && wq != 0) wg::mbar_arrive(kv_empty + last);
+      if (lane == 0 && wq != 0) wg::mbar_arrive(kv_empty(last));
       held_stage = static_cast<int>(last);
     } else {  // nothing was kept: zeros, stored directly
       T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(tile.b) * p.Hq + tile.h) * p.L * D;

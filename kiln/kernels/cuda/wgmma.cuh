@@ -161,31 +161,39 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* smem) {
   return smem + ((1024 - (smem_u32(smem) & 1023)) & 1023);
 }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+// Each takes the barrier as a shared-memory address (a uint32_t: the hot loops keep their
+// addresses as 32-bit offsets from smem_u32 of the buffer, which NVRTC, unlike nvcc, otherwise
+// computes in 64 bits and converts at every use), or as a pointer into shared memory.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) { mbar_init(smem_u32(bar), count); }
 // Makes barrier initialisation visible to the async proxy (the TMA unit); the CTA syncs after.
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { mbar_arrive(smem_u32(bar)); }
 // Arrives and announces `bytes` more of transactions (TMA copies completing on this barrier).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+  mbar_arrive_expect_tx(smem_u32(bar), bytes);
 }
 // Waits until the phase of parity `parity` has completed (a fresh barrier counts its phase
 // "parity 1" as complete, so a producer's first wait on an empty slot passes at once).
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_u32(bar);
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(addr), "r"(parity)
+        : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
 }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
 
 // Lane 0 reads a producer's slot in shared memory and hands the value to its warp (all lanes
 // call it). Where one elected lane per warp arrives on the barrier that lets the producer
@@ -193,20 +201,25 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // arrive releases the arriving thread's own accesses (compute-sanitizer's racecheck checks
 // exactly that, and reported the slots as WAR hazards when every lane read them). The load is
 // asm volatile so the compiler cannot turn it into a load by every lane and a select.
-__device__ __forceinline__ int32_t warp_read_slot(const int32_t* slot) {
+__device__ __forceinline__ int32_t warp_read_slot(uint32_t slot) {
   int32_t v = 0;
-  if ((threadIdx.x & 31) == 0) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_u32(slot)) : "memory");
+  if ((threadIdx.x & 31) == 0) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(slot) : "memory");
   return __shfl_sync(0xffffffffu, v, 0);
 }
+__device__ __forceinline__ int32_t warp_read_slot(const int32_t* slot) { return warp_read_slot(smem_u32(slot)); }
 
 // ---- TMA: one box of a 4-D tensor map into shared memory, completing on `bar` ----
-__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
                                             int c3) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                            int c3) {
+  tma_load_4d(smem_u32(dst), map, smem_u32(bar), c0, c1, c2, c3);
 }
 
 // ---- TMA: one box of shared memory (the layout a load of the same map writes) → a 4-D tensor ----
