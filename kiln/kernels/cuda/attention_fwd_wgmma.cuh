@@ -160,7 +160,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_full = base + Smem::kBar, q_empty = q_full + 8;
   auto kv_full = [&](uint32_t s) { return q_full + 16 + 8 * s; };
   auto kv_empty = [&](uint32_t s) { return q_full + 16 + 8 * (kStages + s); };
-  const uint32_t info = base + Smem::kInfo, tile_slot = base + Smem::kTileSlot;
+  const uint32_t tile_slot = base + Smem::kTileSlot;
+  auto info = [&](uint32_t i) { return base + Smem::kInfo + 4 * i; };  // the address of int32 slot i
   int32_t* info_w = reinterpret_cast<int32_t*>(smem + Smem::kInfo);
   int32_t* tile_slot_w = reinterpret_cast<int32_t*>(smem + Smem::kTileSlot);
 
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // The walk's length from the producer (it reads the block lists; the consumers never touch
     // global memory before the store).
-    const int n_part = wg::warp_read_slot(info), n_steps = wg::warp_read_slot(info + 1);
+    const int n_part = wg::warp_read_slot(info(0)), n_steps = wg::warp_read_slot(info(1));
     if (n_steps == 0 && lane == 0) wg::mbar_arrive(q_empty);
     float sc[kNt][4];              // S of this step, then its P in f32
     uint32_t pa[kBN / 16][4];      // P of the previous step, 16-bit, as A fragments
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Step 0: S, softmax, nothing to overlap with yet.
       uint32_t stage_prev = it % kStages;
       wg::mbar_wait(kv_full(stage_prev), (it / kStages) & 1);
-      const int kv_tile0 = wg::warp_read_slot(info + 2 + stage_prev);
+      const int kv_tile0 = wg::warp_read_slot(info(2 + stage_prev));
       wg::fence_operands(sc);
       wg::fence();
       issue_s(k_of(stage_prev));
@@ -332,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int s = 1; s < n_steps; ++s, ++it) {
         const uint32_t stage = it % kStages;
         wg::mbar_wait(kv_full(stage), (it / kStages) & 1);
-        const int kv_tile = wg::warp_read_slot(info + 2 + stage);
+        const int kv_tile = wg::warp_read_slot(info(2 + stage));
         wg::fence_operands(sc);
         wg::fence_operands(o);
         wg::fence_operands(pa);
