@@ -131,17 +131,12 @@ __device__ __forceinline__ void pv_issue(float (&o)[D / 8][4], const uint32_t (&
 
 // A tile of ROWS rows × 64·GROUPS columns at tensor coordinates (row, head, b) of `map` into
 // swizzled shared memory at `dst` (one TMA box per 64-column group; NOTE [swizzled tiles for
-// wgmma and TMA]), completing on `bar`.
+// wgmma and TMA]), completing on `bar` (both 32-bit shared addresses).
 template <int GROUPS, int ROWS>
 __device__ __forceinline__ void load_rows_tma(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
                                               int b) {
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g) wg::tma_load_4d(dst + g * ROWS * 128, map, bar, 64 * g, row, head, b);
-}
-template <int GROUPS, int ROWS>
-__device__ __forceinline__ void load_rows_tma(unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int row,
-                                              int head, int b) {
-  load_rows_tma<GROUPS, ROWS>(wg::smem_u32(dst), map, wg::smem_u32(bar), row, head, b);
 }
 
 template <class T, int D, class SM, class MM>

@@ -195,18 +195,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
 
-// Lane 0 reads a producer's slot in shared memory and hands the value to its warp (all lanes
-// call it). Where one elected lane per warp arrives on the barrier that lets the producer
-// rewrite the slot, the only thread that read it is the one whose arrive releases the read: an
-// arrive releases the arriving thread's own accesses (compute-sanitizer's racecheck checks
-// exactly that, and reported the slots as WAR hazards when every lane read them). The load is
-// asm volatile so the compiler cannot turn it into a load by every lane and a select.
+// Lane 0 reads a producer's slot in shared memory (`slot`: its 32-bit shared address) and hands the
+// value to its warp (all lanes call it). Where one elected lane per warp arrives on the barrier
+// that lets the producer rewrite the slot, the only thread that read it is the one whose arrive
+// releases the read: an arrive releases the arriving thread's own accesses (compute-sanitizer's
+// racecheck checks exactly that, and reported the slots as WAR hazards when every lane read them).
+// The load is asm volatile so the compiler cannot turn it into a load by every lane and a select.
 __device__ __forceinline__ int32_t warp_read_slot(uint32_t slot) {
   int32_t v = 0;
   if ((threadIdx.x & 31) == 0) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(slot) : "memory");
   return __shfl_sync(0xffffffffu, v, 0);
 }
-__device__ __forceinline__ int32_t warp_read_slot(const int32_t* slot) { return warp_read_slot(smem_u32(slot)); }
 
 // ---- TMA: one box of a 4-D tensor map into shared memory, completing on `bar` ----
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
