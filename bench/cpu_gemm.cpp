@@ -25,6 +25,7 @@
 #include "kiln/kernels/cpu/sgemm.h"
 
 using kiln::kernels::cpu::own_sgemm;
+using kiln::kernels::cpu::SgemmIsa;
 using kiln::kernels::cpu::SgemmProblem;
 
 namespace {
@@ -39,7 +40,7 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-void run(const Case& c, int iters) {
+void run(const Case& c, int iters, SgemmIsa isa) {
   const bool ta = c.layout[0] == 't', tb = c.layout[1] == 't';
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
@@ -62,20 +63,21 @@ void run(const Case& c, int iters) {
     for (int i = 0; i < batch; ++i) f();
     return std::chrono::duration<double, std::micro>(clock::now() - t0).count() / batch;
   };
-  for (int w = 0; w < 3; ++w) own_sgemm(p), blas();
+  for (int w = 0; w < 3; ++w) own_sgemm(p, isa), blas();
   std::vector<double> tk, tb_, ratio;
   for (int i = 0; i < iters; ++i) {
-    const double k_us = time_batch([&] { own_sgemm(p); });
+    const double k_us = time_batch([&] { own_sgemm(p, isa); });
     const double b_us = time_batch(blas);
     tk.push_back(k_us), tb_.push_back(b_us), ratio.push_back(b_us / k_us);
   }
   double diff = 0;
   for (size_t i = 0; i < c_kiln.size(); ++i) diff = std::max(diff, double(std::fabs(c_kiln[i] - c_blas[i])));
   const double flop = 2.0 * c.m * c.n * c.k, km = median(tk), bm = median(tb_);
-  std::printf("{\"bench\":\"cpu_gemm\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"layout\":\"%s\",\"threads\":%d,"
+  std::printf("{\"bench\":\"cpu_gemm\",\"isa\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"layout\":\"%s\",\"threads\":%d,"
               "\"kiln_us_median\":%.2f,\"blas_us_median\":%.2f,\"kiln_gflops\":%.1f,\"blas_gflops\":%.1f,"
               "\"speedup\":%.3f,\"max_abs_diff\":%.3g}\n",
-              (long long)c.m, (long long)c.n, (long long)c.k, c.layout.c_str(), omp_get_max_threads(), km, bm,
+              isa == SgemmIsa::avx2 ? "avx2" : "avx512", (long long)c.m, (long long)c.n, (long long)c.k,
+              c.layout.c_str(), omp_get_max_threads(), km, bm,
               flop / km / 1e3, flop / bm / 1e3, median(ratio), diff);
   std::fprintf(stderr, "%6lld %6lld %6lld %s  kiln %8.1f us %6.1f GFLOP/s   BLAS %8.1f us %6.1f GFLOP/s   x%.2f\n",
                (long long)c.m, (long long)c.n, (long long)c.k, c.layout.c_str(), km, flop / km / 1e3, bm,
@@ -83,7 +85,9 @@ void run(const Case& c, int iters) {
 }
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "bench_cpu_gemm: %s\nusage: bench_cpu_gemm [--shape M,N,K --layout nn|nt|tn|tt] [--iters N]\n",
+  std::fprintf(stderr,
+               "bench_cpu_gemm: %s\nusage: bench_cpu_gemm [--shape M,N,K --layout nn|nt|tn|tt] [--iters N] "
+               "[--isa avx512|avx2]\n",
                why);
   std::exit(2);
 }
@@ -94,9 +98,11 @@ int main(int argc, char** argv) {
   kiln::kernels::cpu::own_blas_threads();
   kiln::kernels::cpu::own_blas_core();  // the kernels the `kiln` program would have OpenBLAS use
   if (!kiln::kernels::cpu::own_sgemm_supported()) {
-    std::fprintf(stderr, "bench_cpu_gemm: this CPU has no AVX-512F, so kiln's f32 product is not used here\n");
+    std::fprintf(stderr, "bench_cpu_gemm: this CPU has neither AVX-512F nor AVX2 and FMA, so kiln's f32 product is "
+                         "not used here\n");
     return 0;
   }
+  SgemmIsa isa = kiln::kernels::cpu::own_sgemm_supported(SgemmIsa::avx512) ? SgemmIsa::avx512 : SgemmIsa::avx2;
   std::vector<Case> cases;
   Case one{0, 0, 0, "nt"};
   int iters = 21;
@@ -112,6 +118,10 @@ int main(int argc, char** argv) {
     } else if (a == "--layout") {
       if (v != "nn" && v != "nt" && v != "tn" && v != "tt") usage(("--layout wants nn, nt, tn or tt, got " + v).c_str());
       one.layout = v;
+    } else if (a == "--isa") {
+      if (v != "avx512" && v != "avx2") usage(("--isa wants avx512 or avx2, got " + v).c_str());
+      isa = v == "avx2" ? SgemmIsa::avx2 : SgemmIsa::avx512;
+      if (!kiln::kernels::cpu::own_sgemm_supported(isa)) usage(("this CPU does not run --isa " + v).c_str());
     } else if (a == "--iters") {
       iters = std::atoi(v.c_str());
       if (iters < 1) usage("--iters wants a positive count");
@@ -128,6 +138,6 @@ int main(int argc, char** argv) {
       cases.push_back({n, k, 1024, "tn"});
     }
   }
-  for (const Case& c : cases) run(c, iters);
+  for (const Case& c : cases) run(c, iters, isa);
   return 0;
 }

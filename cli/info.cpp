@@ -31,8 +31,10 @@ int run_info(const Args& args) {
   doc["blas"] = KILN_BLAS_NAME;
   const std::string blas_core = kernels::cpu::blas_core_name();  // main chose it (kernels/blas_core.h)
   if (!blas_core.empty()) doc["blas_core"] = blas_core;
-  // f32 products on the CPU: kiln's AVX-512 kernel or the BLAS (KILN_CPU_GEMM, kernels/cpu/sgemm.h)
-  const char* cpu_gemm = kernels::cpu::own_sgemm_chosen() ? "kiln (AVX-512)" : KILN_BLAS_NAME;
+  // f32 products on the CPU: kiln's AVX-512 or AVX2 kernel, or the BLAS (KILN_CPU_GEMM, kernels/cpu/sgemm.h)
+  const std::string cpu_gemm = kernels::cpu::own_sgemm_chosen()
+                                   ? std::string("kiln (") + kernels::cpu::own_sgemm_isa_name() + ")"
+                                   : std::string(KILN_BLAS_NAME);
   doc["cpu_gemm"] = cpu_gemm;
   doc["threads"] = static_cast<int64_t>(omp_get_max_threads());
   const kernels::cpu::isa::CpuFeatures& cpu = kernels::cpu::isa::cpu_features();
@@ -60,7 +62,7 @@ int run_info(const Args& args) {
   }
   std::printf("kiln %s (%s build, CUDA %s)\n", KILN_VERSION, KILN_BUILD_TYPE, cuda_built() ? "on" : "off");
   std::printf("threads: %d   BLAS: %s%s%s   f32 GEMM: %s\n", omp_get_max_threads(), KILN_BLAS_NAME,
-              blas_core.empty() ? "" : ", core ", blas_core.c_str(), cpu_gemm);
+              blas_core.empty() ? "" : ", core ", blas_core.c_str(), cpu_gemm.c_str());
   std::printf("cpu: %s (%s); kernels %s, %d-bit vectors", cpu.arch.c_str(),
               kernels::cpu::isa::feature_list(cpu).c_str(), cpu.kernels.c_str(), cpu.vector_bits);
   if (cpu.sve_bits) std::printf("; SVE length %d bits", cpu.sve_bits);

@@ -1,7 +1,7 @@
 // Batched matrix product kernel: out[b] = op(a[b]) · op(b[b]) where op transposes when asked.
 // a is [batch, m, k] (or [batch, k, m] when trans_a), b is [batch, k, n] (or [batch, n, k]),
 // all contiguous; out [batch, m, n] contiguous. f16/bf16 accumulate in f32 (CPU: converted to
-// f32 for kiln's AVX-512 kernel or OpenBLAS; CUDA: cuBLASLt with f32 compute). A batch stride of 0
+// f32 for kiln's AVX-512 or AVX2 kernel or OpenBLAS; CUDA: cuBLASLt with f32 compute). A batch stride of 0
 // broadcasts.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// CPU gemm: f32 products on kiln's own AVX-512 kernel where the CPU has it (kernels/cpu/sgemm.h;
+// CPU gemm: f32 products on kiln's own AVX-512 or AVX2 kernel where the CPU has one (kernels/cpu/sgemm.h;
 // KILN_CPU_GEMM=blas keeps them on the BLAS), the rest through OpenBLAS (cblas_sgemm/dgemm);
 // 16-bit inputs go through f32 copies. Where the BLAS runs each call on one thread
 // (blas_threads.h) and kiln has more, a large product is split into row (or column) blocks over
@@ -52,7 +52,8 @@ bool own_sgemm_chosen() {
     KILN_CHECK(v == "auto" || v == "kiln" || v == "blas", "KILN_CPU_GEMM='", v,
                "' is not one of: auto, kiln, blas");
     KILN_CHECK(v != "kiln" || own_sgemm_supported(),
-               "KILN_CPU_GEMM=kiln: kiln's own f32 product needs an x86-64 CPU with AVX-512F; this one has none");
+               "KILN_CPU_GEMM=kiln: kiln's own f32 product needs an x86-64 CPU with AVX-512F or AVX2 and FMA; this "
+               "one has neither");
     return v != "blas" && own_sgemm_supported();
   }();
   return chosen;

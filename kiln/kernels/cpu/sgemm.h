@@ -1,16 +1,18 @@
-// kiln's own f32 matrix product for x86-64 CPUs with AVX-512 (kernels/cpu/sgemm_avx512.cpp), used
-// by the CPU gemm (kernels/cpu/matmul.cpp) in place of the BLAS where it was measured faster: at
-// the small preset's shapes (1024 rows, 64-352 columns, K 64-1024) Debian's OpenBLAS 0.3.21 reaches
-// 170-300 GFLOP/s on two AVX-512 cores, this kernel 310-395, MKL ~410 (BENCHMARKS.md, "kiln's
-// CPU GEMM"). Larger shapes stay on the BLAS (own_sgemm_takes).
+// kiln's own f32 matrix product for x86-64 CPUs with AVX-512 or AVX2 + FMA (kernels/cpu/sgemm.cpp,
+// its tiles in sgemm_avx512.cpp and sgemm_avx2.cpp), used by the CPU gemm (kernels/cpu/matmul.cpp)
+// in place of the BLAS where it was measured faster: at the small preset's shapes (1024 rows,
+// 64-352 columns, K 64-1024) Debian's OpenBLAS 0.3.21 reaches 170-300 GFLOP/s on two AVX-512 cores,
+// this kernel 310-395, MKL ~410 (BENCHMARKS.md, "kiln's CPU GEMM"). Larger shapes stay on the BLAS
+// (own_sgemm_takes).
 //
-// Goto's scheme: op(b) is packed once per K block into 32-column panels (zero-padded), and a 14 x 32
-// register tile of c (28 accumulators) is formed from broadcasts of op(a), read where it lies (no
-// packing: a row-major a gives 14 row streams, a transposed one 14 contiguous values per k).
-// Deterministic: each element of c is one chain of FMAs over a K block (at most 256) in order, the
-// blocks added in order; the split over threads (row panels; for a weight gradient, transposed a and
-// row-major b, whole K blocks whose parts are added in block order afterwards) changes no bits, so
-// results do not depend on OMP_NUM_THREADS.
+// Goto's scheme: op(b) is packed once per K block into panels of the tile's width (zero-padded),
+// and a register tile of c (14 x 32 on AVX-512, 6 x 16 on AVX2) is formed from broadcasts of op(a),
+// read where it lies (no packing: a row-major a gives a row stream per tile row, a transposed one
+// contiguous values per k). Deterministic: each element of c is one chain of FMAs over a K block (at
+// most 256) in order, the blocks added in order; the split over threads (row panels; for a weight
+// gradient, transposed a and row-major b, whole K blocks whose parts are added in block order
+// afterwards) changes no bits, so results do not depend on OMP_NUM_THREADS, nor on which of the two
+// instruction sets ran (kernels/cpu/sgemm_kernels.h).
 #pragma once
 #include <cstdint>
 
@@ -30,12 +32,19 @@ struct SgemmProblem {
   float beta = 0.0f;
 };
 
-// Whether this build and CPU run kiln's product (x86-64 with AVX-512F); elsewhere the BLAS does.
-bool own_sgemm_supported();
+// The instruction set of kiln's product: the best this CPU runs (AVX-512F, else AVX2 with FMA), or
+// one named (tests and bench_cpu_gemm compare them).
+enum class SgemmIsa { best, avx512, avx2 };
+
+// Whether this build and CPU run kiln's product (x86-64 with AVX-512F, or AVX2 and FMA), or the
+// named set of it; elsewhere the BLAS does.
+bool own_sgemm_supported(SgemmIsa isa = SgemmIsa::best);
+// The set `best` runs here ("AVX-512", "AVX2"), or "none".
+const char* own_sgemm_isa_name();
 
 // The product over kiln's OpenMP threads (one when called inside a parallel region). Requires
-// own_sgemm_supported(); k ≥ 1.
-void own_sgemm(const SgemmProblem& p);
+// own_sgemm_supported(isa); k ≥ 1.
+void own_sgemm(const SgemmProblem& p, SgemmIsa isa = SgemmIsa::best);
 
 // Whether f32 products run on kiln's kernel: KILN_CPU_GEMM=auto (the default: where
 // own_sgemm_supported()), kiln (the same, an error where it cannot) or blas; read once. An
