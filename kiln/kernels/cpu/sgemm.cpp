@@ -6,7 +6,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/error.h"
@@ -38,6 +40,30 @@ const char* isa_name(SgemmIsa isa) {
   }
   return "AVX-512F or AVX2 and FMA";
 }
+
+// Panel q of a row-major op(b)[k0 : k0 + kc, j0 : j0 + nc] into out + q · kc · nr: kc rows of nr
+// columns, columns past nc zero (what SgemmPackFn gives for a transposed b).
+void pack_b_rows(const SgemmProblem& p, int64_t k0, int64_t kc, int64_t j0, int64_t nc, int64_t q, int64_t nr,
+                 float* out) {
+  float* dst = out + q * kc * nr;
+  const int64_t jj = j0 + q * nr, cols = std::min(nr, nc - q * nr);
+  for (int64_t k = 0; k < kc; ++k) {
+    std::memcpy(dst + k * nr, p.b + (k0 + k) * p.ldb + jj, sizeof(float) * cols);
+    if (cols < nr) std::memset(dst + k * nr + cols, 0, sizeof(float) * (nr - cols));
+  }
+}
+
+// kc steps of Rows values of a transposed a (src[k * lda + r]) into dst[k * mr + r]: a copy of a
+// size known here (a few moves; a memcpy of `rows` floats was a library call per step, 0.6 ms of a
+// 1.3 ms 352 x 128 x 1024 product on 6-row tiles).
+template <int Rows>
+void pack_a_rows(float* dst, int64_t mr, const float* src, int64_t lda, int64_t kc) {
+  for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * mr, src + k * lda, sizeof(float) * Rows);
+}
+using PackARowsFn = void (*)(float*, int64_t, const float*, int64_t, int64_t);
+constexpr auto kPackARows = []<size_t... R>(std::index_sequence<R...>) {
+  return std::array<PackARowsFn, kSgemmMaxMr>{&pack_a_rows<static_cast<int>(R) + 1>...};
+}(std::make_index_sequence<kSgemmMaxMr>{});
 
 }  // namespace
 
@@ -72,37 +98,47 @@ void own_sgemm(const SgemmProblem& p, SgemmIsa isa) {
   // half of them from the other core's cache (352 x 128 x 1024 in training: 1.5 x its time alone).
   const bool k_split = p.trans_a && !p.trans_b && use > 1 && k_blocks % use == 0 && p.n <= kSgemmNc &&
                        p.m * p.n * k_blocks <= (int64_t{1} << 22);
+  // b in panels: a transposed b always (its columns are rows of b), a row-major one where the set asks.
+  const bool pack_b = p.trans_b || ks->pack_row_major_b;
+  const auto pack_b_panel = [&](int64_t k0, int64_t kc, int64_t j0, int64_t nc, int64_t q, float* out) {
+    if (p.trans_b)
+      ks->pack_b_panel(p, k0, kc, j0, nc, q, out);
+    else
+      pack_b_rows(p, k0, kc, j0, nc, q, nr, out);
+  };
   thread_local std::vector<float> parts_buffer;  // the calling thread's, kept between calls
   if (k_split) parts_buffer.resize(static_cast<size_t>(p.m * p.n * k_blocks));
   float* parts = parts_buffer.data();
 #pragma omp parallel num_threads(use) if (use > 1)
   {
-    // A transposed b is packed (its columns are rows of b), by every thread for itself: panels
-    // packed on one core and read on another crossed between their caches (128 x 128 x 1024 took
-    // 195 us on two threads, as long as on one). The thread's buffer is kept between calls (a
-    // fresh one cost its page faults each time: a K block of b is up to 1 MiB). A row-major b is
-    // read in place.
+    // b's panels are packed by every thread for itself: panels packed on one core and read on
+    // another crossed between their caches (128 x 128 x 1024 took 195 us on two threads, as long as
+    // on one). The thread's buffer is kept between calls (a fresh one cost its page faults each
+    // time: a K block of b is up to 1 MiB). Unpacked, a row-major b is read in place.
     thread_local std::vector<float> packed;
-    if (p.trans_b) packed.resize(static_cast<size_t>(kc_even * panels_max * nr));
+    if (pack_b) packed.resize(static_cast<size_t>(kc_even * panels_max * nr));
     float* bp = packed.data();
     // A transposed a's tile rows, copied into one contiguous run (kc steps of mr values): read in
     // place they are kc cache lines lda apart, which alias in L1 when lda is a multiple of 1024.
     alignas(64) float a_panel[kSgemmKcMax * kSgemmMaxMr];
     const auto pack_a = [&](int64_t i0, int64_t rows, int64_t k0, int64_t kc) {
-      for (int64_t k = 0; k < kc; ++k) std::memcpy(a_panel + k * mr, p.a + (k0 + k) * p.lda + i0, sizeof(float) * rows);
+      kPackARows[rows - 1](a_panel, mr, p.a + k0 * p.lda + i0, p.lda, kc);
     };
     if (k_split) {
 #pragma omp for schedule(static)
       for (int64_t kb = 0; kb < k_blocks; ++kb) {
         const int64_t k0 = kb * kc_even, kc = std::min(kc_even, p.k - k0);
         float* part = parts + kb * p.m * p.n;
+        const int64_t n_panels = (p.n + nr - 1) / nr;
+        if (pack_b)
+          for (int64_t q = 0; q < n_panels; ++q) pack_b_panel(k0, kc, 0, p.n, q, bp);
         for (int64_t mp = 0; mp < m_panels; ++mp) {
           const int64_t i0 = first_row(mp), rows = first_row(mp + 1) - i0;
           pack_a(i0, rows, k0, kc);
-          for (int64_t q = 0; q * nr < p.n; ++q) {
+          for (int64_t q = 0; q < n_panels; ++q) {
+            const float* bt = pack_b ? bp + q * kc * nr : p.b + k0 * p.ldb + q * nr;
             const int cols = static_cast<int>(std::min<int64_t>(nr, p.n - q * nr));
-            tiles[rows - 1](kc, a_panel, mr, p.b + k0 * p.ldb + q * nr, p.ldb, part + i0 * p.n + q * nr, p.n, 0.0f,
-                            cols);
+            tiles[rows - 1](kc, a_panel, mr, bt, pack_b ? nr : p.ldb, part + i0 * p.n + q * nr, p.n, 0.0f, cols);
           }
         }
       }
@@ -115,8 +151,8 @@ void own_sgemm(const SgemmProblem& p, SgemmIsa isa) {
         for (int64_t k0 = 0; k0 < p.k; k0 += kc_even) {
           const int64_t kc = std::min(kc_even, p.k - k0);
           const float beta = k0 == 0 ? p.beta : 1.0f;  // later K blocks add to what the first wrote
-          if (p.trans_b)
-            for (int64_t q = 0; q < n_panels; ++q) ks->pack_b_panel(p, k0, kc, j0, nc, q, bp);
+          if (pack_b)
+            for (int64_t q = 0; q < n_panels; ++q) pack_b_panel(k0, kc, j0, nc, q, bp);
           // Tiles in row-panel-major order, split into contiguous ranges: a thread keeps its rows of
           // a in L1 across the column panels, and takes the rows the same static split of the
           // elementwise loops wrote on its core (a split by columns read half of a from the other
@@ -136,8 +172,8 @@ void own_sgemm(const SgemmProblem& p, SgemmIsa isa) {
               at = a_panel;
               lda = mr;
             }
-            const float* bt = p.trans_b ? bp + q * kc * nr : p.b + k0 * p.ldb + j0 + q * nr;
-            const int64_t ldb = p.trans_b ? nr : p.ldb;
+            const float* bt = pack_b ? bp + q * kc * nr : p.b + k0 * p.ldb + j0 + q * nr;
+            const int64_t ldb = pack_b ? nr : p.ldb;
             const int cols = static_cast<int>(std::min<int64_t>(nr, nc - q * nr));
             tiles[rows - 1](kc, at, lda, bt, ldb, p.c + i0 * p.ldc + j0 + q * nr, p.ldc, beta, cols);
           }

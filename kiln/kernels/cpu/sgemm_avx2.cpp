@@ -146,7 +146,7 @@ KILN_AVX2 void add_parts_row(float* c, const float* part, int64_t stride, int64_
 }
 
 constexpr SgemmKernelSet make_set() {
-  SgemmKernelSet ks{"AVX2", kMr, kNr, {}, {}, &pack_b_panel, &add_parts_row};
+  SgemmKernelSet ks{"AVX2", kMr, kNr, true, {}, {}, &pack_b_panel, &add_parts_row};
   fill_tiles<kMr>(ks, []<int R, bool TransA>() { return &tile<R, TransA>; });
   return ks;
 }

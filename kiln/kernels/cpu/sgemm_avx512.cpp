@@ -125,7 +125,7 @@ KILN_AVX512 void add_parts_row(float* c, const float* part, int64_t stride, int6
 }
 
 constexpr SgemmKernelSet make_set() {
-  SgemmKernelSet ks{"AVX-512", kMr, kNr, {}, {}, &pack_b_panel, &add_parts_row};
+  SgemmKernelSet ks{"AVX-512", kMr, kNr, false, {}, {}, &pack_b_panel, &add_parts_row};
   fill_tiles<kMr>(ks, []<int R, bool TransA>() { return &tile<R, TransA>; });
   return ks;
 }

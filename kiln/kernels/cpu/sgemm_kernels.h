@@ -41,6 +41,10 @@ using SgemmAddPartsFn = void (*)(float* c, const float* part, int64_t stride, in
 struct SgemmKernelSet {
   const char* name;  // "AVX-512", "AVX2"
   int mr, nr;        // the full tile: rows of c, columns of c
+  // Whether a row-major b is copied into panels too (sgemm.cpp), not read in place: with 16-column
+  // panels, rows 2 KiB or less apart fall into a few of L1's sets, so a tile's K block of b (256
+  // rows) missed L1 at every step (TN products at 0.78 x OpenBLAS on one Zen 3 core).
+  bool pack_row_major_b;
   SgemmTileFn tiles_row_major_a[kSgemmMaxMr];  // index R - 1
   SgemmTileFn tiles_trans_a[kSgemmMaxMr];
   SgemmPackFn pack_b_panel;
