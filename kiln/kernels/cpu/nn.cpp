@@ -1,7 +1,7 @@
 // CPU bodies of the neural-network kernels (kernels/nn.h): embedding gather and deterministic
 // scatter-add, fused RMSNorm forward/backward, rotary embedding, cross-entropy rows, dropout
-// mask, fused SwiGLU forward/backward. Accumulation is in double; every reduction has a fixed
-// order independent of threads.
+// mask, fused SwiGLU forward/backward. Accumulation is in double (f32 cross-entropy rows take
+// f32 exps: vec_math.h); every reduction has a fixed order independent of threads.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -163,17 +163,34 @@ void rms_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy
 }
 
 namespace {
-// The offset of row `row` (a flat index over the leading dims, row-major) of a tensor whose
-// last dim is its row.
-int64_t row_offset(const Tensor& t, int64_t row) {
-  int64_t off = 0;
-  for (int64_t d = t.dim() - 2; d >= 0; --d) {
-    const int64_t n = t.size(d);
-    off += (row % n) * t.stride(d);
-    row /= n;
+// The rows of a tensor whose last dim is its row, walked in order (a flat index over the leading
+// dims, row-major) from `row`: offset() is the current row's element offset in the tensor's
+// strides; next() steps one row, carrying from the innermost leading dim (no division a row).
+class RowCursor {
+ public:
+  RowCursor(const Tensor& t, int64_t row) : t_(t), index_(static_cast<size_t>(std::max<int64_t>(t.dim() - 1, 0))) {
+    for (int64_t d = t.dim() - 2; d >= 0; --d) {
+      const int64_t n = t.size(d);
+      index_[static_cast<size_t>(d)] = row % n;
+      offset_ += (row % n) * t.stride(d);
+      row /= n;
+    }
   }
-  return off;
-}
+  int64_t offset() const { return offset_; }
+  void next() {
+    for (int64_t d = t_.dim() - 2; d >= 0; --d) {
+      offset_ += t_.stride(d);
+      if (++index_[static_cast<size_t>(d)] < t_.size(d)) return;
+      offset_ -= t_.size(d) * t_.stride(d);
+      index_[static_cast<size_t>(d)] = 0;
+    }
+  }
+
+ private:
+  const Tensor& t_;
+  std::vector<int64_t> index_;
+  int64_t offset_ = 0;
+};
 }  // namespace
 
 void rotary(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, bool transpose) {
@@ -187,10 +204,11 @@ void rotary(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor&
     const T* px = static_cast<const T*>(x.data_ptr());
     T* py = static_cast<T*>(out.data_ptr());
     parallel_for(rows * t, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(dd, 1)), [&](int64_t b, int64_t e) {
-      for (int64_t rt = b; rt < e; ++rt) {
+      RowCursor xc(x, flat ? 0 : b), yc(out, flat ? 0 : b);  // rows of x and out in their strides
+      for (int64_t rt = b; rt < e; ++rt, flat ? void() : (xc.next(), yc.next())) {
         const int64_t pos = rt % t;
-        const T* xr = px + (flat ? rt * dd : row_offset(x, rt));  // rows of x and out in their strides
-        T* yr = py + (flat ? rt * dd : row_offset(out, rt));
+        const T* xr = px + (flat ? rt * dd : xc.offset());
+        T* yr = py + (flat ? rt * dd : yc.offset());
         const float* cr = pc + pos * dd;
         const float* sr = ps + pos * dd;
         if constexpr (std::is_same_v<T, float>) {
@@ -225,10 +243,15 @@ void cross_entropy_forward(const Tensor& loss, const Tensor& lse, const Tensor& 
         for (int64_t r = b; r < e; ++r) {
           const T* xr = px + r * c;
           double m = -INFINITY, sum = 0, sx = 0;
-          for (int64_t k = 0; k < c; ++k) m = std::max(m, static_cast<double>(xr[k]));
-          for (int64_t k = 0; k < c; ++k) {
-            sum += std::exp(static_cast<double>(xr[k]) - m);
-            sx += static_cast<double>(xr[k]);
+          if constexpr (std::is_same_v<T, float>) {  // f32 exps, summed in double (vec_math.h)
+            const CeRowSums rs = ce_row_sums_f32(xr, c);
+            m = rs.max, sum = rs.sum_exp, sx = rs.sum_x;
+          } else {
+            for (int64_t k = 0; k < c; ++k) m = std::max(m, static_cast<double>(xr[k]));
+            for (int64_t k = 0; k < c; ++k) {
+              sum += std::exp(static_cast<double>(xr[k]) - m);
+              sx += static_cast<double>(xr[k]);
+            }
           }
           double l = m + std::log(sum);
           pe[r] = static_cast<S>(l);
@@ -260,6 +283,11 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& scale, const Te
           const int64_t tg = at(r);
           const double s = tg == ignore_index ? 0.0 : static_cast<double>(psc[r]);
           const double l = static_cast<double>(pe[r]);
+          if constexpr (std::is_same_v<T, float>) {  // f32 throughout (vec_math.h)
+            ce_grad_row_f32(pd + r * c, px + r * c, c, static_cast<float>(l), tg, static_cast<float>(1.0 - ls),
+                            static_cast<float>(ls / static_cast<double>(c)), static_cast<float>(s));
+            continue;
+          }
           for (int64_t k = 0; k < c; ++k) {
             double p = std::exp(static_cast<double>(px[r * c + k]) - l);
             double v = p - (k == tg ? 1.0 - ls : 0.0) - ls / static_cast<double>(c);

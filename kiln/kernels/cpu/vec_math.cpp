@@ -67,4 +67,33 @@ KILN_CPU_CLONES void rotary_row_f32(float* y, const float* x, const float* cos, 
     y[c] = static_cast<float>(double(x[c]) * cos[c] - sign * double(x[c - half]) * s_hi[c - half]);
 }
 
+KILN_CPU_CLONES CeRowSums ce_row_sums_f32(const float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;  // NaN compares false: skipped
+  constexpr int kLanes = 8;
+  double se[kLanes] = {}, sx[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) {
+      se[j] += static_cast<double>(fast_expf(x[i + j] - m));
+      sx[j] += static_cast<double>(x[i + j]);
+    }
+  }
+  for (int j = 0; i < n; ++i, ++j) {
+    se[j] += static_cast<double>(fast_expf(x[i] - m));
+    sx[j] += static_cast<double>(x[i]);
+  }
+  CeRowSums r{m, 0.0, 0.0};
+  for (int j = 0; j < kLanes; ++j) r.sum_exp += se[j], r.sum_x += sx[j];
+  return r;
+}
+
+KILN_CPU_CLONES void ce_grad_row_f32(float* dx, const float* x, int64_t n, float lse, int64_t target, float hit,
+                                     float off, float s) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dx[i] = s * (fast_expf(x[i] - lse) - off);
+  if (target >= 0 && target < n) dx[target] = s * (fast_expf(x[target] - lse) - hit - off);
+}
+
 }  // namespace kiln::kernels::cpu

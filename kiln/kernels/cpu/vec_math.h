@@ -56,4 +56,16 @@ void swiglu_grad_f32(float* dg, float* du, const float* dy, const float* g, cons
 // rotation (the backward).
 void rotary_row_f32(float* y, const float* x, const float* cos, const float* sin, int64_t half, bool transpose);
 
+// One f32 row x[0..n) of cross-entropy (kernels/cpu/nn.cpp): its max m (NaN skipped; -inf for
+// n == 0), Σ exp(x[i] − m) with fast_expf's f32 exps, and Σ x[i], both summed in double in 8 lanes
+// (element i in lane i mod 8, the lanes added in order): the same bits on every clone.
+struct CeRowSums {
+  float max;
+  double sum_exp, sum_x;
+};
+CeRowSums ce_row_sums_f32(const float* x, int64_t n);
+// The row's gradient: dx[i] = s · (exp(x[i] − lse) − (i == target ? hit : 0) − off), exp by fast_expf
+// (target outside [0, n): no hit).
+void ce_grad_row_f32(float* dx, const float* x, int64_t n, float lse, int64_t target, float hit, float off, float s);
+
 }  // namespace kiln::kernels::cpu
