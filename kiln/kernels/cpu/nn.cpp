@@ -95,7 +95,10 @@ void rms_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, co
     T* py = static_cast<T*>(out.data_ptr());
     S* pr = static_cast<S*>(rstd.data_ptr());
     parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
-      if constexpr (std::is_same_v<T, float>) KILN_SVE_SEAM(rms_norm_rows_f32, py + b * d, pr + b, px + b * d, pw, e - b, d, eps);
+      if constexpr (std::is_same_v<T, float>) {
+        KILN_SVE_SEAM(rms_norm_rows_f32, py + b * d, pr + b, px + b * d, pw, e - b, d, eps);
+        return rms_norm_rows_f32(py + b * d, pr + b, px + b * d, pw, e - b, d, eps);  // vec_math.h
+      }
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * d;
         double ss = 0;
@@ -135,6 +138,11 @@ void rms_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy
           }
         }
 #endif
+        if constexpr (std::is_same_v<T, float>) {  // vec_math.h
+          rms_norm_backward_rows_f32(pdx, part, pg, px, pw, pr, blk * kRowsPerBlock,
+                                     std::min(rows, (blk + 1) * kRowsPerBlock), d);
+          continue;
+        }
         for (int64_t r = blk * kRowsPerBlock; r < std::min(rows, (blk + 1) * kRowsPerBlock); ++r) {
           const T* xr = px + r * d;
           const T* gr = pg + r * d;

@@ -67,10 +67,57 @@ KILN_CPU_CLONES void rotary_row_f32(float* y, const float* x, const float* cos, 
     y[c] = static_cast<float>(double(x[c]) * cos[c] - sign * double(x[c - half]) * s_hi[c - half]);
 }
 
+namespace {
+constexpr int kLanes = 8;  // the lanes of a row's double sums (element c in lane c mod 8)
+
+// Σ_c a[c]·b[c]·e[c] (e null: Σ a·b) in double over kLanes lanes, the lanes added in order.
+inline double lane_dot(const float* a, const float* b, const float* e, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j)
+      acc[j] += double(a[c + j]) * double(b[c + j]) * (e ? double(e[c + j]) : 1.0);
+  }
+  for (int j = 0; c < n; ++c, ++j) acc[j] += double(a[c]) * double(b[c]) * (e ? double(e[c]) : 1.0);
+  double s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+}  // namespace
+
+KILN_CPU_CLONES void rms_norm_rows_f32(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t d,
+                                       double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    const double rs = 1.0 / std::sqrt(lane_dot(xr, xr, nullptr, d) / static_cast<double>(d) + eps);
+    rstd[r] = static_cast<float>(rs);
+    float* yr = y + r * d;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) yr[c] = static_cast<float>(double(xr[c]) * rs * double(w[c]));
+  }
+}
+
+KILN_CPU_CLONES void rms_norm_backward_rows_f32(float* dx, double* part, const float* dy, const float* x,
+                                                const float* w, const float* rstd, int64_t r0, int64_t r1, int64_t d) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float *xr = x + r * d, *gr = dy + r * d;
+    const double rs = static_cast<double>(rstd[r]);
+    const double k = lane_dot(gr, w, xr, d) * rs * rs * rs / static_cast<double>(d);  // Σ dy·w·x
+    float* dxr = dx + r * d;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c)
+      dxr[c] = static_cast<float>(double(gr[c]) * double(w[c]) * rs - double(xr[c]) * k);
+    if (part) {
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) part[c] += double(gr[c]) * double(xr[c]) * rs;
+    }
+  }
+}
+
 KILN_CPU_CLONES CeRowSums ce_row_sums_f32(const float* x, int64_t n) {
   float m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;  // NaN compares false: skipped
-  constexpr int kLanes = 8;
   double se[kLanes] = {}, sx[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {

@@ -56,6 +56,15 @@ void swiglu_grad_f32(float* dg, float* du, const float* dy, const float* g, cons
 // rotation (the backward).
 void rotary_row_f32(float* y, const float* x, const float* cos, const float* sin, int64_t half, bool transpose);
 
+// RMSNorm on f32 rows (kernels/cpu/nn.cpp; the SVE set's rms_norm_rows_f32 and
+// rms_norm_backward_rows_f32 contracts, isa.h): the row statistics in double over 8 lanes (element
+// c in lane c mod 8, the lanes added in order: the same bits on every clone), each element one
+// double expression rounded to f32 once. part (d doubles, or null) accumulates dweight's partial
+// sums over rows [r0, r1) in row order.
+void rms_norm_rows_f32(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t d, double eps);
+void rms_norm_backward_rows_f32(float* dx, double* part, const float* dy, const float* x, const float* w,
+                                const float* rstd, int64_t r0, int64_t r1, int64_t d);
+
 // One f32 row x[0..n) of cross-entropy (kernels/cpu/nn.cpp): its max m (NaN skipped; -inf for
 // n == 0), Σ exp(x[i] − m) with fast_expf's f32 exps, and Σ x[i], both summed in double in 8 lanes
 // (element i in lane i mod 8, the lanes added in order): the same bits on every clone.
