@@ -21,9 +21,13 @@ namespace {
 
 // The set for `isa` where this build has it and the CPU runs it, else null.
 const SgemmKernelSet* kernel_set(SgemmIsa isa) {
+#if defined(__x86_64__)
   const auto& f = isa::cpu_features();
-  const SgemmKernelSet* avx512 = f.avx512f ? sgemm_avx512_kernels() : nullptr;
-  const SgemmKernelSet* avx2 = f.avx2 && f.fma ? sgemm_avx2_kernels() : nullptr;
+  const SgemmKernelSet* avx512 = f.avx512f ? &kSgemmAvx512 : nullptr;
+  const SgemmKernelSet* avx2 = f.avx2 && f.fma ? &kSgemmAvx2 : nullptr;
+#else
+  const SgemmKernelSet *avx512 = nullptr, *avx2 = nullptr;
+#endif
   switch (isa) {
     case SgemmIsa::avx512: return avx512;
     case SgemmIsa::avx2: return avx2;

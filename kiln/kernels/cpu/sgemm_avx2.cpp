@@ -145,20 +145,10 @@ KILN_AVX2 void add_parts_row(float* c, const float* part, int64_t stride, int64_
   if (j < n) add_parts_8<false>(c, part, stride, parts, n, beta, j);
 }
 
-constexpr SgemmKernelSet make_set() {
-  SgemmKernelSet ks{"AVX2", kMr, kNr, true, {}, {}, &pack_b_panel, &add_parts_row};
-  fill_tiles<kMr>(ks, []<int R, bool TransA>() { return &tile<R, TransA>; });
-  return ks;
-}
-constexpr SgemmKernelSet kSet = make_set();
-
 }  // namespace
 
-const SgemmKernelSet* sgemm_avx2_kernels() { return &kSet; }
-
-#else  // not x86-64: the BLAS does every product
-
-const SgemmKernelSet* sgemm_avx2_kernels() { return nullptr; }
+constexpr SgemmKernelSet kSgemmAvx2 = make_kernel_set<kMr>("AVX2", kNr, true, &pack_b_panel, &add_parts_row,
+                                                   []<int R, bool TransA>() { return &tile<R, TransA>; });
 
 #endif
 

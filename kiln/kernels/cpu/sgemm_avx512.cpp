@@ -124,20 +124,10 @@ KILN_AVX512 void add_parts_row(float* c, const float* part, int64_t stride, int6
   }
 }
 
-constexpr SgemmKernelSet make_set() {
-  SgemmKernelSet ks{"AVX-512", kMr, kNr, false, {}, {}, &pack_b_panel, &add_parts_row};
-  fill_tiles<kMr>(ks, []<int R, bool TransA>() { return &tile<R, TransA>; });
-  return ks;
-}
-constexpr SgemmKernelSet kSet = make_set();
-
 }  // namespace
 
-const SgemmKernelSet* sgemm_avx512_kernels() { return &kSet; }
-
-#else  // not x86-64: the BLAS does every product
-
-const SgemmKernelSet* sgemm_avx512_kernels() { return nullptr; }
+constexpr SgemmKernelSet kSgemmAvx512 = make_kernel_set<kMr>("AVX-512", kNr, false, &pack_b_panel, &add_parts_row,
+                                                   []<int R, bool TransA>() { return &tile<R, TransA>; });
 
 #endif
 

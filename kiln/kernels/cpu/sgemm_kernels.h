@@ -51,19 +51,24 @@ struct SgemmKernelSet {
   SgemmAddPartsFn add_parts_row;
 };
 
-// Fills a set's two tile tables, entry R - 1 with tile_of.template operator()<R, TransA>() (a
-// generic lambda naming the file's tile template) for R = 1..Mr.
+// A set whose tile tables hold, at R - 1, tile_of.template operator()<R, TransA>() (a generic
+// lambda naming the file's tile template) for R = 1..Mr.
 template <int Mr, class TileOf>
-constexpr void fill_tiles(SgemmKernelSet& ks, TileOf tile_of) {
+constexpr SgemmKernelSet make_kernel_set(const char* name, int nr, bool pack_row_major_b, SgemmPackFn pack_b_panel,
+                                         SgemmAddPartsFn add_parts_row, TileOf tile_of) {
   static_assert(Mr <= kSgemmMaxMr);
+  SgemmKernelSet ks{name, Mr, nr, pack_row_major_b, {}, {}, pack_b_panel, add_parts_row};
   [&]<size_t... R>(std::index_sequence<R...>) {
     ((ks.tiles_row_major_a[R] = tile_of.template operator()<static_cast<int>(R) + 1, false>()), ...);
     ((ks.tiles_trans_a[R] = tile_of.template operator()<static_cast<int>(R) + 1, true>()), ...);
   }(std::make_index_sequence<Mr>{});
+  return ks;
 }
 
-// The sets this build has for x86-64 (null elsewhere); whether the CPU runs one is sgemm.cpp's test.
-const SgemmKernelSet* sgemm_avx512_kernels();
-const SgemmKernelSet* sgemm_avx2_kernels();
+#if defined(__x86_64__)
+// The sets of this x86-64 build (sgemm_avx512.cpp, sgemm_avx2.cpp); whether the CPU runs one is
+// sgemm.cpp's test. Other targets have none: the BLAS does every product there.
+extern const SgemmKernelSet kSgemmAvx512, kSgemmAvx2;
+#endif
 
 }  // namespace kiln::kernels::cpu
