@@ -45,29 +45,29 @@ const char* isa_name(SgemmIsa isa) {
   return "AVX-512F or AVX2 and FMA";
 }
 
+// count rows of N floats from src (rows ld_src apart) to dst (rows ld_dst apart): a copy of a
+// size known here, a few moves a row (a memcpy of a run-time size was a library call a row: 0.6 ms
+// of a 1.3 ms 352 x 128 x 1024 product, packing 6-row panels of a transposed a).
+template <int N>
+void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t count) {
+  for (int64_t k = 0; k < count; ++k) std::memcpy(dst + k * ld_dst, src + k * ld_src, sizeof(float) * N);
+}
+using CopyRowsFn = void (*)(float*, int64_t, const float*, int64_t, int64_t);
+constexpr int kMaxCopy = 32;  // the widest row copied: a tile's rows (≤ 14) or a panel's columns (16, 32)
+static_assert(kSgemmMaxMr <= kMaxCopy);
+constexpr auto kCopyRows = []<size_t... N>(std::index_sequence<N...>) {
+  return std::array<CopyRowsFn, kMaxCopy>{&copy_rows<static_cast<int>(N) + 1>...};
+}(std::make_index_sequence<kMaxCopy>{});
+
 // Panel q of a row-major op(b)[k0 : k0 + kc, j0 : j0 + nc] into out + q · kc · nr: kc rows of nr
 // columns, columns past nc zero (what SgemmPackFn gives for a transposed b).
 void pack_b_rows(const SgemmProblem& p, int64_t k0, int64_t kc, int64_t j0, int64_t nc, int64_t q, int64_t nr,
                  float* out) {
   float* dst = out + q * kc * nr;
-  const int64_t jj = j0 + q * nr, cols = std::min(nr, nc - q * nr);
-  for (int64_t k = 0; k < kc; ++k) {
-    std::memcpy(dst + k * nr, p.b + (k0 + k) * p.ldb + jj, sizeof(float) * cols);
-    if (cols < nr) std::memset(dst + k * nr + cols, 0, sizeof(float) * (nr - cols));
-  }
+  const int64_t cols = std::min(nr, nc - q * nr);
+  if (cols < nr) std::memset(dst, 0, sizeof(float) * static_cast<size_t>(kc * nr));
+  kCopyRows[cols - 1](dst, nr, p.b + k0 * p.ldb + j0 + q * nr, p.ldb, kc);
 }
-
-// kc steps of Rows values of a transposed a (src[k * lda + r]) into dst[k * mr + r]: a copy of a
-// size known here (a few moves; a memcpy of `rows` floats was a library call per step, 0.6 ms of a
-// 1.3 ms 352 x 128 x 1024 product on 6-row tiles).
-template <int Rows>
-void pack_a_rows(float* dst, int64_t mr, const float* src, int64_t lda, int64_t kc) {
-  for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * mr, src + k * lda, sizeof(float) * Rows);
-}
-using PackARowsFn = void (*)(float*, int64_t, const float*, int64_t, int64_t);
-constexpr auto kPackARows = []<size_t... R>(std::index_sequence<R...>) {
-  return std::array<PackARowsFn, kSgemmMaxMr>{&pack_a_rows<static_cast<int>(R) + 1>...};
-}(std::make_index_sequence<kSgemmMaxMr>{});
 
 }  // namespace
 
@@ -126,7 +126,7 @@ void own_sgemm(const SgemmProblem& p, SgemmIsa isa) {
     // place they are kc cache lines lda apart, which alias in L1 when lda is a multiple of 1024.
     alignas(64) float a_panel[kSgemmKcMax * kSgemmMaxMr];
     const auto pack_a = [&](int64_t i0, int64_t rows, int64_t k0, int64_t kc) {
-      kPackARows[rows - 1](a_panel, mr, p.a + k0 * p.lda + i0, p.lda, kc);
+      kCopyRows[rows - 1](a_panel, mr, p.a + k0 * p.lda + i0, p.lda, kc);
     };
     if (k_split) {
 #pragma omp for schedule(static)
