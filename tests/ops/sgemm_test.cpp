@@ -186,6 +186,7 @@ TEST(OwnSgemm, RefusesAnEmptyInnerDimension) {
 }
 
 TEST(OwnSgemm, RefusesASetThisCpuLacks) {
+  if (sets_here().size() == 2) GTEST_SKIP() << "this CPU runs both sets: none to refuse";
   SgemmProblem p;
   p.m = p.n = p.k = 1;
   for (SgemmIsa isa : {SgemmIsa::avx512, SgemmIsa::avx2})

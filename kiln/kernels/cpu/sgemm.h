@@ -5,10 +5,11 @@
 // this kernel 310-395, MKL ~410 (BENCHMARKS.md, "kiln's CPU GEMM"). Larger shapes stay on the BLAS
 // (own_sgemm_takes).
 //
-// Goto's scheme: op(b) is packed once per K block into panels of the tile's width (zero-padded),
-// and a register tile of c (14 x 32 on AVX-512, 6 x 16 on AVX2) is formed from broadcasts of op(a),
-// read where it lies (no packing: a row-major a gives a row stream per tile row, a transposed one
-// contiguous values per k). Deterministic: each element of c is one chain of FMAs over a K block (at
+// Goto's scheme: op(b) is packed once per K block into panels of the tile's width (zero-padded; a
+// transposed b always, a row-major one by the AVX2 set, which the AVX-512 set reads in place), and
+// a register tile of c (14 x 32 on AVX-512, 6 x 16 on AVX2) is formed from broadcasts of op(a): a
+// row-major a read where it lies (a row stream per tile row), a transposed one copied a tile's rows
+// at a time into one contiguous run. Deterministic: each element of c is one chain of FMAs over a K block (at
 // most 256) in order, the blocks added in order; the split over threads (row panels; for a weight
 // gradient, transposed a and row-major b, whole K blocks whose parts are added in block order
 // afterwards) changes no bits, so results do not depend on OMP_NUM_THREADS, nor on which of the two

@@ -56,25 +56,29 @@ void swiglu_grad_f32(float* dg, float* du, const float* dy, const float* g, cons
 // rotation (the backward).
 void rotary_row_f32(float* y, const float* x, const float* cos, const float* sin, int64_t half, bool transpose);
 
-// RMSNorm on f32 rows (kernels/cpu/nn.cpp; the SVE set's rms_norm_rows_f32 and
-// rms_norm_backward_rows_f32 contracts, isa.h): the row statistics in double over 8 lanes (element
-// c in lane c mod 8, the lanes added in order: the same bits on every clone), each element one
-// double expression rounded to f32 once. part (d doubles, or null) accumulates dweight's partial
-// sums over rows [r0, r1) in row order.
+// RMSNorm on f32 rows (kernels/cpu/nn.cpp; the signatures of the SVE set's rms_norm_rows_f32 and
+// rms_norm_backward_rows_f32, isa.h, which sum over the SVE vector's lanes instead): the row
+// statistics in double over 8 lanes (element c in lane c mod 8, the lanes added in order), each
+// element one double expression rounded to f32 once. part (d doubles, or null) accumulates
+// dweight's partial sums over rows [r0, r1) in row order, in a pass after dx: dx must not alias
+// dy or x. A fixed order, so the bits do not change run to run or with the thread count; like the
+// other loops of this file, the x86-64-v3/v4 clones may fuse a product and a sum into one FMA
+// (GCC's default contraction), so a CPU without FMA (the baseline clone) can differ in the last bit.
 void rms_norm_rows_f32(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t d, double eps);
 void rms_norm_backward_rows_f32(float* dx, double* part, const float* dy, const float* x, const float* w,
                                 const float* rstd, int64_t r0, int64_t r1, int64_t d);
 
 // One f32 row x[0..n) of cross-entropy (kernels/cpu/nn.cpp): its max m (NaN skipped; -inf for
 // n == 0), Σ exp(x[i] − m) with fast_expf's f32 exps, and Σ x[i], both summed in double in 8 lanes
-// (element i in lane i mod 8, the lanes added in order): the same bits on every clone.
+// (element i in lane i mod 8, the lanes added in order: fixed bits for one CPU, see RMSNorm above).
 struct CeRowSums {
   float max;
   double sum_exp, sum_x;
 };
 CeRowSums ce_row_sums_f32(const float* x, int64_t n);
 // The row's gradient: dx[i] = s · (exp(x[i] − lse) − (i == target ? hit : 0) − off), exp by fast_expf
-// (target outside [0, n): no hit).
+// (target outside [0, n): no hit). The target's element is written again after the row: dx must
+// not alias x.
 void ce_grad_row_f32(float* dx, const float* x, int64_t n, float lse, int64_t target, float hit, float off, float s);
 
 }  // namespace kiln::kernels::cpu
