@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
@@ -307,6 +308,17 @@ int64_t flex_block_size(Device device) { return device.is_cpu() ? 32 : attention
 }  // namespace
 #endif
 
+std::pair<Tensor, Tensor> LlamaModel::rotary(int64_t len, Device device) const {
+  RotaryTables& r = rotary_;
+  if (!r.cos.defined() || r.cos.size(0) < len || r.cos.device() != device || r.head_dim != config.head_dim() ||
+      r.theta != config.rope_theta) {
+    std::tie(r.cos, r.sin) = rotary_tables(len, config.head_dim(), config.rope_theta, device);
+    r.head_dim = config.head_dim();
+    r.theta = config.rope_theta;
+  }
+  return {r.cos.narrow(0, 0, len), r.sin.narrow(0, 0, len)};
+}
+
 AttentionMasks LlamaModel::masks(int64_t B, int64_t T, int64_t past, const Tensor& doc_ids, Device device,
                                  bool use_flex) const {
   std::vector<int64_t> d;
@@ -399,7 +411,7 @@ Tensor LlamaModel::forward(const Tensor& ids, const Tensor& doc_ids, KVCache* ca
   }
   KILN_CHECK(past + T <= config.max_position_embeddings, "LlamaModel: sequence length ", past + T,
              " exceeds max_position_embeddings=", config.max_position_embeddings);
-  auto [cos_all, sin_all] = rotary_tables(past + T, config.head_dim(), config.rope_theta, ids.device());
+  auto [cos_all, sin_all] = rotary(past + T, ids.device());
   Tensor cos = cos_all.narrow(0, past, T), sin = sin_all.narrow(0, past, T);
   const AttentionMasks am = masks(B, T, past, doc_ids, ids.device(), config.attention_backend == "flex" && !cache);
   Tensor h = embed_tokens->forward(ids);

@@ -115,6 +115,9 @@ class LlamaModel : public Module {
   // The masks forward() uses for a batch of B x T tokens after `past` cached ones.
   AttentionMasks masks(int64_t B, int64_t T, int64_t past, const Tensor& doc_ids, Device device,
                        bool use_flex) const;
+  // The rotary cos and sin tables [len, head_dim] on `device`, made once and kept (a longer length
+  // or another device, head dim or theta makes them again); forward() narrows them to its positions.
+  std::pair<Tensor, Tensor> rotary(int64_t len, Device device) const;
   const LlamaConfig& config;
   std::shared_ptr<Embedding> embed_tokens;
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;
@@ -124,6 +127,12 @@ class LlamaModel : public Module {
   mutable std::shared_ptr<const void> flex_shared_;  // the last causal/window block mask (reused per shape)
   mutable int64_t flex_shared_len_ = -1;
   mutable Device flex_shared_device_ = kCPU;  // the device it was built for (its block size, its tensors)
+  struct RotaryTables {
+    Tensor cos, sin;  // [len, head_dim] on device
+    int64_t head_dim = 0;
+    double theta = 0;
+  };
+  mutable RotaryTables rotary_;
 };
 
 class LlamaForCausalLM : public Module {

@@ -201,11 +201,13 @@ std::pair<Tensor, Tensor> rotary_tables(int64_t seq_len, int64_t head_dim, doubl
   KILN_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary_tables: head_dim must be positive and even, got ", head_dim);
   KILN_CHECK(theta > 0 && std::isfinite(theta), "rotary_tables: theta must be positive, got ", theta);
   const int64_t half = head_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[static_cast<size_t>(i)] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
   std::vector<float> c(static_cast<size_t>(seq_len * head_dim)), s(c.size());
   for (int64_t p = 0; p < seq_len; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      double inv_freq = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
-      double f = static_cast<double>(p) * inv_freq;
+      double f = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
       size_t k = static_cast<size_t>(p * head_dim + i);
       c[k] = c[k + static_cast<size_t>(half)] = static_cast<float>(std::cos(f));
       s[k] = s[k + static_cast<size_t>(half)] = static_cast<float>(std::sin(f));

@@ -228,6 +228,27 @@ TEST(Llama, KVCacheDecodingMatchesFullForward) {
   for (size_t i = 0; i < full.size(); ++i) EXPECT_NEAR(inc[i], full[i], 1e-5) << i;
 }
 
+// The model keeps its rotary tables between forward passes: made again only for a longer length
+// (or another device), each time equal to rotary_tables' rows.
+TEST(Llama, RotaryTablesAreKeptAndGrown) {
+  LlamaConfig c = tiny_config();
+  LlamaForCausalLM m(c, 3);
+  const auto rows_equal = [&](const std::pair<Tensor, Tensor>& got, int64_t len) {
+    auto [cos, sin] = rotary_tables(len, c.head_dim(), c.rope_theta, kCPU);
+    EXPECT_EQ(got.first.shape(), (Shape{len, c.head_dim()}));
+    EXPECT_EQ(got.first.to_vector<float>(), cos.to_vector<float>()) << "cos, length " << len;
+    EXPECT_EQ(got.second.to_vector<float>(), sin.to_vector<float>()) << "sin, length " << len;
+  };
+  const auto first = m.model->rotary(4, kCPU);
+  rows_equal(first, 4);
+  const auto grown = m.model->rotary(10, kCPU);  // longer: made again
+  rows_equal(grown, 10);
+  const auto kept = m.model->rotary(6, kCPU);  // shorter: the same storage, narrowed
+  rows_equal(kept, 6);
+  EXPECT_EQ(kept.first.data_ptr(), grown.first.data_ptr());
+  EXPECT_EQ(kept.second.data_ptr(), grown.second.data_ptr());
+}
+
 TEST(Llama, DocumentMaskIsolatesDocuments) {
   LlamaConfig c = tiny_config();
   LlamaForCausalLM m(c, 4);
