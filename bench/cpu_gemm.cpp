@@ -73,10 +73,10 @@ void run(const Case& c, int iters, SgemmIsa isa) {
   double diff = 0;
   for (size_t i = 0; i < c_kiln.size(); ++i) diff = std::max(diff, double(std::fabs(c_kiln[i] - c_blas[i])));
   const double flop = 2.0 * c.m * c.n * c.k, km = median(tk), bm = median(tb_);
-  std::printf("{\"bench\":\"cpu_gemm\",\"isa\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"layout\":\"%s\",\"threads\":%d,"
-              "\"kiln_us_median\":%.2f,\"blas_us_median\":%.2f,\"kiln_gflops\":%.1f,\"blas_gflops\":%.1f,"
-              "\"speedup\":%.3f,\"max_abs_diff\":%.3g}\n",
-              isa == SgemmIsa::avx2 ? "avx2" : "avx512", (long long)c.m, (long long)c.n, (long long)c.k,
+  std::printf("{\"bench\":\"cpu_gemm\",\"isa\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"layout\":\"%s\","
+              "\"threads\":%d,\"kiln_us_median\":%.2f,\"blas_us_median\":%.2f,\"kiln_gflops\":%.1f,"
+              "\"blas_gflops\":%.1f,\"speedup\":%.3f,\"max_abs_diff\":%.3g}\n",
+              kiln::kernels::cpu::own_sgemm_isa_name(isa), (long long)c.m, (long long)c.n, (long long)c.k,
               c.layout.c_str(), omp_get_max_threads(), km, bm,
               flop / km / 1e3, flop / bm / 1e3, median(ratio), diff);
   std::fprintf(stderr, "%6lld %6lld %6lld %s  kiln %8.1f us %6.1f GFLOP/s   BLAS %8.1f us %6.1f GFLOP/s   x%.2f\n",
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
                          "not used here\n");
     return 0;
   }
-  SgemmIsa isa = kiln::kernels::cpu::own_sgemm_supported(SgemmIsa::avx512) ? SgemmIsa::avx512 : SgemmIsa::avx2;
+  SgemmIsa isa = SgemmIsa::best;
   std::vector<Case> cases;
   Case one{0, 0, 0, "nt"};
   int iters = 21;

@@ -17,6 +17,7 @@
 
 using namespace kiln;
 using kiln::kernels::cpu::own_sgemm;
+using kiln::kernels::cpu::own_sgemm_isa_name;
 using kiln::kernels::cpu::own_sgemm_supported;
 using kiln::kernels::cpu::SgemmIsa;
 using kiln::kernels::cpu::SgemmProblem;
@@ -30,9 +31,9 @@ std::vector<SgemmIsa> sets_here() {
     if (own_sgemm_supported(isa)) sets.push_back(isa);
   return sets;
 }
-const char* set_name(SgemmIsa isa) { return isa == SgemmIsa::avx512 ? "AVX-512" : "AVX2"; }
 #define KILN_SKIP_WITHOUT_OWN_SGEMM() \
-  if (sets_here().empty()) GTEST_SKIP() << "this CPU has neither AVX-512F nor AVX2 and FMA: kiln's f32 product is not used here"
+  if (sets_here().empty())             \
+  GTEST_SKIP() << "this CPU has neither AVX-512F nor AVX2 and FMA: kiln's f32 product is not used here"
 
 // One product's operands, stored as the kernel reads them (a [k, lda] when transposed, else
 // [m, lda]; b likewise), with leading dimensions padded past the minimum by `pad`, and c inside a
@@ -75,9 +76,9 @@ float at_b(const Operands& o, int64_t q, int64_t j) {
 // summation's bound (k + 2 roundings of terms no larger than sum |a||b| + |beta c|), and that no
 // sentinel moved.
 void check(Operands o, const char* what, SgemmIsa isa) {
-  SCOPED_TRACE(::testing::Message() << set_name(isa) << ", " << what << ": m=" << o.p.m << " n=" << o.p.n << " k=" << o.p.k
-                                    << " trans_a=" << o.p.trans_a << " trans_b=" << o.p.trans_b << " ldc=" << o.p.ldc
-                                    << " beta=" << o.p.beta);
+  SCOPED_TRACE(::testing::Message() << own_sgemm_isa_name(isa) << ", " << what << ": m=" << o.p.m << " n=" << o.p.n
+                                    << " k=" << o.p.k << " trans_a=" << o.p.trans_a << " trans_b=" << o.p.trans_b
+                                    << " ldc=" << o.p.ldc << " beta=" << o.p.beta);
   o.point();
   const std::vector<float> before = o.c_frame;
   own_sgemm(o.p, isa);
@@ -125,7 +126,8 @@ TEST(OwnSgemm, EveryLayoutAndTileEdgeMatchesFloat64) {
                  Case{6, 15, 8}, Case{12, 8, 31}})
     for (int layout = 0; layout < 4; ++layout)
       for (int64_t pad : {0, 3})
-        for (SgemmIsa isa : sets_here()) check(make(c.m, c.n, c.k, layout & 2, layout & 1, pad, 0.0f, rng), "beta 0", isa);
+        for (SgemmIsa isa : sets_here())
+          check(make(c.m, c.n, c.k, layout & 2, layout & 1, pad, 0.0f, rng), "beta 0", isa);
 }
 
 TEST(OwnSgemm, BetaAddsToWhatCHolds) {
@@ -168,7 +170,7 @@ TEST(OwnSgemm, BitsDoNotDependOnThreadsRunOrSet) {
           run.point();
           own_sgemm(run.p, isa);
           results.push_back(run.c_frame);
-          names.push_back(std::string(set_name(isa)) + " on " + std::to_string(threads) + " threads");
+          names.push_back(std::string(own_sgemm_isa_name(isa)) + " on " + std::to_string(threads) + " threads");
         }
       for (size_t r = 1; r < results.size(); ++r)
         EXPECT_EQ(std::memcmp(results[0].data(), results[r].data(), results[0].size() * sizeof(float)), 0)
@@ -193,7 +195,7 @@ TEST(OwnSgemm, RefusesASetThisCpuLacks) {
     if (!own_sgemm_supported(isa)) {
       try {
         own_sgemm(p, isa);
-        ADD_FAILURE() << set_name(isa) << ": no error";
+        ADD_FAILURE() << (isa == SgemmIsa::avx512 ? "AVX-512" : "AVX2") << ", which this CPU lacks: no error";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("this one has none"), std::string::npos) << e.what();
       }

@@ -53,7 +53,7 @@ void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int
   for (int64_t k = 0; k < count; ++k) std::memcpy(dst + k * ld_dst, src + k * ld_src, sizeof(float) * N);
 }
 using CopyRowsFn = void (*)(float*, int64_t, const float*, int64_t, int64_t);
-constexpr int kMaxCopy = 32;  // the widest row copied: a tile's rows (≤ 14) or a panel's columns (16, 32)
+constexpr int kMaxCopy = 32;  // the widest row copied: a tile's rows (≤ 14) or a panel's columns (≤ 32)
 static_assert(kSgemmMaxMr <= kMaxCopy);
 constexpr auto kCopyRows = []<size_t... N>(std::index_sequence<N...>) {
   return std::array<CopyRowsFn, kMaxCopy>{&copy_rows<static_cast<int>(N) + 1>...};
@@ -73,8 +73,8 @@ void pack_b_rows(const SgemmProblem& p, int64_t k0, int64_t kc, int64_t j0, int6
 
 bool own_sgemm_supported(SgemmIsa isa) { return kernel_set(isa) != nullptr; }
 
-const char* own_sgemm_isa_name() {
-  const SgemmKernelSet* ks = kernel_set(SgemmIsa::best);
+const char* own_sgemm_isa_name(SgemmIsa isa) {
+  const SgemmKernelSet* ks = kernel_set(isa);
   return ks ? ks->name : "none";
 }
 

@@ -9,11 +9,11 @@
 // transposed b always, a row-major one by the AVX2 set, which the AVX-512 set reads in place), and
 // a register tile of c (14 x 32 on AVX-512, 6 x 16 on AVX2) is formed from broadcasts of op(a): a
 // row-major a read where it lies (a row stream per tile row), a transposed one copied a tile's rows
-// at a time into one contiguous run. Deterministic: each element of c is one chain of FMAs over a K block (at
-// most 256) in order, the blocks added in order; the split over threads (row panels; for a weight
-// gradient, transposed a and row-major b, whole K blocks whose parts are added in block order
-// afterwards) changes no bits, so results do not depend on OMP_NUM_THREADS, nor on which of the two
-// instruction sets ran (kernels/cpu/sgemm_kernels.h).
+// at a time into one contiguous run. Deterministic: each element of c is one chain of FMAs over a
+// K block (at most 256) in order, the blocks added in order; the split over threads (row panels;
+// for a weight gradient, transposed a and row-major b, whole K blocks whose parts are added in
+// block order afterwards) changes no bits, so results do not depend on OMP_NUM_THREADS, nor on
+// which of the two instruction sets ran (kernels/cpu/sgemm_kernels.h).
 #pragma once
 #include <cstdint>
 
@@ -40,8 +40,8 @@ enum class SgemmIsa { best, avx512, avx2 };
 // Whether this build and CPU run kiln's product (x86-64 with AVX-512F, or AVX2 and FMA), or the
 // named set of it; elsewhere the BLAS does.
 bool own_sgemm_supported(SgemmIsa isa = SgemmIsa::best);
-// The set `best` runs here ("AVX-512", "AVX2"), or "none".
-const char* own_sgemm_isa_name();
+// The name of the set `isa` runs here ("AVX-512", "AVX2"), or "none" where this CPU has no such set.
+const char* own_sgemm_isa_name(SgemmIsa isa = SgemmIsa::best);
 
 // The product over kiln's OpenMP threads (one when called inside a parallel region). Requires
 // own_sgemm_supported(isa); k ≥ 1.
