@@ -57,12 +57,17 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, const nn::LlamaC
   const int64_t act = bf16 ? 2 : 4;
   // What the backward needs of each layer, at the least: its input, the normed input, q/k/v,
   // the attention output and the MLP's gate, up and product (the attention's T x T scores, the
-  // allocator's slack and temporaries are left out). Checkpointed layers keep their input only.
-  const json::Value as_json = cfg.to_json();
-  const json::Value* ckpt = as_json.find("checkpoint_activations");
-  const bool checkpointed = ckpt && ckpt->is_bool() && ckpt->as_bool();
-  const int64_t layer_acts = mul(tokens, add(add(4 * d, 2 * kv), 3 * I));
-  e.activations = checkpointed ? add(mul(mul(tokens, d), L), layer_acts) : mul(layer_acts, L);
+  // allocator's slack and temporaries are left out). Checkpointed blocks keep their input only,
+  // plus one block's activations while it is recomputed; checkpointed MLPs keep the attention's
+  // part and the MLP's input, plus one MLP's gate, up and product.
+  const int64_t attention_acts = mul(tokens, add(4 * d, 2 * kv)), mlp_acts = mul(tokens, 3 * I);
+  const int64_t layer_acts = add(attention_acts, mlp_acts);
+  if (m.checkpoint_activations == "block")
+    e.activations = add(mul(mul(tokens, d), L), layer_acts);
+  else if (m.checkpoint_activations == "mlp")
+    e.activations = add(mul(add(attention_acts, mul(tokens, d)), L), mlp_acts);
+  else
+    e.activations = mul(layer_acts, L);
   e.activations = mul(e.activations, act);
   // the logits and their gradient (f32), unless the fused loss computes them in chunks
   if (!m.fused_loss) e.activations = add(e.activations, mul(mul(tokens, V), 8));

@@ -345,6 +345,21 @@ TEST(Train, MemoryEstimateRefusesRunsThatCannotFit) {
   const train::MemoryEstimate e = train::estimate_training_memory(c, m, false);
   EXPECT_EQ(e.parameters, model.num_parameters() * 4);  // the parameter count is exact
   EXPECT_EQ(e.optimizer, model.num_parameters() * 8);
+  // Activation checkpointing lowers the activations' estimate (the field is a string: an earlier
+  // estimate looked for a bool and never saw it): block keeps each layer's input and one layer's
+  // activations, mlp the attention's part of each layer and one MLP's.
+  {
+    const int64_t T = c.batch * c.seq, d = m.hidden_size, I = m.intermediate_size, L = m.num_hidden_layers;
+    const int64_t kv = d / m.num_attention_heads * m.num_key_value_heads;
+    const int64_t attention = T * (4 * d + 2 * kv), mlp = T * 3 * I, logits = T * m.vocab_size * 8;
+    nn::LlamaConfig block = m, mlp_only = m;
+    block.checkpoint_activations = "block";
+    mlp_only.checkpoint_activations = "mlp";
+    EXPECT_EQ(e.activations, (attention + mlp) * L * 4 + logits);
+    EXPECT_EQ(train::estimate_training_memory(c, block, false).activations, (T * d * L + attention + mlp) * 4 + logits);
+    EXPECT_EQ(train::estimate_training_memory(c, mlp_only, false).activations,
+              ((attention + T * d) * L + mlp) * 4 + logits);
+  }
   const train::AvailableMemory here = train::available_memory(kCPU);
   ASSERT_GT(here.bytes, 0);
   for (const std::string p : {"tiny", "small"}) {
