@@ -27,6 +27,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class RMSNorm(nn.Module):
@@ -103,6 +104,7 @@ class Llama(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
         self.layers = nn.ModuleList(Block(a) for _ in range(a.layers))
+        self.checkpoint = a.checkpoint
         self.norm = RMSNorm(a.hidden, a.norm_eps)
         self.lm_head = None if a.tie else nn.Linear(a.hidden, a.vocab, bias=False)
         cos, sin = rope_tables(a.seq, a.hidden // a.heads, a.rope_theta)
@@ -117,7 +119,10 @@ class Llama(nn.Module):
         cos, sin = self.cos[:T], self.sin[:T]
         h = self.embed_tokens(ids)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            if self.checkpoint:  # torch.utils.checkpoint per block, as kiln's --checkpoint-activations block
+                h = torch.utils.checkpoint.checkpoint(layer, h, cos, sin, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin)
         h = self.norm(h)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(h, w)
@@ -167,6 +172,8 @@ def main():
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--intermediate", type=int, default=352)
     p.add_argument("--vocab", type=int, default=259)
+    p.add_argument("--checkpoint", action="store_true",
+                   help="recompute each block's activations in the backward (torch.utils.checkpoint)")
     p.add_argument("--tie", action="store_true", help="tie lm_head to the embedding (small: untied)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
@@ -235,7 +242,7 @@ def main():
     tokens = a.steps * a.batch * a.seq
     rec = {"impl": "torch_compile" if a.compile else "torch", "device": a.device, "threads": a.threads,
            "tokens_per_s": tokens / dt, "steps": a.steps, "warmup_steps": a.warmup, "batch": a.batch, "seq": a.seq,
-           "parameters": nparams, "first_loss": first, "final_loss": loss, "data": a.data or "random bytes",
+           "parameters": nparams, "checkpoint": a.checkpoint, "first_loss": first, "final_loss": loss, "data": a.data or "random bytes",
            "torch": torch.__version__}
     if cuda:
         rec["peak_bytes"] = torch.cuda.max_memory_allocated()
