@@ -13,13 +13,16 @@ CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
   try {
     release_cache();
+    for (auto& [pool, pools] : pools_) free_pool(pools);  // the graph pools' too (their graphs are gone)
   } catch (...) {  // a destructor must not throw: what could not be returned is lost with the device
   }
 }
 
-void* CachingAllocator::take_cached(size_t rounded, void* stream) {
-  auto pool = pools_.find(stream);
-  if (pool == pools_.end()) return nullptr;
+void* CachingAllocator::take_cached(size_t rounded, void* stream, PoolId pool_id) {
+  auto pools = pools_.find(pool_id);
+  if (pools == pools_.end()) return nullptr;
+  auto pool = pools->second.find(stream);
+  if (pool == pools->second.end()) return nullptr;
   auto it = pool->second.lower_bound(rounded);
   if (it == pool->second.end()) return nullptr;
   size_t size = it->first;
@@ -32,12 +35,14 @@ void* CachingAllocator::take_cached(size_t rounded, void* stream) {
   void* p = it->second;
   pool->second.erase(it);
   pooled_ -= static_cast<int64_t>(size);
-  live_[p] = Block{size, 0, stream, {}};
+  live_[p] = Block{size, 0, stream, pool_id, {}};
   return p;
 }
 
-void CachingAllocator::to_pool(void* ptr, size_t size, void* stream) {
-  pools_[stream].emplace(size, ptr);
+void CachingAllocator::to_pool(void* ptr, size_t size, void* stream, PoolId pool) {
+  // a released graph pool's blocks come back to the allocator's own (NOTE [graph pools])
+  if (pool != 0 && std::find(open_pools_.begin(), open_pools_.end(), pool) == open_pools_.end()) pool = 0;
+  pools_[pool][stream].emplace(size, ptr);
   pooled_ += static_cast<int64_t>(size);
 }
 
@@ -54,7 +59,7 @@ void CachingAllocator::collect_pending(bool wait) {
     b.events.erase(done, b.events.end());
     if (b.events.empty()) {
       pending_bytes_ -= static_cast<int64_t>(b.size);
-      to_pool(b.ptr, b.size, b.stream);
+      to_pool(b.ptr, b.size, b.stream, b.pool);
     } else {
       if (kept != i) pending_[kept] = std::move(b);
       ++kept;
@@ -67,8 +72,9 @@ void* CachingAllocator::allocate(size_t nbytes) {
   const size_t rounded = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
   void* stream = api_->current_stream();
+  // No event recorded while capturing is queried (NOTE [graph pools]); earlier ones may be.
   if (!pending_.empty()) collect_pending(/*wait=*/false);
-  void* p = take_cached(rounded, stream);
+  void* p = take_cached(rounded, stream, capturing_);
   if (!p) {
     p = api_->malloc(rounded);
     if (!p) {  // out of memory: give the cache (pending blocks included) back and retry once
@@ -79,7 +85,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
                rounded, " rounded; ", current_, " bytes in use, ", reserved_, " reserved after freeing the cache)");
     ++num_system_allocs_;
     reserved_ += static_cast<int64_t>(rounded);
-    live_[p] = Block{rounded, 0, stream, {}};
+    live_[p] = Block{rounded, 0, stream, capturing_, {}};
   }
   live_[p].requested = nbytes;
   current_ += static_cast<int64_t>(nbytes);
@@ -94,7 +100,16 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(ptr);
   KILN_CHECK(it != live_.end(), name_, " caching allocator: deallocate of a pointer it did not allocate");
-  Pending wait{ptr, it->second.size, it->second.stream, {}};
+  // Freed during a capture: the graph's, whichever pool it came from (NOTE [graph pools]).
+  const PoolId pool = capturing_ != 0 ? capturing_ : it->second.pool;
+  Pending wait{ptr, it->second.size, it->second.stream, pool, {}};
+  if (capturing_ != 0 && !it->second.uses.empty()) {  // not reused within the capture; no event
+    current_ -= static_cast<int64_t>(it->second.requested);
+    live_.erase(it);
+    pending_bytes_ += static_cast<int64_t>(wait.size);
+    capture_deferred_.push_back(std::move(wait));
+    return;
+  }
   try {
     for (void* s : it->second.uses) wait.events.push_back(api_->record_event(s));
   } catch (...) {  // the block stays live (and counted) rather than be reused too early
@@ -104,7 +119,7 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   current_ -= static_cast<int64_t>(it->second.requested);
   live_.erase(it);
   if (wait.events.empty()) {
-    to_pool(ptr, wait.size, wait.stream);
+    to_pool(ptr, wait.size, wait.stream, wait.pool);
   } else {
     pending_bytes_ += static_cast<int64_t>(wait.size);
     pending_.push_back(std::move(wait));
@@ -133,9 +148,8 @@ void CachingAllocator::fill(void* ptr, size_t nbytes, uint8_t byte) {
   api_->memset(ptr, byte, nbytes, stream);
 }
 
-void CachingAllocator::release_cache() {
-  if (!pending_.empty()) collect_pending(/*wait=*/true);
-  for (auto& [stream, pool] : pools_) {
+void CachingAllocator::free_pool(StreamPools& pools) {
+  for (auto& [stream, pool] : pools) {
     while (!pool.empty()) {
       auto it = pool.begin();
       api_->free(it->second);
@@ -144,7 +158,54 @@ void CachingAllocator::release_cache() {
       pool.erase(it);
     }
   }
-  pools_.clear();
+  pools.clear();
+}
+
+void CachingAllocator::release_cache() {
+  if (!pending_.empty()) collect_pending(/*wait=*/true);
+  auto own = pools_.find(0);  // the graph pools stay their graphs' (NOTE [graph pools])
+  if (own != pools_.end()) free_pool(own->second);
+}
+
+void CachingAllocator::begin_allocate_to_pool(PoolId pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_CHECK(pool != 0, name_, " caching allocator: graph pool id 0 is the allocator's own");
+  KILN_CHECK(capturing_ == 0, name_, " caching allocator: allocating to graph pool ", pool, " while pool ",
+             capturing_, " is being allocated to (one capture at a time per device)");
+  if (std::find(open_pools_.begin(), open_pools_.end(), pool) == open_pools_.end()) open_pools_.push_back(pool);
+  capturing_ = pool;
+}
+
+void CachingAllocator::end_allocate_to_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Pending& b : capture_deferred_) {
+    pending_bytes_ -= static_cast<int64_t>(b.size);
+    to_pool(b.ptr, b.size, b.stream, b.pool);
+  }
+  capture_deferred_.clear();
+  capturing_ = 0;
+}
+
+void CachingAllocator::release_pool(PoolId pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_CHECK(pool != 0 && pool != capturing_, name_, " caching allocator: release_pool(", pool,
+             pool == 0 ? "): pool 0 is the allocator's own" : "): it is being allocated to");
+  open_pools_.erase(std::remove(open_pools_.begin(), open_pools_.end(), pool), open_pools_.end());
+  auto it = pools_.find(pool);
+  if (it == pools_.end()) return;
+  free_pool(it->second);
+  pools_.erase(it);
+}
+
+int64_t CachingAllocator::pool_cached_bytes(PoolId pool) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  if (auto it = pools_.find(pool); it != pools_.end())
+    for (const auto& [stream, blocks] : it->second)
+      for (const auto& [size, ptr] : blocks) n += static_cast<int64_t>(size);
+  for (const Pending& b : capture_deferred_)
+    if (b.pool == pool) n += static_cast<int64_t>(b.size);
+  return n;
 }
 
 void CachingAllocator::empty_cache() {

@@ -18,6 +18,18 @@
 //   - when the system allocation fails, the pending blocks are waited for, the whole cache is
 //     returned to the system and the allocation retried once before kiln::Error (naming the
 //     size) is thrown.
+//   - NOTE [graph pools]: while a CUDA graph is captured (core/cuda_graph.h) nothing runs, and
+//     every later replay writes the same addresses, so the memory the capture uses must stay
+//     the graph's. Between begin_allocate_to_pool(P) and end_allocate_to_pool(), every
+//     allocation is taken from private pool P (its cached blocks, else the system), and every
+//     block freed goes to P, whichever pool it came from (the captured kernels may read it at
+//     replay). A block freed during the capture that another stream used (record_stream) is not
+//     handed out again within the capture (the graph's branches may still read it) and joins P at
+//     its end; no event is recorded or queried while capturing (CUDA refuses both). After the
+//     capture, blocks of P still go back to P when freed; only another capture into P takes
+//     them. release_pool(P) gives P's cached blocks back to the system; its live blocks go to the
+//     allocator's own pools when freed. empty_cache and the out-of-memory retry leave the graph
+//     pools alone. Pool 0 is the allocator's own.
 // Counters follow the CPU allocator's convention: current/peak count the REQUESTED bytes of
 // live blocks (a pending block is not live); reserved_bytes counts what is held from the
 // system (live, pending and cached blocks).
@@ -79,31 +91,45 @@ class CachingAllocator final : public Allocator {
   int64_t cached_bytes() const;   // reserved but not in use (in a pool or pending)
   int64_t pending_bytes() const;  // the part of cached_bytes waiting for other streams' events
 
+  // NOTE [graph pools]. Pool ids are the caller's (nonzero, never used again after release).
+  using PoolId = uint64_t;
+  void begin_allocate_to_pool(PoolId pool);  // kiln::Error while another pool is being allocated to
+  void end_allocate_to_pool();
+  void release_pool(PoolId pool);
+  int64_t pool_cached_bytes(PoolId pool) const;  // cached in `pool` (and deferred until its capture ends)
+
  private:
   struct Block {
     size_t size = 0;       // rounded size held from the system
     size_t requested = 0;  // what the caller asked for (counted in current/peak)
     void* stream = nullptr;          // the stream it was allocated on: its pool
+    PoolId pool = 0;                 // NOTE [graph pools]: 0, or the graph pool it belongs to
     std::vector<void*> uses;         // other streams that use it (record_stream)
   };
   struct Pending {
     void* ptr = nullptr;
     size_t size = 0;
     void* stream = nullptr;
+    PoolId pool = 0;
     std::vector<void*> events;  // not yet seen complete, one per stream of Block::uses
   };
   using Pool = std::multimap<size_t, void*>;  // size -> block, ordered for best fit
-  void* take_cached(size_t rounded, void* stream);  // nullptr when no block fits
-  void to_pool(void* ptr, size_t size, void* stream);
+  using StreamPools = std::unordered_map<void*, Pool>;  // one per stream
+  void* take_cached(size_t rounded, void* stream, PoolId pool);  // nullptr when no block fits
+  void to_pool(void* ptr, size_t size, void* stream, PoolId pool);
   void collect_pending(bool wait);  // moves the blocks whose events completed to their pools
   void release_cache();             // caller holds mu_; pending blocks are waited for first
+  void free_pool(StreamPools& pools);  // caller holds mu_: every cached block to the system
 
   DeviceMemoryApi* api_;
   std::string name_;
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> live_;
-  std::unordered_map<void*, Pool> pools_;  // one per stream
+  std::unordered_map<PoolId, StreamPools> pools_;  // NOTE [graph pools]: pools_[0] is the allocator's own
   std::vector<Pending> pending_;           // in deallocate order
+  PoolId capturing_ = 0;                   // the pool allocated to now (0: none)
+  std::vector<Pending> capture_deferred_;  // freed during the capture after another stream's use
+  std::vector<PoolId> open_pools_;         // graph pools not yet released
   int64_t current_ = 0, peak_ = 0, reserved_ = 0, pooled_ = 0, pending_bytes_ = 0;
   int64_t num_allocs_ = 0, num_system_allocs_ = 0;
 };

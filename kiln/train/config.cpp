@@ -130,6 +130,8 @@ void TrainConfig::validate() const {
     json::check_utf8(*value, std::string("config: ") + key, "kiln stores a run's settings as JSON, which needs UTF-8");
   KILN_CHECK(attention == "auto" || attention == "reference" || attention == "flex", "config: attention='", attention,
              "' is not one of: auto, reference, flex");
+  KILN_CHECK(cuda_graphs == "auto" || cuda_graphs == "on" || cuda_graphs == "off", "config: cuda_graphs='",
+             cuda_graphs, "' is not one of: auto, on, off");
   KILN_CHECK(gemm_backend.empty() || gemm_backend == "auto" || gemm_backend == "cublaslt" || gemm_backend == "kiln",
              "config: gemm_backend='", gemm_backend, "' is not one of: auto, cublaslt, kiln");
   if (attention_mask.rfind("window:", 0) == 0) {

@@ -48,6 +48,9 @@ struct TrainConfig {
   // auto | cublaslt | kiln; "" the process's (KILN_GEMM_BACKEND, else cublaslt).
   std::string gemm_backend;
   std::string checkpoint_activations = "none";  // none | block | mlp (recomputed in the backward)
+  // CUDA: the step's forward and backward captured once as a CUDA graph and replayed (step_graph.h):
+  // auto (where the run allows it, else a note), on (an error where it does not), off.
+  std::string cuda_graphs = "auto";
   // optimisation
   int64_t steps = 0, batch = 0, seq = 0, accum = 1, warmup = -1;
   // sequences per optimizer step over every rank and micro-batch (0: batch x accum x ranks);

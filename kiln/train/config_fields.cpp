@@ -77,6 +77,9 @@ std::vector<ConfigField> make_fields() {
       row("gemm_backend", &C::gemm_backend, "BACKEND", "CUDA, bf16: the matrix products' backend: cublaslt, kiln "
           "(kiln's Hopper GEMM: the linears, and the fused loss's products with their epilogues) or auto (each "
           "linear's shape measured once, the faster taken); default: KILN_GEMM_BACKEND, else cublaslt", command),
+      row("cuda_graphs", &C::cuda_graphs, "WHEN", "CUDA: capture the step's forward and backward once as a CUDA "
+          "graph and replay it (one launch instead of thousands): auto (where the run allows it: static shapes, one "
+          "micro-batch, no FSDP, no --profile, no document mask), on (an error where it does not) or off", command),
       row("checkpoint_activations", &C::checkpoint_activations, "WHAT", "none, block (recompute each decoder "
           "block's activations in the backward) or mlp (only each MLP's): less memory, more compute"),
       // side work
@@ -120,7 +123,8 @@ std::vector<ConfigField> make_fields() {
     if (f.key == "sample") f.flag = "--sample-mode";
     // Not the run's: never recorded with it (out is, so a run folder names where it was written).
     if (f.key == "overwrite" || f.key == "resume" || f.key == "profile" || f.key == "peak_tflops" || f.key == "nproc" ||
-        f.key == "fsdp" || f.key == "on_failure" || f.key == "max_restarts" || f.key == "gemm_backend")
+        f.key == "fsdp" || f.key == "on_failure" || f.key == "max_restarts" || f.key == "gemm_backend" ||
+        f.key == "cuda_graphs")
       f.saved = false;
     if (f.key == "resume") f.in_file = false;  // a resumed run takes no config file
   }

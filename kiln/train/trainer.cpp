@@ -71,18 +71,25 @@ StepResult Trainer::step() {
     const data::Batch& b = micro[a];
     if (b.num_targets == 0 && !s.fsdp) continue;
     if (s.fsdp) s.fsdp->set_requires_gradient_sync(a + 1 == micro.size());
-    // This micro-batch's own bf16 parameters (precision.h), kept through its backward: an
-    // activation checkpoint's recomputation reads them there.
-    ParamCast::Forward cast(*s.cast);
-    Tensor ls;
-    {
-      profile::Label label("forward:", "loss");  // the backward's kernels the engine labels "backward:"
-      // this micro-batch's share of the mean over the whole accumulated (global) batch
-      ls = s.model->loss_sum(b.input, b.target, cfg.document_mask() ? b.doc_ids : Tensor(), std::max(divide_by, 1.0));
-    }
-    ls.backward();
-    loss_dev = loss_dev.defined() ? add(loss_dev, ls.detach()) : ls.detach();
+    auto forward_backward = [&](const data::Batch& mb) {
+      // This micro-batch's own bf16 parameters (precision.h), kept through its backward: an
+      // activation checkpoint's recomputation reads them there.
+      ParamCast::Forward cast(*s.cast);
+      Tensor ls;
+      {
+        profile::Label label("forward:", "loss");  // the backward's kernels the engine labels "backward:"
+        // this micro-batch's share of the mean over the whole accumulated (global) batch
+        ls = s.model->loss_sum(mb.input, mb.target, cfg.document_mask() ? mb.doc_ids : Tensor(),
+                               std::max(divide_by, 1.0));
+      }
+      ls.backward();
+      return ls.detach();
+    };
+    // --cuda-graphs: captured once, then replayed (step_graph.h)
+    const Tensor ls = s.graph && micro.size() == 1 ? s.graph->run(b, divide_by, forward_backward) : forward_backward(b);
+    loss_dev = loss_dev.defined() ? add(loss_dev, ls) : ls;
   }
+  if (s.graph) s.sum.graph_replays = s.graph->replays();
   {
     profile::Label label("optimizer:", "step");
     if (s.fsdp) {

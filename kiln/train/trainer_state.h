@@ -18,6 +18,7 @@
 #include "kiln/train/precision.h"
 #include "kiln/train/report.h"
 #include "kiln/train/run_folder.h"
+#include "kiln/train/step_graph.h"
 #include "kiln/train/step_profile.h"
 #include "kiln/train/trainer.h"
 
@@ -60,6 +61,7 @@ struct Trainer::State {
   std::unique_ptr<ParamCast> cast;
   std::unique_ptr<optim::AdamW> opt;
   optim::LrSchedule sched;
+  std::unique_ptr<StepGraph> graph;  // --cuda-graphs, where the run allows them (step_graph.h)
   // MFU (mfu.h) and, while run() profiles, the phase times of the steps (step_profile.h)
   double flops_per_token = 0;
   PeakFlops peak;
@@ -84,6 +86,7 @@ struct Trainer::State {
   void load_data();
   void plan_ranks(int64_t keep_global = 0);
   void build_model();
+  void plan_cuda_graphs(bool refuse_only);  // --cuda-graphs: refuse `on` where it cannot apply; make the graph
   bool is_rank0() const { return rank == 0; }
   std::shared_ptr<const attention::RuntimeMods> compile_runtime_mods(const nn::LlamaConfig& mcfg);
   void load_resume_state();

@@ -1,7 +1,8 @@
 // CachingAllocator on CPU with a scripted fake DeviceMemoryApi: exact counters, reuse without
 // system calls in steady state, size bins and best fit, stream separation, empty_cache, the
 // out-of-memory path (free the cache, retry once, then kiln::Error naming the size), and
-// deferred frees of blocks used on a second stream (events the test completes by hand).
+// deferred frees of blocks used on a second stream (events the test completes by hand), and the
+// private pools of graph captures.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -442,6 +443,96 @@ TEST(CachingAllocator, RandomStreamUsesNeverHandOutABlockBeforeItsEvents) {
   EXPECT_EQ(a.stats().reserved_bytes, 0);
   EXPECT_EQ(a.stats().current_bytes, 0);
   EXPECT_TRUE(api.live.empty());
+}
+
+// NOTE [graph pools]: a capture allocates from its own pool, adopts what it frees, keeps what it
+// used out of the allocator's pools after it ends, and gives it back only at release_pool.
+TEST(CachingAllocator, ACaptureAllocatesFromItsOwnPoolAndKeepsItsBlocks) {
+  FakeApi api;
+  CachingAllocator a(&api, "fake");
+  int compute = 0;
+  api.stream = &compute;
+  void* before = a.allocate(4096);  // an eager tensor read by the captured work, freed in the capture
+  void* cached = a.allocate(8192);
+  a.deallocate(cached, 8192);  // cached in the allocator's own pool
+  a.begin_allocate_to_pool(7);
+  EXPECT_THROW(a.begin_allocate_to_pool(8), Error);  // one capture at a time
+  void* x = a.allocate(8192);
+  EXPECT_NE(x, cached);  // the own pool's block is not taken: the graph's memory is its own
+  EXPECT_EQ(api.mallocs, 3);
+  a.deallocate(x, 8192);
+  void* y = a.allocate(8192);
+  EXPECT_EQ(y, x);  // freed within the capture: reused in capture order, as the replay runs
+  a.deallocate(before, 4096);  // adopted by the graph: replays read it
+  void* z = a.allocate(4096);
+  EXPECT_EQ(z, before);
+  a.deallocate(z, 4096);
+  a.end_allocate_to_pool();
+  EXPECT_EQ(a.pool_cached_bytes(7), 4096);  // z's block; y is live (an output of the graph)
+  EXPECT_EQ(a.pool_cached_bytes(0), 8192);
+
+  // After the capture, eager work takes neither the graph's cached blocks nor its freed outputs.
+  void* e1 = a.allocate(4096);
+  EXPECT_NE(e1, before);
+  a.deallocate(y, 8192);  // the graph's output dropped: back to the graph's pool
+  void* e2 = a.allocate(8192);
+  EXPECT_EQ(e2, cached);
+  void* e3 = a.allocate(8192);
+  EXPECT_NE(e3, y);
+  EXPECT_EQ(a.pool_cached_bytes(7), 4096 + 8192);
+  a.empty_cache();  // leaves the graph's pool alone
+  EXPECT_EQ(a.pool_cached_bytes(7), 4096 + 8192);
+  EXPECT_TRUE(api.live.count(y) && api.live.count(before));
+
+  // A second capture into the same pool takes its blocks again.
+  a.begin_allocate_to_pool(7);
+  void* w = a.allocate(8192);
+  EXPECT_EQ(w, y);
+  a.end_allocate_to_pool();
+  EXPECT_THROW(a.release_pool(0), Error);
+  a.release_pool(7);
+  EXPECT_FALSE(api.live.count(before));  // the pool's cached block went back to the system
+  EXPECT_TRUE(api.live.count(w));        // its live one is the caller's ...
+  a.deallocate(w, 8192);                 // ... and, freed, joins the allocator's own pool
+  EXPECT_EQ(a.pool_cached_bytes(0), 8192);
+  EXPECT_EQ(a.pool_cached_bytes(7), 0);
+  void* again = a.allocate(8192);
+  EXPECT_EQ(again, w);
+  for (void* p : {e1, e2, e3, again}) a.deallocate(p, 1);
+  const MemoryStats s = a.stats();
+  EXPECT_EQ(s.current_bytes, 0);
+  EXPECT_EQ(s.reserved_bytes, static_cast<int64_t>(api.held));
+}
+
+// During a capture no event is recorded (CUDA refuses to query one recorded while capturing): a
+// block another stream used is kept from reuse until the capture ends, then joins the pool.
+TEST(CachingAllocator, ACaptureDefersBlocksOtherStreamsUsedToItsEnd) {
+  FakeApi api;
+  CachingAllocator a(&api, "fake");
+  int compute = 0, side = 0;
+  api.stream = &compute;
+  a.begin_allocate_to_pool(3);
+  void* p = a.allocate(1 << 20);
+  a.record_stream(p, fake_stream(side));
+  a.deallocate(p, 1 << 20);
+  EXPECT_TRUE(api.events.empty());
+  void* q = a.allocate(1 << 20);
+  EXPECT_NE(q, p);  // the side branch of the graph may still read p
+  EXPECT_EQ(a.pool_cached_bytes(3), 1 << 20);
+  EXPECT_EQ(a.pending_bytes(), 1 << 20);
+  a.deallocate(q, 1 << 20);
+  a.end_allocate_to_pool();
+  EXPECT_EQ(a.pending_bytes(), 0);
+  EXPECT_EQ(a.pool_cached_bytes(3), 2 << 20);
+  EXPECT_TRUE(api.events.empty());
+  a.begin_allocate_to_pool(3);
+  void* r1 = a.allocate(1 << 20);
+  void* r2 = a.allocate(1 << 20);
+  EXPECT_TRUE((r1 == p && r2 == q) || (r1 == q && r2 == p));
+  a.end_allocate_to_pool();
+  a.deallocate(r1, 1);
+  a.deallocate(r2, 1);
+  EXPECT_EQ(api.mallocs, 2);
 }
 
 TEST(CachingAllocator, StorageRecordStreamChecksTheDevice) {

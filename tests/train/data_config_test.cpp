@@ -343,9 +343,9 @@ TEST(Config, FieldTableDrivesSettersJsonAndResume) {
   const std::vector<std::string> changeable = {"steps", "eval_every", "ckpt_every", "keep_ckpts", "log_every",
                                                "max_time", "sample_tokens", "prompt"};
   EXPECT_EQ(train::changeable_on_resume(), changeable);
-  for (const char* k : {"out", "resume", "overwrite", "profile", "peak_tflops", "nproc", "gemm_backend"})
+  for (const char* k : {"out", "resume", "overwrite", "profile", "peak_tflops", "nproc", "gemm_backend", "cuda_graphs"})
     EXPECT_EQ(train::find_config_field(k)->on_resume, train::OnResume::command) << k;
-  for (const char* k : {"resume", "overwrite", "profile", "peak_tflops", "nproc", "gemm_backend"})
+  for (const char* k : {"resume", "overwrite", "profile", "peak_tflops", "nproc", "gemm_backend", "cuda_graphs"})
     EXPECT_FALSE(train::find_config_field(k)->saved) << k;
   train::TrainConfig c = base;
   expect_error([&] { train::set_config_value(c, "seed", json::Value(int64_t{-1})); }, "key 'seed' = -1: seed must be >= 0");

@@ -1,0 +1,78 @@
+// StepGraph: `--cuda-graphs` (docs/training.md, "CUDA graphs"). A training step's forward and
+// backward, captured once as a CUDA graph (core/cuda_graph.h) and replayed at every later step:
+// one launch instead of one per kernel, so the host no longer has to keep ahead of a GPU that
+// finishes a kernel in a few microseconds. The optimizer (a handful of multi-tensor launches,
+// whose learning rate and step count change every step) and the logging stay outside the graph.
+//
+// How a step runs (run()):
+//   - the first kWarmupSteps steps run eagerly: they compile kernels, measure GEMM shapes, create
+//     the optimizer's state and the rotary tables, which a capture could not do;
+//   - the next step is captured: its batch becomes the graph's input (kept, fixed addresses), the
+//     eager allocator cache is emptied (the graph's pool takes that memory), the forward and
+//     backward are recorded with every parameter's gradient unset, and the graph is replayed
+//     once to compute the step; the gradients and the loss it wrote are kept;
+//   - every later step copies its batch into the input, replays, and sets each parameter's
+//     gradient to the tensor the graph writes (the optimizer reads and then drops them);
+//   - a step the graph does not fit (a batch of another shape, another loss divisor, a gradient
+//     already set) runs eagerly; a capture that fails (something in the step made the host wait
+//     for the device) runs the step eagerly and turns the graph off for the run. Each says why,
+//     once, through the note callback.
+// A replayed step gives the bits of an eager one: the same kernels on the same data in the same
+// order (Train.CudaGraphsGiveTheEagerBits).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/core/cuda_graph.h"
+#include "kiln/core/tensor.h"
+#include "kiln/data/dataset.h"
+#include "kiln/train/config.h"
+
+namespace kiln::train {
+
+// Why `cfg` cannot use CUDA graphs ("" when it can): not a CUDA run, more than one micro-batch a
+// rank, FSDP (its collectives run on their own streams), --profile (it times every kernel), a
+// document mask (built on the host from each batch). `sharded`: the run is FSDP-sharded.
+std::string cuda_graphs_unavailable(const TrainConfig& cfg, int64_t micro_batches_per_rank, bool sharded);
+
+class StepGraph {
+ public:
+  static constexpr int64_t kWarmupSteps = 2;
+  using ForwardBackward = std::function<Tensor(const data::Batch&)>;  // returns the detached loss
+  using Note = std::function<void(const std::string&)>;
+
+  // `params`: the tensors whose gradients the backward sets (the optimizer's).
+  StepGraph(Device device, std::vector<Tensor> params, Note note);
+  ~StepGraph();
+
+  // One step's forward and backward of `batch` through `fb`: eager, captured or replayed (above).
+  // `divisor` is the loss's divisor (a host value the capture keeps); the loss is returned.
+  Tensor run(const data::Batch& batch, double divisor, const ForwardBackward& fb);
+
+  bool active() const { return !off_; }
+  int64_t replays() const { return replays_; }
+  int64_t num_nodes() const { return graph_.num_nodes(); }
+
+ private:
+  bool fits(const data::Batch& batch, double divisor) const;
+  bool gradients_unset(std::string* which) const;
+  Tensor capture(const data::Batch& batch, double divisor, const ForwardBackward& fb);
+  void note_once(const std::string& text);
+
+  Device device_;
+  std::vector<Tensor> params_;
+  Note note_;
+  CudaGraph graph_;
+  int64_t calls_ = 0, replays_ = 0;
+  bool off_ = false;
+  data::Batch input_;           // the captured batch: the graph reads its input and target
+  double divisor_ = 0;
+  Tensor loss_;                 // written by the graph
+  std::vector<Tensor> grads_;   // per parameter: the gradient the graph writes (or undefined)
+  std::vector<std::string> notes_;
+};
+
+}  // namespace kiln::train
