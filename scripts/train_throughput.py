@@ -29,7 +29,10 @@ def main():
     rec.update({"tokens_per_s": (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"]),
                 "steps": b["step"] - a["step"], "warmup_steps": warm, "first_loss": rows[0]["loss"],
                 "final_loss": b["loss"]})
-    peak = max((r.get("telemetry", {}).get("kiln_peak_bytes") or 0 for r in rows), default=0)
+    # The allocator's peak in every record (the telemetry's, at step 1 and every 50 steps, missed
+    # the later steps' peak: AdamW's state exists only from the first update on).
+    peak = max((r.get("peak_memory_bytes") or r.get("telemetry", {}).get("kiln_peak_bytes") or 0 for r in rows),
+               default=0)
     if peak:
         rec["peak_bytes"] = peak
     print(json.dumps(rec), flush=True)

@@ -287,6 +287,7 @@ json::Value step_record(Trainer::State& s, const StepResult& r, double tps, doub
   m["tokens"] = s.tokens_seen;
   m["elapsed_s"] = s.elapsed_before + run_s;
   m["memory_bytes"] = mem;
+  m["peak_memory_bytes"] = memory_stats(s.dev).peak_bytes;  // this process's, since the run began
   if (eval_loss >= 0) m["eval_loss"] = eval_loss;
   if (r.skipped) m["skipped"] = true;
   if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops * s.world_size);

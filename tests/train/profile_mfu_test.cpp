@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "kiln/core/allocator.h"
 #include "kiln/io/json.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/mfu.h"
@@ -80,6 +81,31 @@ TEST(Mfu, PeaksOfKnownGpusAndTheCpuEstimate) {
     EXPECT_LT(cpu.tflops, 100.0);  // a few cores, not a GPU
   }
   EXPECT_EQ(train::mfu(1e9, 1e3, 0), 0.0);
+}
+
+// Every metrics record carries the allocator's peak: it grows after the first step (AdamW's state
+// exists from the first update on, beside the next step's activations), which the telemetry at
+// step 1 alone had missed (the GPU benchmarks read their peak from it until 2026-12-07).
+TEST(Train, MetricsRecordThePeakAfterEveryStep) {
+  fs::path out = test::temp_dir("peak_bytes");
+  train::TrainConfig c = test::tiny_run(out, 3);
+  c.eval_every = 0;
+  std::vector<json::Value> records;
+  train::TrainHooks h = test::quiet();
+  h.on_log = [&](const json::Value& r) { records.push_back(json::parse(r.dump())); };
+  reset_peak_memory_stats(kCPU);
+  train::run_training(c, h);
+  ASSERT_EQ(records.size(), 3u);
+  int64_t last = 0;
+  for (const json::Value& r : records) {
+    SCOPED_TRACE(r.dump());
+    const int64_t peak = r.find("peak_memory_bytes")->as_int();
+    EXPECT_GE(peak, r.find("memory_bytes")->as_int());
+    EXPECT_GE(peak, last);
+    last = peak;
+  }
+  EXPECT_GT(records[1].find("peak_memory_bytes")->as_int(), records[0].find("peak_memory_bytes")->as_int());
+  fs::remove_all(out);
 }
 
 TEST(Train, ProfiledRunReportsPhasesAndMfu) {
