@@ -16,7 +16,8 @@
 //     caller runs the work without a graph.
 // The capture is in CUDA's relaxed mode (cudaMalloc is allowed in it, for the pool). One capture
 // at a time per device. A build without CUDA has the class, and every call says so
-// (core/cuda/graph_stub.cpp).
+// (core/cuda/graph_stub.cpp). The calls are virtual so that a test can stand in for the GPU
+// (tests/train/cuda_graphs_test.cpp drives the trainer's StepGraph through a fake).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -28,24 +29,24 @@ namespace kiln {
 class CudaGraph {
  public:
   CudaGraph();
-  ~CudaGraph();  // the graph and its pool's cached memory go back (waits for its replays)
+  virtual ~CudaGraph();  // the graph and its pool's cached memory go back (waits for its replays)
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
 
   // Starts capturing `device`'s current stream (a CUDA device; not the legacy default stream).
   // A graph captured before is destroyed first.
-  void capture_begin(const Device& device);
+  virtual void capture_begin(const Device& device);
   // Ends the capture and makes the graph ready to replay; kiln::Error (naming CUDA's reason)
   // when the capture failed, the graph then empty and its pool released.
-  void capture_end();
+  virtual void capture_end();
   // Ends a capture that an exception interrupted, keeping nothing. A no-op when not capturing.
-  void capture_abort() noexcept;
+  virtual void capture_abort() noexcept;
   // Runs the captured work on `device`'s current stream (queued, no host wait).
-  void replay();
-  bool ready() const;
-  bool capturing() const;
+  virtual void replay();
+  virtual bool ready() const;
+  virtual bool capturing() const;
   // How many kernel and copy nodes the graph holds (0 before a capture).
-  int64_t num_nodes() const;
+  virtual int64_t num_nodes() const;
 
  private:
   struct Impl;

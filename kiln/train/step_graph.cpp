@@ -22,8 +22,11 @@ std::string cuda_graphs_unavailable(const TrainConfig& cfg, int64_t micro_batche
   return "";
 }
 
-StepGraph::StepGraph(Device device, std::vector<Tensor> params, Note note)
-    : device_(device), params_(std::move(params)), note_(std::move(note)) {}
+StepGraph::StepGraph(Device device, std::vector<Tensor> params, Note note, std::unique_ptr<CudaGraph> graph)
+    : device_(device),
+      params_(std::move(params)),
+      note_(std::move(note)),
+      graph_(graph ? std::move(graph) : std::make_unique<CudaGraph>()) {}
 
 StepGraph::~StepGraph() = default;
 
@@ -62,11 +65,11 @@ Tensor StepGraph::capture(const data::Batch& b, double divisor, const ForwardBac
   input_ = b;
   divisor_ = divisor;
   try {
-    graph_.capture_begin(device_);
+    graph_->capture_begin(device_);
     loss_ = fb(input_);
-    graph_.capture_end();
+    graph_->capture_end();
   } catch (const Error& e) {
-    graph_.capture_abort();
+    graph_->capture_abort();
     // Nothing ran while capturing: gradients the partial backward set hold no values.
     for (Tensor& p : params_) p.set_grad(Tensor());
     off_ = true;
@@ -77,7 +80,7 @@ Tensor StepGraph::capture(const data::Batch& b, double divisor, const ForwardBac
   }
   grads_.clear();
   for (const Tensor& p : params_) grads_.push_back(p.grad());
-  graph_.replay();  // the captured step itself
+  graph_->replay();  // the captured step itself
   ++replays_;
   return loss_;
 }
@@ -85,7 +88,7 @@ Tensor StepGraph::capture(const data::Batch& b, double divisor, const ForwardBac
 Tensor StepGraph::run(const data::Batch& b, double divisor, const ForwardBackward& fb) {
   const int64_t call = calls_++;
   if (off_ || call < kWarmupSteps) return fb(b);
-  if (!graph_.ready()) return capture(b, divisor, fb);
+  if (!graph_->ready()) return capture(b, divisor, fb);
   std::string which;
   if (!fits(b, divisor)) {
     note_once("a step whose batch or loss divisor differs from the captured one runs without the graph");
@@ -100,7 +103,7 @@ Tensor StepGraph::run(const data::Batch& b, double divisor, const ForwardBackwar
     input_.input.copy_(b.input);
     input_.target.copy_(b.target);
   }
-  graph_.replay();
+  graph_->replay();
   ++replays_;
   for (size_t i = 0; i < params_.size(); ++i)
     if (grads_[i].defined()) params_[i].set_grad(grads_[i]);

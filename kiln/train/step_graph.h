@@ -44,8 +44,9 @@ class StepGraph {
   using ForwardBackward = std::function<Tensor(const data::Batch&)>;  // returns the detached loss
   using Note = std::function<void(const std::string&)>;
 
-  // `params`: the tensors whose gradients the backward sets (the optimizer's).
-  StepGraph(Device device, std::vector<Tensor> params, Note note);
+  // `params`: the tensors whose gradients the backward sets (the optimizer's). `graph`: the
+  // graph to capture into (null: a CudaGraph; tests pass a stand-in).
+  StepGraph(Device device, std::vector<Tensor> params, Note note, std::unique_ptr<CudaGraph> graph = nullptr);
   ~StepGraph();
 
   // One step's forward and backward of `batch` through `fb`: eager, captured or replayed (above).
@@ -54,7 +55,7 @@ class StepGraph {
 
   bool active() const { return !off_; }
   int64_t replays() const { return replays_; }
-  int64_t num_nodes() const { return graph_.num_nodes(); }
+  int64_t num_nodes() const { return graph_->num_nodes(); }
 
  private:
   bool fits(const data::Batch& batch, double divisor) const;
@@ -65,7 +66,7 @@ class StepGraph {
   Device device_;
   std::vector<Tensor> params_;
   Note note_;
-  CudaGraph graph_;
+  std::unique_ptr<CudaGraph> graph_;
   int64_t calls_ = 0, replays_ = 0;
   bool off_ = false;
   data::Batch input_;           // the captured batch: the graph reads its input and target

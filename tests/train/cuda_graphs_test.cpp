@@ -1,6 +1,6 @@
 // --cuda-graphs (kiln/train/step_graph.h): which runs can use them and the refusal of `on` where
-// a run cannot (CPU), and on a GPU that the captured and replayed steps give the bits of the
-// eager ones, and that a batch the graph does not fit runs eagerly.
+// a run cannot; StepGraph's eager, captured, replayed and fallback steps through a stand-in graph
+// (CPU); and on a GPU that the captured and replayed steps give the bits of the eager ones.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "kiln/core/cuda_graph.h"
+#include "kiln/core/error.h"
+#include "kiln/ops/ops.h"
 #include "kiln/train/step_graph.h"
 #include "tests/skip.h"
 #include "tests/train/train_test_util.h"
@@ -54,6 +56,128 @@ TEST(CudaGraphs, OnIsRefusedBeforeTheRunWhereItCannotApply) {
   EXPECT_EQ(s.steps_done, 2);
   EXPECT_EQ(s.graph_replays, 0);
   fs::remove_all(out.parent_path());
+}
+
+namespace {
+
+// Stands in for the GPU's graph: "capturing" runs the work at once (the CPU has nothing to defer),
+// a replay only counts; so the test sees StepGraph's decisions, not a GPU's arithmetic.
+class FakeGraph : public CudaGraph {
+ public:
+  int* replays = nullptr;
+  bool fail_capture = false;
+  bool began = false, ended = false;
+  void capture_begin(const Device&) override { began = true; }
+  void capture_end() override {
+    if (fail_capture) fail("fake graph: something in the step synchronised");
+    ended = true;
+  }
+  void capture_abort() noexcept override { began = false; }
+  void replay() override { ++*replays; }
+  bool ready() const override { return ended; }
+  bool capturing() const override { return began && !ended; }
+  int64_t num_nodes() const override { return ended ? 1 : 0; }
+};
+
+data::Batch batch_of(int64_t rows, float value) {
+  data::Batch b;
+  b.input = full({rows, 3}, value, DType::f32).to(DType::i64);
+  b.target = zeros({rows, 3}, DType::i64);
+  b.num_targets = rows * 3;
+  return b;
+}
+
+}  // namespace
+
+TEST(CudaGraphs, StepGraphWarmsUpCapturesReplaysAndFallsBackWithNotes) {
+  Tensor w = full({3}, 2.0f, DType::f32);
+  w.requires_grad_();
+  int replays = 0, runs = 0;
+  std::vector<std::string> notes;
+  auto fake = std::make_unique<FakeGraph>();
+  fake->replays = &replays;
+  FakeGraph* graph = fake.get();
+  train::StepGraph sg(kCPU, {w}, [&](const std::string& n) { notes.push_back(n); }, std::move(fake));
+  // loss = sum over rows of w . input_row: dL/dw = the column sums of the input
+  auto fb = [&](const data::Batch& b) {
+    ++runs;
+    Tensor l = sum(mul(b.input.to(DType::f32), w));
+    l.backward();
+    return l.detach();
+  };
+  auto step = [&](const data::Batch& b, double divisor) {
+    Tensor l = sg.run(b, divisor, fb);
+    Tensor g = w.grad();
+    w.set_grad(Tensor());  // the optimizer's zero_grad
+    return std::make_pair(l, g);
+  };
+  for (int64_t i = 0; i < train::StepGraph::kWarmupSteps; ++i) {  // eager
+    auto [l, g] = step(batch_of(2, 1.0f), 6);
+    EXPECT_EQ(l.item(), 12.0);
+    EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{2, 2, 2}));
+  }
+  EXPECT_EQ(replays, 0);
+  EXPECT_FALSE(graph->began);
+  auto [l2, g2] = step(batch_of(2, 1.0f), 6);  // captured, then replayed once
+  EXPECT_TRUE(graph->ready());
+  EXPECT_EQ(replays, 1);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(l2.item(), 12.0);
+  auto [l3, g3] = step(batch_of(2, 5.0f), 6);  // replayed: no run, the captured gradient set again
+  EXPECT_EQ(replays, 2);
+  EXPECT_EQ(runs, 3);
+  EXPECT_TRUE(g3.is_same(g2));
+  EXPECT_TRUE(l3.is_same(l2));
+  EXPECT_TRUE(notes.empty());
+  auto [l4, g4] = step(batch_of(3, 1.0f), 9);  // another shape: eager, with a note
+  EXPECT_EQ(runs, 4);
+  EXPECT_EQ(replays, 2);
+  EXPECT_EQ(l4.item(), 18.0);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("batch or loss divisor differs"), std::string::npos) << notes[0];
+  step(batch_of(2, 1.0f), 5);  // another divisor: eager, the note not repeated
+  EXPECT_EQ(runs, 5);
+  EXPECT_EQ(notes.size(), 1u);
+  w.set_grad(full({3}, 1.0f, DType::f32));  // a gradient left set: eager (the graph writes, not adds)
+  auto [l6, g6] = step(batch_of(2, 1.0f), 6);
+  EXPECT_EQ(runs, 6);
+  EXPECT_EQ(g6.to_vector<float>(), (std::vector<float>{3, 3, 3}));
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[1].find("already set"), std::string::npos) << notes[1];
+  step(batch_of(2, 1.0f), 6);  // and back on the graph
+  EXPECT_EQ(replays, 3);
+  EXPECT_TRUE(sg.active());
+  EXPECT_EQ(sg.replays(), 3);
+}
+
+TEST(CudaGraphs, AFailedCaptureRunsTheStepEagerlyAndTurnsGraphsOff) {
+  Tensor w = full({3}, 2.0f, DType::f32);
+  w.requires_grad_();
+  int replays = 0, runs = 0;
+  std::vector<std::string> notes;
+  auto fake = std::make_unique<FakeGraph>();
+  fake->replays = &replays;
+  fake->fail_capture = true;
+  train::StepGraph sg(kCPU, {w}, [&](const std::string& n) { notes.push_back(n); }, std::move(fake));
+  auto fb = [&](const data::Batch& b) {
+    ++runs;
+    Tensor l = sum(mul(b.input.to(DType::f32), w));
+    l.backward();
+    return l.detach();
+  };
+  for (int i = 0; i < 4; ++i) {
+    Tensor l = sg.run(batch_of(2, 1.0f), 6, fb);
+    EXPECT_EQ(l.item(), 12.0) << i;
+    // the failed capture's gradient is dropped before the step runs again: not accumulated twice
+    EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{2, 2, 2})) << i;
+    w.set_grad(Tensor());
+  }
+  EXPECT_EQ(runs, 5);  // two eager, the capture's run, its eager rerun, one more eager
+  EXPECT_EQ(replays, 0);
+  EXPECT_FALSE(sg.active());
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("could not be captured"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("something in the step synchronised"), std::string::npos) << notes[0];
 }
 
 TEST(CudaGraphs, ABuildWithoutCudaSaysSo) {
