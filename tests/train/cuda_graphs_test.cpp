@@ -3,10 +3,7 @@
 // (CPU); and on a GPU that the captured and replayed steps give the bits of the eager ones.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -206,17 +203,8 @@ TEST(CudaGraphs, CapturedStepsGiveTheEagerBits) {
       c.eval_every = 4;
       c.ckpt_every = 0;
       runs.push_back(train::run_training(c, quiet()));
-      std::vector<fs::path> files;
-      for (const auto& e : fs::directory_iterator(runs.back().checkpoint))
-        if (e.path().extension() == ".safetensors") files.push_back(e.path());
-      std::sort(files.begin(), files.end());
-      ASSERT_FALSE(files.empty()) << runs.back().checkpoint;
-      std::string bytes;
-      for (const fs::path& f : files) {
-        std::ifstream in(f, std::ios::binary);
-        bytes += f.filename().string() + std::string(std::istreambuf_iterator<char>(in), {});
-      }
-      weights.push_back(bytes);
+      weights.push_back(checkpoint_bytes(runs.back().checkpoint));
+      ASSERT_FALSE(weights.back().empty()) << runs.back().checkpoint;
       fs::remove_all(out.parent_path());
     }
     SCOPED_TRACE(fused ? "fused loss" : "unfused loss");

@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <string>
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"
@@ -61,6 +64,21 @@ inline train::TrainHooks stop_hooks(std::atomic<bool>* stop) {
   train::TrainHooks h = quiet();
   h.stop = stop;
   return h;
+}
+
+// The safetensors files of a checkpoint directory (model and optimizer), names and bytes in name
+// order: equal strings are bitwise-equal weights and optimizer state.
+inline std::string checkpoint_bytes(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string bytes;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    bytes += f.filename().string() + std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return bytes;
 }
 
 // The logits of a fixed six-token sequence, for comparing models.
