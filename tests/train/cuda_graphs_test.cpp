@@ -84,24 +84,37 @@ data::Batch batch_of(int64_t rows, float value) {
   return b;
 }
 
-}  // namespace
-
-TEST(CudaGraphs, StepGraphWarmsUpCapturesReplaysAndFallsBackWithNotes) {
-  Tensor w = full({3}, 2.0f, DType::f32);
-  w.requires_grad_();
+// A StepGraph over a stand-in graph and one parameter w, counting the graph's replays, the forward
+// and backward's runs and the notes. loss = sum over rows of w . input_row: dL/dw = the input's
+// column sums.
+struct Rig {
+  Tensor w = full({3}, 2.0f, DType::f32).requires_grad_();
   int replays = 0, runs = 0;
   std::vector<std::string> notes;
-  auto fake = std::make_unique<FakeGraph>();
-  fake->replays = &replays;
-  FakeGraph* graph = fake.get();
-  train::StepGraph sg(kCPU, {w}, [&](const std::string& n) { notes.push_back(n); }, std::move(fake));
-  // loss = sum over rows of w . input_row: dL/dw = the column sums of the input
-  auto fb = [&](const data::Batch& b) {
+  FakeGraph* graph = nullptr;
+  std::unique_ptr<train::StepGraph> sg;
+  train::StepGraph::ForwardBackward fb = [this](const data::Batch& b) {
     ++runs;
     Tensor l = sum(mul(b.input.to(DType::f32), w));
     l.backward();
     return l.detach();
   };
+  explicit Rig(bool fail_capture = false) {
+    auto fake = std::make_unique<FakeGraph>();
+    fake->replays = &replays;
+    fake->fail_capture = fail_capture;
+    graph = fake.get();
+    sg = std::make_unique<train::StepGraph>(kCPU, std::vector<Tensor>{w},
+                                            [this](const std::string& n) { notes.push_back(n); }, std::move(fake));
+  }
+};
+
+}  // namespace
+
+TEST(CudaGraphs, StepGraphWarmsUpCapturesReplaysAndFallsBackWithNotes) {
+  Rig r;
+  auto& [w, replays, runs, notes, graph, sg_ptr, fb] = r;
+  train::StepGraph& sg = *sg_ptr;
   auto step = [&](const data::Batch& b, double divisor) {
     Tensor l = sg.run(b, divisor, fb);
     Tensor g = w.grad();
@@ -150,20 +163,9 @@ TEST(CudaGraphs, StepGraphWarmsUpCapturesReplaysAndFallsBackWithNotes) {
 }
 
 TEST(CudaGraphs, AFailedCaptureRunsTheStepEagerlyAndTurnsGraphsOff) {
-  Tensor w = full({3}, 2.0f, DType::f32);
-  w.requires_grad_();
-  int replays = 0, runs = 0;
-  std::vector<std::string> notes;
-  auto fake = std::make_unique<FakeGraph>();
-  fake->replays = &replays;
-  fake->fail_capture = true;
-  train::StepGraph sg(kCPU, {w}, [&](const std::string& n) { notes.push_back(n); }, std::move(fake));
-  auto fb = [&](const data::Batch& b) {
-    ++runs;
-    Tensor l = sum(mul(b.input.to(DType::f32), w));
-    l.backward();
-    return l.detach();
-  };
+  Rig r(/*fail_capture=*/true);
+  auto& [w, replays, runs, notes, graph, sg_ptr, fb] = r;
+  train::StepGraph& sg = *sg_ptr;
   for (int i = 0; i < 4; ++i) {
     Tensor l = sg.run(batch_of(2, 1.0f), 6, fb);
     EXPECT_EQ(l.item(), 12.0) << i;
