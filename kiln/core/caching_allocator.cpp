@@ -13,6 +13,8 @@ CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
   try {
     release_cache();
+    for (Pending& b : capture_deferred_) to_pool(b.ptr, b.size, b.stream, b.pool);
+    capture_deferred_.clear();
     for (auto& [pool, pools] : pools_) free_pool(pools);  // the graph pools' too (their graphs are gone)
   } catch (...) {  // a destructor must not throw: what could not be returned is lost with the device
   }
@@ -72,17 +74,22 @@ void* CachingAllocator::allocate(size_t nbytes) {
   const size_t rounded = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
   void* stream = api_->current_stream();
-  // No event recorded while capturing is queried (NOTE [graph pools]); earlier ones may be.
+  // Events recorded before a capture may be queried during it; none is recorded during one
+  // (NOTE [graph pools]).
   if (!pending_.empty()) collect_pending(/*wait=*/false);
   void* p = take_cached(rounded, stream, capturing_);
   if (!p) {
     p = api_->malloc(rounded);
-    if (!p) {  // out of memory: give the cache (pending blocks included) back and retry once
+    // Out of memory: give the cache (pending blocks included) back and retry once; not while a
+    // graph is captured, where freeing waits for the device, which a capture forbids.
+    if (!p && capturing_ == 0) {
       release_cache();
       p = api_->malloc(rounded);
     }
     KILN_CHECK(p != nullptr, name_, " caching allocator: out of memory allocating ", nbytes, " bytes (",
-               rounded, " rounded; ", current_, " bytes in use, ", reserved_, " reserved after freeing the cache)");
+               rounded, " rounded; ", current_, " bytes in use, ", reserved_,
+               capturing_ != 0 ? " reserved; while a CUDA graph was captured, so the cache was kept)"
+                               : " reserved after freeing the cache)");
     ++num_system_allocs_;
     reserved_ += static_cast<int64_t>(rounded);
     live_[p] = Block{rounded, 0, stream, capturing_, {}};
@@ -100,8 +107,11 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(ptr);
   KILN_CHECK(it != live_.end(), name_, " caching allocator: deallocate of a pointer it did not allocate");
-  // Freed during a capture: the graph's, whichever pool it came from (NOTE [graph pools]).
-  const PoolId pool = capturing_ != 0 ? capturing_ : it->second.pool;
+  // Freed during a capture: the graph's (NOTE [graph pools]), unless another graph's pool that is
+  // still open holds it (that graph writes it at its replays: it stays that graph's).
+  const PoolId own = it->second.pool;
+  const bool own_open = own != 0 && std::find(open_pools_.begin(), open_pools_.end(), own) != open_pools_.end();
+  const PoolId pool = capturing_ != 0 && !own_open ? capturing_ : own;
   Pending wait{ptr, it->second.size, it->second.stream, pool, {}};
   if (capturing_ != 0 && !it->second.uses.empty()) {  // not reused within the capture; no event
     current_ -= static_cast<int64_t>(it->second.requested);

@@ -25,11 +25,15 @@
 //     block freed goes to P, whichever pool it came from (the captured kernels may read it at
 //     replay). A block freed during the capture that another stream used (record_stream) is not
 //     handed out again within the capture (the graph's branches may still read it) and joins P at
-//     its end; no event is recorded or queried while capturing (CUDA refuses both). After the
-//     capture, blocks of P still go back to P when freed; only another capture into P takes
-//     them. release_pool(P) gives P's cached blocks back to the system; its live blocks go to the
-//     allocator's own pools when freed. empty_cache and the out-of-memory retry leave the graph
-//     pools alone. Pool 0 is the allocator's own.
+//     its end; no event is recorded while capturing (CUDA refuses to query one recorded then). A
+//     block of another graph's pool that is still open stays that pool's (its graph writes it).
+//     After the capture, blocks of P still go back to P when freed; only another capture into P
+//     takes them. release_pool(P) gives P's cached blocks back to the system; its live blocks go
+//     to the allocator's own pools when freed. empty_cache and the out-of-memory retry leave the
+//     graph pools alone, and a capture that runs out of memory fails without freeing the cache
+//     (freeing waits for the device, which a capture forbids). Every allocation on the device
+//     goes to P while it is captured, whichever thread or stream asks: capture from one thread,
+//     with nothing else allocating on that device meanwhile. Pool 0 is the allocator's own.
 // Counters follow the CPU allocator's convention: current/peak count the REQUESTED bytes of
 // live blocks (a pending block is not live); reserved_bytes counts what is held from the
 // system (live, pending and cached blocks).

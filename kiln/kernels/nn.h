@@ -4,6 +4,9 @@
 // f64 for f64 inputs. All reductions run in a fixed order: results are bitwise reproducible.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/core/tensor.h"
 
@@ -52,6 +55,14 @@ void defer_range_check(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore
                        const std::string& tail);
 // Waits for `device`'s current stream, then raises a deferred check's failure (if any).
 void synchronize_and_check(int device);
+// CUDA graphs (train/step_graph.h): a replayed graph's check kernels write the positions they were
+// captured at, so the host must hold the same records there at each replay. The count of checks
+// queued now; the records (what, tail) queued from `mark` on; and those queued again at `mark`
+// (after a synchronisation that reports and clears the queue when it holds other checks; positions
+// below `mark` are filled with records of no check).
+size_t deferred_check_count(int device);
+std::vector<std::pair<std::string, std::string>> deferred_checks_since(int device, size_t mark);
+void requeue_deferred_checks(int device, size_t mark, const std::vector<std::pair<std::string, std::string>>& checks);
 }  // namespace cuda
 namespace cuda {
 KILN_NN_KERNELS

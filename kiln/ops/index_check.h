@@ -7,6 +7,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/core/tensor.h"
 
@@ -15,6 +17,17 @@ namespace kiln::detail {
 // ids: contiguous i64/i32. Valid: lo <= id < hi, or id == ignore.
 void check_index_range(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore, const std::string& what,
                        const std::string& tail);
+
+// CUDA graphs (train/step_graph.h): the deferred checks a capture queued (from `mark` on), to be
+// queued again after each replay at the positions the captured kernels write (kernels/nn.h).
+// Nothing to do on the CPU, whose checks fail at once.
+struct DeferredChecks {
+  size_t mark = 0;
+  std::vector<std::pair<std::string, std::string>> checks;  // what, tail
+};
+size_t deferred_check_count(Device device);
+DeferredChecks deferred_checks_since(Device device, size_t mark);
+void requeue_deferred_checks(Device device, const DeferredChecks& c);
 
 // ids: i64/i32, any shape. 1.0 where id != ignore, else 0.0 (f64, on ids' device, no host sync).
 // The comparison is exact as an integer (through a double, an ignore past 2^53 would round onto

@@ -42,6 +42,21 @@ void detail::check_index_range(const Tensor& ids, int64_t lo, int64_t hi, int64_
   }
 }
 
+size_t detail::deferred_check_count(Device device) {
+  return device.is_cuda() ? kernels::cuda::deferred_check_count(device.index) : 0;
+}
+
+detail::DeferredChecks detail::deferred_checks_since(Device device, size_t mark) {
+  DeferredChecks c;
+  c.mark = mark;
+  if (device.is_cuda()) c.checks = kernels::cuda::deferred_checks_since(device.index, mark);
+  return c;
+}
+
+void detail::requeue_deferred_checks(Device device, const DeferredChecks& c) {
+  if (device.is_cuda()) kernels::cuda::requeue_deferred_checks(device.index, c.mark, c.checks);
+}
+
 void synchronize(Device device) {
   if (device.is_cuda()) kernels::cuda::synchronize_and_check(device.index);
 }

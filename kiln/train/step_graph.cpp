@@ -8,6 +8,7 @@
 #include "kiln/core/allocator.h"
 #include "kiln/core/error.h"
 #include "kiln/core/profile.h"
+#include "kiln/ops/index_check.h"
 
 namespace kiln::train {
 
@@ -19,6 +20,9 @@ std::string cuda_graphs_unavailable(const TrainConfig& cfg, int64_t micro_batche
   if (sharded) return "FSDP's collectives run on their own streams, outside a graph";
   if (cfg.profile || profile::env_requested()) return "--profile (or KILN_PROFILE) times every kernel of the step";
   if (cfg.document_mask()) return "the document mask is built on the host from each batch";
+  if (cfg.sample == "packed") return "packed sampling's batches differ in their count of targets (the loss divisor)";
+  if (cfg.attention_backend(true) != "flex")
+    return "the reference attention copies its mask from the host at every forward (use --attention flex)";
   return "";
 }
 
@@ -54,33 +58,52 @@ bool StepGraph::fits(const data::Batch& b, double divisor) const {
          divisor == divisor_;
 }
 
+void StepGraph::turn_off(const std::string& why) {
+  off_ = true;
+  graph_ = nullptr;  // its pool goes back once nothing it wrote is held
+  input_ = data::Batch{};
+  loss_ = Tensor();
+  grads_.clear();
+  note_once(why);
+}
+
 Tensor StepGraph::capture(const data::Batch& b, double divisor, const ForwardBackward& fb) {
   std::string which;
   if (!gradients_unset(&which)) {
     note_once("not captured: the gradient of " + which + " was set before the step (a graph writes, not adds)");
     return fb(b);
   }
+  if (b.doc_ids.defined()) {
+    turn_off("not captured: the batch has document ids, from which the model builds masks on the host");
+    return fb(b);
+  }
   // The eager steps' cached blocks go back, so the graph's pool can take that memory.
   empty_cache(device_);
   input_ = b;
   divisor_ = divisor;
+  const size_t checks_before = detail::deferred_check_count(device_);
+  auto abandon = [&] {
+    graph_->capture_abort();
+    // Nothing ran while capturing: gradients the partial backward set hold no values.
+    for (Tensor& p : params_) p.set_grad(Tensor());
+  };
   try {
     graph_->capture_begin(device_);
     loss_ = fb(input_);
     graph_->capture_end();
   } catch (const Error& e) {
-    graph_->capture_abort();
-    // Nothing ran while capturing: gradients the partial backward set hold no values.
-    for (Tensor& p : params_) p.set_grad(Tensor());
-    off_ = true;
-    input_ = data::Batch{};
-    loss_ = Tensor();
-    note_once(std::string("the step could not be captured, it runs without a graph: ") + e.what());
+    abandon();
+    turn_off(std::string("the step could not be captured, it runs without a graph: ") + e.what());
     return fb(b);
+  } catch (...) {
+    abandon();
+    turn_off("the step could not be captured");
+    throw;
   }
+  checks_ = detail::deferred_checks_since(device_, checks_before);
   grads_.clear();
   for (const Tensor& p : params_) grads_.push_back(p.grad());
-  graph_->replay();  // the captured step itself
+  graph_->replay();  // the captured step itself (its checks are the capture's own records)
   ++replays_;
   note_once("step " + std::to_string(calls_) + "'s forward and backward captured as one CUDA graph of " +
             std::to_string(graph_->num_nodes()) + " nodes; the later steps replay it");
@@ -93,7 +116,10 @@ Tensor StepGraph::run(const data::Batch& b, double divisor, const ForwardBackwar
   if (!graph_->ready()) return capture(b, divisor, fb);
   std::string which;
   if (!fits(b, divisor)) {
-    note_once("a step whose batch or loss divisor differs from the captured one runs without the graph");
+    // Off for good: an eager step of another shape may rebuild tables the graph reads (the rotary
+    // tables, the block mask), and the memory they held would be handed out under the graph.
+    turn_off("a step whose batch or loss divisor differs from the captured one: graphs are off for the rest "
+             "of the run");
     return fb(b);
   }
   if (!gradients_unset(&which)) {
@@ -107,6 +133,7 @@ Tensor StepGraph::run(const data::Batch& b, double divisor, const ForwardBackwar
   }
   graph_->replay();
   ++replays_;
+  detail::requeue_deferred_checks(device_, checks_);  // the host side of the graph's range checks
   for (size_t i = 0; i < params_.size(); ++i)
     if (grads_[i].defined()) params_[i].set_grad(grads_[i]);
   return loss_;

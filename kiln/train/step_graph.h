@@ -13,10 +13,14 @@
 //     once to compute the step; the gradients and the loss it wrote are kept;
 //   - every later step copies its batch into the input, replays, and sets each parameter's
 //     gradient to the tensor the graph writes (the optimizer reads and then drops them);
-//   - a step the graph does not fit (a batch of another shape, another loss divisor, a gradient
-//     already set) runs eagerly; a capture that fails (something in the step made the host wait
-//     for the device) runs the step eagerly and turns the graph off for the run. Each says why,
-//     once, through the note callback.
+//   - a step with a gradient already set runs eagerly (the graph writes gradients, it does not
+//     add to them); a step of another batch shape or loss divisor runs eagerly and turns graphs
+//     off for the run (an eager step of another shape may rebuild tables the graph reads); a
+//     capture that fails (something in the step made the host wait for the device, or copied
+//     from host memory) runs the step eagerly and turns graphs off. Each says why, once, through
+//     the note callback;
+//   - the host side of the captured range checks (ops/index_check.h) is queued again after each
+//     replay, so an out-of-range id in a replayed step is reported as in an eager one.
 // A replayed step gives the bits of an eager one: the same kernels on the same data in the same
 // order (Train.CudaGraphsGiveTheEagerBits).
 #pragma once
@@ -29,13 +33,16 @@
 #include "kiln/core/cuda_graph.h"
 #include "kiln/core/tensor.h"
 #include "kiln/data/dataset.h"
+#include "kiln/ops/index_check.h"
 #include "kiln/train/config.h"
 
 namespace kiln::train {
 
 // Why `cfg` cannot use CUDA graphs ("" when it can): not a CUDA run, more than one micro-batch a
 // rank, FSDP (its collectives run on their own streams), --profile (it times every kernel), a
-// document mask (built on the host from each batch). `sharded`: the run is FSDP-sharded.
+// document mask (built on the host from each batch), packed sampling (its batches' target counts
+// differ), the reference attention (its mask is copied from the host at every forward).
+// `sharded`: the run is FSDP-sharded.
 std::string cuda_graphs_unavailable(const TrainConfig& cfg, int64_t micro_batches_per_rank, bool sharded);
 
 class StepGraph {
@@ -55,12 +62,13 @@ class StepGraph {
 
   bool active() const { return !off_; }
   int64_t replays() const { return replays_; }
-  int64_t num_nodes() const { return graph_->num_nodes(); }
+  int64_t num_nodes() const { return graph_ ? graph_->num_nodes() : 0; }
 
  private:
   bool fits(const data::Batch& batch, double divisor) const;
   bool gradients_unset(std::string* which) const;
   Tensor capture(const data::Batch& batch, double divisor, const ForwardBackward& fb);
+  void turn_off(const std::string& why);  // for the rest of the run: the graph and its memory go
   void note_once(const std::string& text);
 
   Device device_;
@@ -73,6 +81,7 @@ class StepGraph {
   double divisor_ = 0;
   Tensor loss_;                 // written by the graph
   std::vector<Tensor> grads_;   // per parameter: the gradient the graph writes (or undefined)
+  detail::DeferredChecks checks_;  // the range checks the capture queued, queued again per replay
   std::vector<std::string> notes_;
 };
 

@@ -535,6 +535,51 @@ TEST(CachingAllocator, ACaptureDefersBlocksOtherStreamsUsedToItsEnd) {
   EXPECT_EQ(api.mallocs, 2);
 }
 
+// Out of memory while a graph is captured: an error that says so, and the cache kept (freeing
+// it would wait for the device, which breaks a capture).
+TEST(CachingAllocator, OutOfMemoryDuringACaptureKeepsTheCache) {
+  FakeApi api;
+  api.capacity = 3 << 20;
+  CachingAllocator a(&api, "fake");
+  void* cached = a.allocate(2 << 20);
+  a.deallocate(cached, 2 << 20);
+  a.begin_allocate_to_pool(5);
+  std::string msg;
+  try {
+    a.allocate(2 << 20);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("out of memory"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("while a CUDA graph was captured"), std::string::npos) << msg;
+  EXPECT_EQ(api.frees, 0);
+  a.end_allocate_to_pool();
+  void* again = a.allocate(2 << 20);  // outside the capture the cached block serves it
+  EXPECT_EQ(again, cached);
+  a.deallocate(again, 1);
+}
+
+// A block of another graph's pool, freed while a second graph is captured, stays the first
+// graph's (it writes that address at its replays); released, the first pool gives it back.
+TEST(CachingAllocator, ABlockOfAnotherOpenGraphPoolStaysItsOwn) {
+  FakeApi api;
+  CachingAllocator a(&api, "fake");
+  a.begin_allocate_to_pool(1);
+  void* out1 = a.allocate(4096);  // an output of graph 1, still held
+  a.end_allocate_to_pool();
+  a.begin_allocate_to_pool(2);
+  a.deallocate(out1, 4096);  // dropped during graph 2's capture
+  void* x = a.allocate(4096);
+  EXPECT_NE(x, out1);  // graph 2 does not take graph 1's block
+  a.deallocate(x, 4096);
+  a.end_allocate_to_pool();
+  EXPECT_EQ(a.pool_cached_bytes(1), 4096);
+  EXPECT_EQ(a.pool_cached_bytes(2), 4096);
+  a.release_pool(1);
+  EXPECT_FALSE(api.live.count(out1));
+  EXPECT_TRUE(api.live.count(x));
+}
+
 TEST(CachingAllocator, StorageRecordStreamChecksTheDevice) {
   Storage cpu(64, Device());
   EXPECT_NO_THROW(cpu.record_stream(Stream()));  // CPU memory is used synchronously: nothing to defer

@@ -31,6 +31,13 @@ TEST(CudaGraphs, WhereARunCannotUseThem) {
   d.sample = "packed";
   d.attention_mask = "document";
   EXPECT_NE(train::cuda_graphs_unavailable(d, 1, false).find("document mask"), std::string::npos);
+  train::TrainConfig packed = c;
+  packed.sample = "packed";
+  packed.attention_mask = "causal";  // (auto would mean the document mask with packed sampling)
+  EXPECT_NE(train::cuda_graphs_unavailable(packed, 1, false).find("packed sampling"), std::string::npos);
+  train::TrainConfig reference = c;
+  reference.attention = "reference";
+  EXPECT_NE(train::cuda_graphs_unavailable(reference, 1, false).find("reference attention"), std::string::npos);
   train::TrainConfig cpu = c;
   cpu.device = "cpu";
   EXPECT_NE(train::cuda_graphs_unavailable(cpu, 1, false).find("a CUDA device is needed"), std::string::npos);
@@ -141,25 +148,54 @@ TEST(CudaGraphs, StepGraphWarmsUpCapturesReplaysAndFallsBackWithNotes) {
   ASSERT_EQ(notes.size(), 1u);  // the capture says so once
   EXPECT_NE(notes[0].find("note: --cuda-graphs: step 3's forward and backward captured as one CUDA graph of 1 nodes"),
             std::string::npos) << notes[0];
-  auto [l4, g4] = step(batch_of(3, 1.0f), 9);  // another shape: eager, with a note
-  EXPECT_EQ(runs, 4);
-  EXPECT_EQ(replays, 2);
-  EXPECT_EQ(l4.item(), 18.0);
-  ASSERT_EQ(notes.size(), 2u);
-  EXPECT_NE(notes[1].find("batch or loss divisor differs"), std::string::npos) << notes[1];
-  step(batch_of(2, 1.0f), 5);  // another divisor: eager, the note not repeated
-  EXPECT_EQ(runs, 5);
-  EXPECT_EQ(notes.size(), 2u);
   w.set_grad(full({3}, 1.0f, DType::f32));  // a gradient left set: eager (the graph writes, not adds)
-  auto [l6, g6] = step(batch_of(2, 1.0f), 6);
-  EXPECT_EQ(runs, 6);
-  EXPECT_EQ(g6.to_vector<float>(), (std::vector<float>{3, 3, 3}));
-  ASSERT_EQ(notes.size(), 3u);
-  EXPECT_NE(notes[2].find("already set"), std::string::npos) << notes[2];
+  auto [l4, g4] = step(batch_of(2, 1.0f), 6);
+  EXPECT_EQ(runs, 4);
+  EXPECT_EQ(g4.to_vector<float>(), (std::vector<float>{3, 3, 3}));
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[1].find("already set"), std::string::npos) << notes[1];
   step(batch_of(2, 1.0f), 6);  // and back on the graph
   EXPECT_EQ(replays, 3);
+  EXPECT_EQ(runs, 4);
   EXPECT_TRUE(sg.active());
+  auto [l6, g6] = step(batch_of(3, 1.0f), 9);  // another shape: eager, graphs off for good, a note
+  EXPECT_EQ(runs, 5);
+  EXPECT_EQ(l6.item(), 18.0);
+  EXPECT_FALSE(sg.active());
+  EXPECT_EQ(sg.num_nodes(), 0);  // the graph (and its memory) is gone
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_NE(notes[2].find("batch or loss divisor differs"), std::string::npos) << notes[2];
+  step(batch_of(2, 1.0f), 6);  // the captured shape again: eager from now on, nothing more said
+  EXPECT_EQ(runs, 6);
+  EXPECT_EQ(notes.size(), 3u);
   EXPECT_EQ(sg.replays(), 3);
+}
+
+TEST(CudaGraphs, AnotherLossDivisorTurnsGraphsOff) {
+  Rig r;
+  for (int i = 0; i <= train::StepGraph::kWarmupSteps; ++i) {
+    r.sg->run(batch_of(2, 1.0f), 6, r.fb);
+    r.w.set_grad(Tensor());
+  }
+  EXPECT_EQ(r.replays, 1);
+  r.sg->run(batch_of(2, 1.0f), 5, r.fb);  // same shape, fewer targets counted
+  EXPECT_FALSE(r.sg->active());
+  EXPECT_EQ(r.runs, 4);
+}
+
+TEST(CudaGraphs, ABatchWithDocumentIdsIsNotCaptured) {
+  Rig r;
+  data::Batch b = batch_of(2, 1.0f);
+  b.doc_ids = zeros({2, 3}, DType::i64);
+  for (int i = 0; i <= train::StepGraph::kWarmupSteps; ++i) {
+    r.sg->run(b, 6, r.fb);
+    r.w.set_grad(Tensor());
+  }
+  EXPECT_EQ(r.replays, 0);  // (the stand-in graph went with the StepGraph's graph: not read here)
+  EXPECT_FALSE(r.sg->active());
+  EXPECT_EQ(r.runs, 3);
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("document ids"), std::string::npos) << r.notes[0];
 }
 
 TEST(CudaGraphs, AFailedCaptureRunsTheStepEagerlyAndTurnsGraphsOff) {
@@ -217,4 +253,37 @@ TEST(CudaGraphs, CapturedStepsGiveTheEagerBits) {
     EXPECT_EQ(runs[0].final_eval_loss, runs[1].final_eval_loss);
     EXPECT_TRUE(weights[0] == weights[1]) << "the final checkpoints differ";
   }
+}
+
+// A replayed step's range checks report an out-of-range id as an eager step's do: the host side
+// of the captured checks is queued again after each replay (ops/index_check.h).
+TEST(CudaGraphs, AReplayedStepReportsAnOutOfRangeId) {
+  KILN_SKIP_WITHOUT_CUDA();
+  Tensor w = full({5, 4}, 0.5f, DType::f32, cuda(0)).requires_grad_();
+  std::vector<std::string> notes;
+  train::StepGraph sg(cuda(0), {w}, [&](const std::string& n) { notes.push_back(n); });
+  auto fb = [&](const data::Batch& b) {
+    Tensor l = sum(embedding(w, b.input));
+    l.backward();
+    return l.detach();
+  };
+  auto batch = [](std::vector<int64_t> ids) {
+    data::Batch b;
+    b.input = from_vector(ids, {1, 4}, cuda(0));
+    b.target = zeros({1, 4}, DType::i64, cuda(0));
+    b.num_targets = 4;
+    return b;
+  };
+  for (int i = 0; i < 5; ++i) {  // two eager steps, the capture, two replays
+    EXPECT_EQ(sg.run(batch({0, 1, 2, 3}), 4, fb).item(), 8.0) << i;
+    w.set_grad(Tensor());
+  }
+  EXPECT_EQ(sg.replays(), 3);
+  Tensor l = sg.run(batch({0, 1, 7, 3}), 4, fb);
+  const std::string e = error_of([&] { l.item(); });
+  EXPECT_NE(e.find("embedding: ids[2]=7 out of range [0, 5)"), std::string::npos) << e;
+  w.set_grad(Tensor());
+  EXPECT_EQ(sg.run(batch({0, 1, 2, 3}), 4, fb).item(), 8.0);  // and the next replay is clean
+  EXPECT_TRUE(sg.active());
+  for (const std::string& n : notes) EXPECT_EQ(n.find("could not be captured"), std::string::npos) << n;
 }

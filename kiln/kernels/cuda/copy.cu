@@ -166,6 +166,12 @@ void rand_normal(const Tensor& dst, uint64_t seed, uint64_t offset) {
 void copy_host_to_device(void* dst, const void* src, size_t nbytes, int device) {
   if (nbytes == 0) return;
   cudaStream_t s = cuda::stream(device);
+  // A CUDA graph would read the host buffer again at every replay, after its owner freed it.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+  KILN_CHECK(capture == cudaStreamCaptureStatusNone, "copy to cuda:", device, " (", nbytes,
+             " bytes from host memory) while the stream is captured into a CUDA graph: a graph cannot hold a copy "
+             "from a host buffer that is freed after it");
   // From pageable host memory the call returns once the source is staged (no wait for the
   // device), so the host buffer may be freed right after: no stream synchronisation needed.
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s));

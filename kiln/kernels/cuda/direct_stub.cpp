@@ -24,6 +24,11 @@ void defer_range_check(const Tensor&, int64_t, int64_t, int64_t, const std::stri
   no_cuda("defer_range_check");
 }
 void synchronize_and_check(int) { no_cuda("synchronize_and_check"); }
+size_t deferred_check_count(int) { return 0; }
+std::vector<std::pair<std::string, std::string>> deferred_checks_since(int, size_t) { return {}; }
+void requeue_deferred_checks(int, size_t, const std::vector<std::pair<std::string, std::string>>& checks) {
+  if (!checks.empty()) no_cuda("requeue_deferred_checks");
+}
 void lce_scale(const Tensor&, const Tensor&) { no_cuda("lce_scale"); }
 int flex_builtin_files() { return 0; }
 

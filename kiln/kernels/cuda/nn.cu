@@ -430,6 +430,24 @@ void check_deferred_errors(int device) {
 
 void synchronize_and_check(int device) { synchronize(device); }  // timing.cu: also checks
 
+size_t deferred_check_count(int device) { return context(device).index_checks.size(); }
+
+std::vector<std::pair<std::string, std::string>> deferred_checks_since(int device, size_t mark) {
+  const std::vector<DeviceContext::IndexCheck>& q = context(device).index_checks;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = mark; i < q.size(); ++i) out.emplace_back(q[i].what, q[i].tail);
+  return out;
+}
+
+void requeue_deferred_checks(int device, size_t mark, const std::vector<std::pair<std::string, std::string>>& checks) {
+  if (checks.empty()) return;
+  if (context(device).index_checks.size() != mark) synchronize(device);  // reports and clears the others
+  std::vector<DeviceContext::IndexCheck>& q = context(device).index_checks;
+  while (q.size() < mark) q.push_back({"(no check: a position held for a replayed CUDA graph)", ""});
+  KILN_CHECK(q.size() == mark, "requeue_deferred_checks: ", q.size(), " checks queued, expected ", mark);
+  for (const auto& [what, tail] : checks) q.push_back({what, tail});
+}
+
 void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids) {
   const int64_t n = ids.numel(), d = weight.size(1);
   cudaStream_t s = stream_of(out);
