@@ -57,9 +57,9 @@ void defer_range_check(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore
 void synchronize_and_check(int device);
 // CUDA graphs (train/step_graph.h): a replayed graph's check kernels write the positions they were
 // captured at, so the host must hold the same records there at each replay. The count of checks
-// queued now; the records (what, tail) queued from `mark` on; and those queued again at `mark`
-// (after a synchronisation that reports and clears the queue when it holds other checks; positions
-// below `mark` are filled with records of no check).
+// queued now; the records (what, tail) queued from `mark` on; and those queued again at `mark`,
+// before the replay is queued (after a synchronisation that reports and clears the queue when it
+// holds more than `mark` checks; positions below `mark` are filled with records of no check).
 size_t deferred_check_count(int device);
 std::vector<std::pair<std::string, std::string>> deferred_checks_since(int device, size_t mark);
 void requeue_deferred_checks(int device, size_t mark, const std::vector<std::pair<std::string, std::string>>& checks);

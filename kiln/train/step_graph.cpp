@@ -118,14 +118,17 @@ Tensor StepGraph::run(const data::Batch& b, double divisor, const ForwardBackwar
   if (!fits(b, divisor)) {
     // Off for good: an eager step of another shape may rebuild tables the graph reads (the rotary
     // tables, the block mask), and the memory they held would be handed out under the graph.
-    turn_off("a step whose batch or loss divisor differs from the captured one: graphs are off for the rest "
-             "of the run");
+    turn_off("a step whose batch (its shape, or document ids) or loss divisor differs from the captured one: "
+             "graphs are off for the rest of the run");
     return fb(b);
   }
   if (!gradients_unset(&which)) {
     note_once("a step with the gradient of " + which + " already set runs without the graph");
     return fb(b);
   }
+  // The host side of the graph's range checks, at the positions its kernels write: queued before
+  // the replay, so that a synchronisation it needs cannot read the replay's own failures.
+  detail::requeue_deferred_checks(device_, checks_);
   {
     NoGradGuard no_grad;
     input_.input.copy_(b.input);
@@ -133,7 +136,6 @@ Tensor StepGraph::run(const data::Batch& b, double divisor, const ForwardBackwar
   }
   graph_->replay();
   ++replays_;
-  detail::requeue_deferred_checks(device_, checks_);  // the host side of the graph's range checks
   for (size_t i = 0; i < params_.size(); ++i)
     if (grads_[i].defined()) params_[i].set_grad(grads_[i]);
   return loss_;

@@ -441,7 +441,9 @@ std::vector<std::pair<std::string, std::string>> deferred_checks_since(int devic
 
 void requeue_deferred_checks(int device, size_t mark, const std::vector<std::pair<std::string, std::string>>& checks) {
   if (checks.empty()) return;
-  if (context(device).index_checks.size() != mark) synchronize(device);  // reports and clears the others
+  // Called before the replay is queued: a synchronisation here reports and clears the checks
+  // queued before it (their failures named after their own ops), never the replay's.
+  if (context(device).index_checks.size() > mark) synchronize(device);
   std::vector<DeviceContext::IndexCheck>& q = context(device).index_checks;
   while (q.size() < mark) q.push_back({"(no check: a position held for a replayed CUDA graph)", ""});
   KILN_CHECK(q.size() == mark, "requeue_deferred_checks: ", q.size(), " checks queued, expected ", mark);
