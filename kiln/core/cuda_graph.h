@@ -34,8 +34,11 @@ class CudaGraph {
   CudaGraph& operator=(const CudaGraph&) = delete;
 
   // Starts capturing `device`'s current stream (a CUDA device; not the legacy default stream).
-  // A graph captured before is destroyed first.
-  virtual void capture_begin(const Device& device);
+  // A graph captured before is destroyed first. `share_pool_of`: capture into that graph's memory
+  // pool (it must be captured already) instead of a new one: the two hold one step's memory
+  // between them, which is safe when they are replayed one after the other on one stream, never
+  // at once (the pool goes back when both are destroyed).
+  virtual void capture_begin(const Device& device, const CudaGraph* share_pool_of = nullptr);
   // Ends the capture and makes the graph ready to replay; kiln::Error (naming CUDA's reason)
   // when the capture failed, the graph then empty and its pool released.
   virtual void capture_end();

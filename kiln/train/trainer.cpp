@@ -86,7 +86,7 @@ StepResult Trainer::step() {
       return ls.detach();
     };
     // --cuda-graphs: captured once, then replayed (step_graph.h)
-    const Tensor ls = s.graph && micro.size() == 1 ? s.graph->run(b, divide_by, forward_backward) : forward_backward(b);
+    const Tensor ls = s.graph ? s.graph->run(b, divide_by, forward_backward) : forward_backward(b);
     loss_dev = loss_dev.defined() ? add(loss_dev, ls) : ls;
   }
   if (s.graph) s.sum.graph_replays = s.graph->replays();

@@ -71,7 +71,11 @@ class FakeGraph : public CudaGraph {
   int* replays = nullptr;
   bool fail_capture = false;
   bool began = false, ended = false;
-  void capture_begin(const Device&) override { began = true; }
+  const CudaGraph* shared_with = nullptr;
+  void capture_begin(const Device&, const CudaGraph* share_pool_of) override {
+    began = true;
+    shared_with = share_pool_of;
+  }
   void capture_end() override {
     if (fail_capture) fail("fake graph: something in the step synchronised");
     ended = true;
@@ -98,7 +102,9 @@ struct Rig {
   Tensor w = full({3}, 2.0f, DType::f32).requires_grad_();
   int replays = 0, runs = 0;
   std::vector<std::string> notes;
-  FakeGraph* graph = nullptr;
+  FakeGraph* graph = nullptr;           // the first graph made (valid while the StepGraph holds it)
+  std::vector<FakeGraph*> graphs;       // every graph made, in order
+  bool fail_capture = false;
   std::unique_ptr<train::StepGraph> sg;
   train::StepGraph::ForwardBackward fb = [this](const data::Batch& b) {
     ++runs;
@@ -106,13 +112,16 @@ struct Rig {
     l.backward();
     return l.detach();
   };
-  explicit Rig(bool fail_capture = false) {
-    auto fake = std::make_unique<FakeGraph>();
-    fake->replays = &replays;
-    fake->fail_capture = fail_capture;
-    graph = fake.get();
-    sg = std::make_unique<train::StepGraph>(kCPU, std::vector<Tensor>{w},
-                                            [this](const std::string& n) { notes.push_back(n); }, std::move(fake));
+  explicit Rig(bool fail = false) : fail_capture(fail) {
+    sg = std::make_unique<train::StepGraph>(
+        kCPU, std::vector<Tensor>{w}, [this](const std::string& n) { notes.push_back(n); }, [this] {
+          auto fake = std::make_unique<FakeGraph>();
+          fake->replays = &replays;
+          fake->fail_capture = fail_capture;
+          graphs.push_back(fake.get());
+          if (!graph) graph = fake.get();
+          return fake;
+        });
   }
 };
 
@@ -120,7 +129,7 @@ struct Rig {
 
 TEST(CudaGraphs, StepGraphWarmsUpCapturesReplaysAndFallsBackWithNotes) {
   Rig r;
-  auto& [w, replays, runs, notes, graph, sg_ptr, fb] = r;
+  auto& [w, replays, runs, notes, graph, graphs, fail, sg_ptr, fb] = r;
   train::StepGraph& sg = *sg_ptr;
   auto step = [&](const data::Batch& b, double divisor) {
     Tensor l = sg.run(b, divisor, fb);
@@ -134,9 +143,11 @@ TEST(CudaGraphs, StepGraphWarmsUpCapturesReplaysAndFallsBackWithNotes) {
     EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{2, 2, 2}));
   }
   EXPECT_EQ(replays, 0);
-  EXPECT_FALSE(graph->began);
+  EXPECT_EQ(graph, nullptr);  // no graph made during the warm-up
   auto [l2, g2] = step(batch_of(2, 1.0f), 6);  // captured, then replayed once
-  EXPECT_TRUE(graph->ready());
+  ASSERT_NE(r.graph, nullptr);
+  EXPECT_TRUE(r.graph->ready());
+  EXPECT_EQ(r.graph->shared_with, nullptr);  // the first graph has a pool of its own
   EXPECT_EQ(replays, 1);
   EXPECT_EQ(runs, 3);
   EXPECT_EQ(l2.item(), 12.0);
@@ -198,9 +209,65 @@ TEST(CudaGraphs, ABatchWithDocumentIdsIsNotCaptured) {
   EXPECT_NE(r.notes[0].find("document ids"), std::string::npos) << r.notes[0];
 }
 
+// --accum: the step's later micro-batches get a second graph, captured into the first's pool,
+// that adds into the first graph's gradients; each later step replays the first graph, then the
+// second for every later micro-batch.
+TEST(CudaGraphs, LaterMicroBatchesGetASecondGraphThatAddsIntoTheFirstsGradients) {
+  Rig r;
+  auto step = [&](float v0, float v1, float v2) {  // three micro-batches
+    std::vector<double> losses;
+    for (float v : {v0, v1, v2}) losses.push_back(r.sg->run(batch_of(2, v), 18, r.fb).item());
+    const std::vector<float> g = r.w.grad().to_vector<float>();
+    r.w.set_grad(Tensor());
+    return std::make_pair(losses, g);
+  };
+  for (int i = 0; i < train::StepGraph::kWarmupSteps; ++i) {  // eager, no note
+    auto [l, g] = step(1, 1, 1);
+    EXPECT_EQ(g, (std::vector<float>{6, 6, 6}));
+  }
+  EXPECT_EQ(r.runs, 6);
+  EXPECT_TRUE(r.graphs.empty());
+  EXPECT_TRUE(r.notes.empty());
+  auto [l3, g3] = step(1, 1, 1);  // the first graph captured, the second captured, the second replayed
+  ASSERT_EQ(r.graphs.size(), 2u);
+  EXPECT_EQ(r.graphs[1]->shared_with, r.graphs[0]);  // one pool for both
+  EXPECT_EQ(r.runs, 8);                              // the two captures ran the work (the stand-in)
+  EXPECT_EQ(r.replays, 3);
+  EXPECT_EQ(g3, (std::vector<float>{4, 4, 4}));  // the two captures' runs (the stand-in's replays compute nothing)
+  ASSERT_EQ(r.notes.size(), 2u);
+  EXPECT_NE(r.notes[1].find("second CUDA graph"), std::string::npos) << r.notes[1];
+  step(1, 1, 1);  // replays only
+  EXPECT_EQ(r.runs, 8);
+  EXPECT_EQ(r.replays, 6);
+  EXPECT_EQ(r.graphs.size(), 2u);
+  EXPECT_TRUE(r.sg->active());
+}
+
+
+// The second graph's capture fails: the first micro-batch's gradients (the first graph's, already
+// computed) are kept, and the rest of the step adds into them eagerly.
+TEST(CudaGraphs, AFailedSecondCaptureKeepsTheFirstMicroBatchsGradients) {
+  Rig r;
+  for (int i = 0; i < train::StepGraph::kWarmupSteps; ++i) {
+    for (int m = 0; m < 3; ++m) r.sg->run(batch_of(2, 1.0f), 18, r.fb);
+    r.w.set_grad(Tensor());
+  }
+  r.sg->run(batch_of(2, 1.0f), 18, r.fb);  // the first graph captured (its run gives 2 a column)
+  r.fail_capture = true;                   // the second graph's capture will fail
+  r.sg->run(batch_of(2, 1.0f), 18, r.fb);
+  r.sg->run(batch_of(2, 1.0f), 18, r.fb);
+  // Kept, not cleared: 2 (the first capture's run) + 2 + 2 (the two eager micro-batches), and 2
+  // more from the failed capture's own run, which the stand-in executes (on a GPU nothing runs
+  // while capturing, and the sum is 6); cleared, it would be 4.
+  EXPECT_EQ(r.w.grad().to_vector<float>(), (std::vector<float>{8, 8, 8}));
+  EXPECT_FALSE(r.sg->active());
+  ASSERT_EQ(r.notes.size(), 2u);
+  EXPECT_NE(r.notes[1].find("could not be captured"), std::string::npos) << r.notes[1];
+}
+
 TEST(CudaGraphs, AFailedCaptureRunsTheStepEagerlyAndTurnsGraphsOff) {
-  Rig r(/*fail_capture=*/true);
-  auto& [w, replays, runs, notes, graph, sg_ptr, fb] = r;
+  Rig r(/*fail=*/true);
+  auto& [w, replays, runs, notes, graph, graphs, fail, sg_ptr, fb] = r;
   train::StepGraph& sg = *sg_ptr;
   for (int i = 0; i < 4; ++i) {
     Tensor l = sg.run(batch_of(2, 1.0f), 6, fb);
@@ -229,7 +296,7 @@ TEST(CudaGraphs, ABuildWithoutCudaSaysSo) {
 // replay for every step after the warm-up and the capture.
 TEST(CudaGraphs, CapturedStepsGiveTheEagerBits) {
   KILN_SKIP_WITHOUT_CUDA();
-  for (const bool fused : {false, true}) {
+  for (const auto& [fused, accum] : {std::pair{false, 1}, {true, 1}, {false, 2}}) {
     std::vector<train::TrainSummary> runs;
     std::vector<std::string> weights;  // the final checkpoint's safetensors files (model and optimizer)
     for (const std::string mode : {"off", "on"}) {
@@ -238,6 +305,7 @@ TEST(CudaGraphs, CapturedStepsGiveTheEagerBits) {
       c.device = "cuda";
       c.cuda_graphs = mode;
       c.fused_loss = fused;
+      c.accum = accum;  // 2: the second graph, adding into the first's gradients
       c.eval_every = 4;
       c.ckpt_every = 0;
       runs.push_back(train::run_training(c, quiet()));
@@ -245,9 +313,9 @@ TEST(CudaGraphs, CapturedStepsGiveTheEagerBits) {
       ASSERT_FALSE(weights.back().empty()) << runs.back().checkpoint;
       fs::remove_all(out.parent_path());
     }
-    SCOPED_TRACE(fused ? "fused loss" : "unfused loss");
+    SCOPED_TRACE(std::string(fused ? "fused loss" : "unfused loss") + ", accum " + std::to_string(accum));
     EXPECT_EQ(runs[0].graph_replays, 0);
-    EXPECT_EQ(runs[1].graph_replays, 8 - train::StepGraph::kWarmupSteps);
+    EXPECT_EQ(runs[1].graph_replays, (8 - train::StepGraph::kWarmupSteps) * accum);
     ASSERT_EQ(runs[0].losses.size(), runs[1].losses.size());
     for (size_t i = 0; i < runs[0].losses.size(); ++i) EXPECT_EQ(runs[0].losses[i], runs[1].losses[i]) << "step " << i + 1;
     EXPECT_EQ(runs[0].final_eval_loss, runs[1].final_eval_loss);

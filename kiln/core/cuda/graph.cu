@@ -26,6 +26,21 @@ uint64_t next_pool_id() {
   return next.fetch_add(1);
 }
 
+// A graph pool of the caching allocator, released when the last graph holding it goes.
+struct PoolLease {
+  int device = 0;
+  uint64_t id = 0;
+  PoolLease(int d, uint64_t i) : device(d), id(i) {}
+  ~PoolLease() {
+    try {
+      caching_allocator(device).release_pool(id);
+    } catch (...) {  // a destructor path: the memory stays with the allocator
+    }
+  }
+  PoolLease(const PoolLease&) = delete;
+  PoolLease& operator=(const PoolLease&) = delete;
+};
+
 }  // namespace
 
 struct CudaGraph::Impl {
@@ -33,7 +48,7 @@ struct CudaGraph::Impl {
   cudaStream_t stream = nullptr;  // the captured stream
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  uint64_t pool = 0;  // the graph's allocator pool (0: none)
+  std::shared_ptr<PoolLease> pool;  // the graph's allocator pool (shared with graphs captured into it)
   bool capturing = false;
 
   void set_device() const { core_cuda::check(cudaSetDevice(device.index), "cudaSetDevice (cuda graph)"); }
@@ -44,13 +59,7 @@ struct CudaGraph::Impl {
     if (graph) (void)cudaGraphDestroy(graph);
     exec = nullptr;
     graph = nullptr;
-    if (pool != 0) {
-      try {
-        caching_allocator(device.index).release_pool(pool);
-      } catch (...) {  // a destructor path: the memory stays with the allocator
-      }
-      pool = 0;
-    }
+    pool.reset();  // the last graph of the pool gives it back
   }
 };
 
@@ -61,10 +70,17 @@ CudaGraph::~CudaGraph() {
   impl_->destroy();
 }
 
-void CudaGraph::capture_begin(const Device& device) {
+void CudaGraph::capture_begin(const Device& device, const CudaGraph* share_pool_of) {
   Impl& g = *impl_;
   KILN_CHECK(device.is_cuda(), "cuda graph: capture_begin on ", device.str(), " (a CUDA device is needed)");
   KILN_CHECK(!g.capturing, "cuda graph: capture_begin while this graph is already capturing");
+  KILN_CHECK(share_pool_of != this, "cuda graph: a graph cannot share its own pool");
+  std::shared_ptr<PoolLease> shared;
+  if (share_pool_of) {
+    shared = share_pool_of->impl_->pool;
+    KILN_CHECK(shared && share_pool_of->impl_->device == device, "cuda graph: capture_begin shares the pool of a "
+               "graph that is not captured on ", device.str());
+  }
   g.destroy();
   g.device = device;
   g.set_device();
@@ -72,8 +88,8 @@ void CudaGraph::capture_begin(const Device& device) {
   KILN_CHECK(g.stream != nullptr, "cuda graph: ", device.str(),
              "'s current stream is the legacy default stream, which cannot be captured");
   CachingAllocator& alloc = caching_allocator(device.index);
-  g.pool = next_pool_id();
-  alloc.begin_allocate_to_pool(g.pool);
+  g.pool = shared ? shared : std::make_shared<PoolLease>(device.index, next_pool_id());
+  alloc.begin_allocate_to_pool(g.pool->id);
   const cudaError_t e = cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeRelaxed);
   if (e != cudaSuccess) {
     alloc.end_allocate_to_pool();

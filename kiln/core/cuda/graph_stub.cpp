@@ -9,7 +9,7 @@ struct CudaGraph::Impl {};
 
 CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
 CudaGraph::~CudaGraph() = default;
-void CudaGraph::capture_begin(const Device& device) {
+void CudaGraph::capture_begin(const Device& device, const CudaGraph*) {
   fail("cuda graph: capture on ", device.str(), ": kiln was built without CUDA (configure with the 'cuda' preset)");
 }
 void CudaGraph::capture_end() { fail("cuda graph: kiln was built without CUDA"); }
