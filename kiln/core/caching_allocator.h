@@ -28,7 +28,8 @@
 //     its end; no event is recorded while capturing (CUDA refuses to query one recorded then). A
 //     block of another graph's pool that is still open stays that pool's (its graph writes it;
 //     released while the later graph lives, that pool would free memory the later graph reads:
-//     release graphs in the reverse order of their captures, as the trainer's single graph does).
+//     release graphs in the reverse order of their captures; graphs sharing one pool, as the
+//     trainer's two do, release it together).
 //     After the capture, blocks of P still go back to P when freed; only another capture into P
 //     takes them. release_pool(P) gives P's cached blocks back to the system; its live blocks go
 //     to the allocator's own pools when freed. empty_cache and the out-of-memory retry leave the

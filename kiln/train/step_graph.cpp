@@ -110,6 +110,20 @@ Tensor StepGraph::capture(Captured& c, const data::Batch& b, double divisor, con
   if (first) {
     grads_.clear();
     for (const Tensor& p : params_) grads_.push_back(p.grad());
+  } else {
+    // The second graph may only add into the first's gradients: one it set afresh (a parameter
+    // the first micro-batch left without a gradient) would be written at every replay into a
+    // tensor nobody holds once the optimizer drops it. Not run yet: drop it, and go eager.
+    bool fresh = false;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!grads_[i].defined() && params_[i].grad().defined()) {
+        params_[i].set_grad(Tensor());
+        fresh = true;
+      }
+    if (fresh) {
+      turn_off("not captured: a later micro-batch sets the gradient of a parameter the first one left unset");
+      return fb(b);
+    }
   }
   c.graph->replay();  // the captured micro-batch itself (its checks are the capture's own records)
   ++replays_;
@@ -152,8 +166,10 @@ Tensor StepGraph::run(const data::Batch& b, double divisor, const ForwardBackwar
       note_once("a micro-batch with the gradient of " + which + " already set (not by the graph) runs without it");
     return fb(b);
   }
-  if (!c->ready()) return capture(*c, b, divisor, fb);
-  if (!fits(*c, b, divisor)) {
+  // A later micro-batch is captured only in the first one's shape (another one could rebuild
+  // tables the first graph reads).
+  if (!c->ready() && (c == &first_ || fits(first_, b, divisor))) return capture(*c, b, divisor, fb);
+  if (!fits(c->ready() ? *c : first_, b, divisor)) {
     // Off for good: an eager step of another shape may rebuild tables the graphs read (the rotary
     // tables, the block mask), and the memory they held would be handed out under the graphs.
     turn_off("a step whose batch (its shape, or document ids) or loss divisor differs from the captured one: "

@@ -81,7 +81,11 @@ class FakeGraph : public CudaGraph {
     ended = true;
   }
   void capture_abort() noexcept override { began = false; }
-  void replay() override { ++*replays; }
+  int own_replays = 0;  // this graph's (replays counts every graph's of a rig)
+  void replay() override {
+    ++*replays;
+    ++own_replays;
+  }
   bool ready() const override { return ended; }
   bool capturing() const override { return began && !ended; }
   int64_t num_nodes() const override { return ended ? 1 : 0; }
@@ -236,11 +240,44 @@ TEST(CudaGraphs, LaterMicroBatchesGetASecondGraphThatAddsIntoTheFirstsGradients)
   EXPECT_EQ(g3, (std::vector<float>{4, 4, 4}));  // the two captures' runs (the stand-in's replays compute nothing)
   ASSERT_EQ(r.notes.size(), 2u);
   EXPECT_NE(r.notes[1].find("second CUDA graph"), std::string::npos) << r.notes[1];
-  step(1, 1, 1);  // replays only
+  EXPECT_EQ(r.graphs[0]->own_replays, 1);
+  EXPECT_EQ(r.graphs[1]->own_replays, 2);
+  // replays only: the first graph once, its gradient set, then the second twice, adding into it
+  r.sg->run(batch_of(2, 1.0f), 18, r.fb);
+  const Tensor first_grad = r.w.grad();
+  ASSERT_TRUE(first_grad.defined());
+  r.sg->run(batch_of(2, 1.0f), 18, r.fb);
+  r.sg->run(batch_of(2, 1.0f), 18, r.fb);
+  EXPECT_TRUE(r.w.grad().is_same(first_grad));
+  r.w.set_grad(Tensor());
   EXPECT_EQ(r.runs, 8);
-  EXPECT_EQ(r.replays, 6);
+  EXPECT_EQ(r.graphs[0]->own_replays, 2);
+  EXPECT_EQ(r.graphs[1]->own_replays, 4);
   EXPECT_EQ(r.graphs.size(), 2u);
   EXPECT_TRUE(r.sg->active());
+  // a later micro-batch of another shape: graphs off, the first micro-batch's gradient kept and
+  // added to eagerly
+  r.sg->run(batch_of(2, 1.0f), 18, r.fb);
+  const Tensor kept = r.w.grad();
+  r.sg->run(batch_of(3, 1.0f), 18, r.fb);
+  EXPECT_FALSE(r.sg->active());
+  EXPECT_TRUE(r.w.grad().is_same(kept));
+  EXPECT_EQ(r.runs, 9);
+}
+
+// A later micro-batch of another shape at the capture step: the second graph is not captured.
+TEST(CudaGraphs, ASecondGraphIsCapturedOnlyInTheFirstsShape) {
+  Rig r;
+  for (int i = 0; i < train::StepGraph::kWarmupSteps; ++i) {
+    for (int m = 0; m < 2; ++m) r.sg->run(batch_of(2, 1.0f), 12, r.fb);
+    r.w.set_grad(Tensor());
+  }
+  r.sg->run(batch_of(2, 1.0f), 12, r.fb);  // the first graph
+  r.sg->run(batch_of(4, 1.0f), 12, r.fb);  // another shape: eager, graphs off
+  EXPECT_EQ(r.graphs.size(), 1u);
+  EXPECT_FALSE(r.sg->active());
+  ASSERT_EQ(r.notes.size(), 2u);
+  EXPECT_NE(r.notes[1].find("differs from the captured one"), std::string::npos) << r.notes[1];
 }
 
 
@@ -296,7 +333,7 @@ TEST(CudaGraphs, ABuildWithoutCudaSaysSo) {
 // replay for every step after the warm-up and the capture.
 TEST(CudaGraphs, CapturedStepsGiveTheEagerBits) {
   KILN_SKIP_WITHOUT_CUDA();
-  for (const auto& [fused, accum] : {std::pair{false, 1}, {true, 1}, {false, 2}}) {
+  for (const auto& [fused, accum] : {std::pair{false, 1}, {true, 1}, {false, 3}}) {
     std::vector<train::TrainSummary> runs;
     std::vector<std::string> weights;  // the final checkpoint's safetensors files (model and optimizer)
     for (const std::string mode : {"off", "on"}) {
@@ -305,7 +342,7 @@ TEST(CudaGraphs, CapturedStepsGiveTheEagerBits) {
       c.device = "cuda";
       c.cuda_graphs = mode;
       c.fused_loss = fused;
-      c.accum = accum;  // 2: the second graph, adding into the first's gradients
+      c.accum = accum;  // 3: the second graph, replayed twice a step, adding into the first's gradients
       c.eval_every = 4;
       c.ckpt_every = 0;
       runs.push_back(train::run_training(c, quiet()));

@@ -4,6 +4,7 @@
 // in a fixed order), rotary embedding, cross-entropy rows (one block per row), dropout mask
 // (Philox, same bits as the CPU), fused SwiGLU and the index range check. No float atomics
 // anywhere: results are bitwise reproducible. 16-bit and f32 inputs accumulate in f32 (fixed tree order), f64 in f64.
+#include <algorithm>
 #include <cub/cub.cuh>
 
 #include <type_traits>
@@ -441,9 +442,17 @@ std::vector<std::pair<std::string, std::string>> deferred_checks_since(int devic
 
 void requeue_deferred_checks(int device, size_t mark, const std::vector<std::pair<std::string, std::string>>& checks) {
   if (checks.empty()) return;
+  std::vector<DeviceContext::IndexCheck>& queued = context(device).index_checks;
+  // The same records already at those positions (the graph replayed twice with no synchronisation
+  // between, as a step's later micro-batches are): both replays' kernels write there, and a
+  // failure of either is named right. Nothing to do.
+  if (queued.size() == mark + checks.size() &&
+      std::equal(checks.begin(), checks.end(), queued.begin() + static_cast<std::ptrdiff_t>(mark),
+                 [](const auto& c, const DeviceContext::IndexCheck& q) { return c.first == q.what && c.second == q.tail; }))
+    return;
   // Called before the replay is queued: a synchronisation here reports and clears the checks
   // queued before it (their failures named after their own ops), never the replay's.
-  if (context(device).index_checks.size() > mark) synchronize(device);
+  if (queued.size() > mark) synchronize(device);
   std::vector<DeviceContext::IndexCheck>& q = context(device).index_checks;
   while (q.size() < mark) q.push_back({"(no check: a position held for a replayed CUDA graph)", ""});
   KILN_CHECK(q.size() == mark, "requeue_deferred_checks: ", q.size(), " checks queued, expected ", mark);
