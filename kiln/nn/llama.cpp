@@ -8,6 +8,7 @@
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
 #include "kiln/nn/checkpoint.h"
+#include "kiln/ops/fused.h"
 #include "kiln/ops/ops.h"
 
 // The fused loss and flex attention are switched on by config values; they are compiled in
@@ -239,6 +240,9 @@ LlamaMLP::LlamaMLP(const LlamaConfig& c, Generator& gen, Device device) {
 }
 
 Tensor LlamaMLP::forward(const Tensor& x) const {
+  // The down projection fused with the product (ops/fused.h): the backward recomputes silu(gate) ·
+  // up instead of keeping it, the same bits with tokens × intermediate fewer elements held.
+  if (!down_proj->bias.defined()) return swiglu_linear(gate_proj->forward(x), up_proj->forward(x), down_proj->weight);
   return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
 }
 

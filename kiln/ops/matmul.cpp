@@ -1,8 +1,12 @@
-// matmul (numpy semantics, broadcast batch dims) and linear, with autograd. Operands whose
-// last two dims are a transposed contiguous matrix go to the gemm kernel without a copy.
+// matmul (numpy semantics, broadcast batch dims), linear and swiglu_linear (ops/fused.h), with
+// autograd. Operands whose last two dims are a transposed contiguous matrix go to the gemm
+// kernel without a copy.
+#include "kiln/autograd/grad_mode.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/matmul.h"
+#include "kiln/kernels/nn.h"
 #include "kiln/ops/backward.h"
+#include "kiln/ops/fused.h"
 #include "kiln/ops/ops.h"
 
 namespace kiln {
@@ -132,6 +136,48 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     KILN_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias must be [", weight.size(0), "], got ",
                bias.shape());
     y = add(y, bias);
+  }
+  return y;
+}
+
+Tensor swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& weight) {
+  KILN_CHECK(gate.defined() && up.defined(), "swiglu_linear: undefined tensor argument");
+  KILN_CHECK(gate.shape() == up.shape(), "swiglu_linear: gate shape ", gate.shape(), " differs from up shape ",
+             up.shape());
+  check_operands(gate, up, "swiglu_linear", "gate", "up");
+  check_operands(gate, weight, "swiglu_linear", "gate", "weight");
+  KILN_CHECK(weight.dim() == 2 && gate.dim() >= 1 && gate.size(-1) == weight.size(1), "swiglu_linear: weight ",
+             weight.shape(), " must be [out, in] with in = the last dim of gate ", gate.shape());
+  const Tensor gc = gate.detach().contiguous(), uc = up.detach().contiguous();
+  const Shape in_shape = gate.shape();
+  Shape out_shape = in_shape;
+  out_shape.back() = weight.size(0);
+  const int64_t rows = shape_numel(Shape(in_shape.begin(), in_shape.end() - 1));
+  const int64_t in = weight.size(1), out = weight.size(0);
+  // The product, as swiglu computes it, held only until the product with the weight is done.
+  auto product = [](const Tensor& g, const Tensor& u) {
+    Tensor p = Tensor::empty(g.shape(), g.dtype(), g.device());
+    if (p.numel() > 0) KILN_DEVICE_CALL(g.device(), swiglu_forward, p, g, u);
+    return p;
+  };
+  Tensor y = matmul_raw(product(gc, uc).reshape({rows, in}), weight.detach().t()).reshape(out_shape);
+  if (any_requires_grad({gate, up, weight})) {
+    SavedTensor sg(gc), su(uc), sw(weight.detach());
+    const bool gw = weight.requires_grad();
+    record("swiglu_linear", {gate, up, weight}, y, [=](const std::vector<Tensor>& g) {
+      NoGradGuard no_grad;
+      const Tensor gg = sg.get("swiglu_linear"), uu = su.get("swiglu_linear");
+      const Tensor g2 = g[0].reshape({rows, out});
+      // linear's backward (ops/matmul.cpp: linear), then swiglu's (ops/nn.cpp: swiglu), in the
+      // order the engine runs the unfused pair: the same products, the same bits.
+      const Tensor dprod = matmul(g2, sw.get("swiglu_linear")).reshape(in_shape).contiguous();
+      Tensor dw;
+      if (gw) dw = matmul(g2.t(), product(gg, uu).reshape({rows, in}));
+      Tensor dg = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
+      Tensor du = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
+      if (gg.numel() > 0) KILN_DEVICE_CALL(gg.device(), swiglu_backward, dg, du, dprod, gg, uu);
+      return std::vector<Tensor>{dg, du, dw};
+    });
   }
   return y;
 }

@@ -3,9 +3,11 @@
 // independent float64 loop references, kernels called directly with poisoned outputs, and
 // bad-input errors.
 #include <cmath>
+#include <tuple>
 
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/nn.h"
+#include "kiln/ops/fused.h"
 #include "tests/ops/harness.h"
 
 using namespace kiln;
@@ -170,6 +172,37 @@ TEST(Swiglu, MatchesComposedOps) {
         close(g1.grad(), g2.grad(), "dgate");
         close(u1.grad(), u2.grad(), "dup");
       }
+}
+
+// swiglu_linear (ops/fused.h): the harness (f64 reference, finite differences, every dtype and
+// device), the unfused pair's bits for the output and the three gradients, and its errors.
+TEST(Fused, SwigluLinearHarness) {
+  auto fn = [](const std::vector<Tensor>& in) { return swiglu_linear(in[0], in[1], in[2]); };
+  check_op({"swiglu_linear", {{{3, 5}}, {{3, 5}}, {{4, 5}}}, fn});
+  check_op({"swiglu_linear 3-D, weight only", {nograd({2, 3, 8}), nograd({2, 3, 8}), {{6, 8}}}, fn});
+}
+
+TEST(Fused, SwigluLinearGivesTheUnfusedBits) {
+  KILN_TEST_GENERATOR(gen);
+  for (Device dev : test_devices())
+    for (DType dt : {DType::f64, DType::f32, DType::bf16})
+      for (int64_t in : {8, 131}) {
+        const std::string what = dev.str() + " " + dtype_name(dt) + " in=" + std::to_string(in);
+        Tensor g0 = randn({2, 5, in}, gen, DType::f64, dev).to(dt), u0 = randn({2, 5, in}, gen, DType::f64, dev).to(dt);
+        Tensor w0 = randn({7, in}, gen, DType::f64, dev).to(dt), d = randn({2, 5, 7}, gen, DType::f64, dev).to(dt);
+        Tensor g1 = g0.detach().requires_grad_(), u1 = u0.detach().requires_grad_(), w1 = w0.detach().requires_grad_();
+        Tensor g2 = g0.detach().requires_grad_(), u2 = u0.detach().requires_grad_(), w2 = w0.detach().requires_grad_();
+        Tensor y1 = swiglu_linear(g1, u1, w1), y2 = linear(swiglu(g2, u2), w2);
+        y1.backward(d);
+        y2.backward(d);
+        for (const auto& [a, b, which] : {std::tuple{y1, y2, "out"}, {g1.grad(), g2.grad(), "dgate"},
+                                          {u1.grad(), u2.grad(), "dup"}, {w1.grad(), w2.grad(), "dweight"}})
+          EXPECT_TRUE(same_bits(a, b, std::string(which) + " " + what));
+      }
+  EXPECT_KILN_ERROR(swiglu_linear(zeros({2, 3}), zeros({2, 4}), zeros({5, 3})), "swiglu_linear", "gate shape");
+  EXPECT_KILN_ERROR(swiglu_linear(zeros({2, 3}), zeros({2, 3}), zeros({5, 4})), "swiglu_linear", "weight [5, 4]");
+  EXPECT_KILN_ERROR(swiglu_linear(zeros({2, 3}), zeros({2, 3}), zeros({5, 3}, DType::f64)), "swiglu_linear",
+                    "dtype mismatch");
 }
 
 TEST(Swiglu, BadInputs) {
