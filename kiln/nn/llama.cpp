@@ -240,9 +240,12 @@ LlamaMLP::LlamaMLP(const LlamaConfig& c, Generator& gen, Device device) {
 }
 
 Tensor LlamaMLP::forward(const Tensor& x) const {
-  // The down projection fused with the product (ops/fused.h): the backward recomputes silu(gate) ·
-  // up instead of keeping it, the same bits with tokens × intermediate fewer elements held.
-  if (!down_proj->bias.defined()) return swiglu_linear(gate_proj->forward(x), up_proj->forward(x), down_proj->weight);
+  // On a GPU the down projection is fused with the product (ops/fused.h): the backward recomputes
+  // silu(gate) · up instead of keeping it, the same bits with tokens × intermediate fewer elements
+  // held. Not on the CPU, where the small models train: there the recomputed product's fresh
+  // allocation cost 7 % of the wall time in page faults (BENCHMARKS.md).
+  if (!down_proj->bias.defined() && x.device().is_cuda())
+    return swiglu_linear(gate_proj->forward(x), up_proj->forward(x), down_proj->weight);
   return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
 }
 

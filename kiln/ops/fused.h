@@ -3,7 +3,7 @@
 // up (which swiglu's backward needs anyway) and recomputes the product there, with the same
 // kernel, so the gradients are the unfused pair's bits (Fused.SwigluLinearGivesTheUnfusedBits).
 // The product is tokens × intermediate elements a layer: at the 1.5 B model in bf16, 134 MB a
-// layer of the activations a step holds.
+// layer of the activations a step holds. The Llama MLP uses it on CUDA only (nn/llama.cpp says why).
 #pragma once
 #include "kiln/core/tensor.h"
 
