@@ -20,6 +20,10 @@ CachingAllocator::~CachingAllocator() {
   }
 }
 
+bool CachingAllocator::pool_open(PoolId pool) const {
+  return pool == 0 || std::find(open_pools_.begin(), open_pools_.end(), pool) != open_pools_.end();
+}
+
 void* CachingAllocator::take_cached(size_t rounded, void* stream, PoolId pool_id) {
   auto pools = pools_.find(pool_id);
   if (pools == pools_.end()) return nullptr;
@@ -43,7 +47,7 @@ void* CachingAllocator::take_cached(size_t rounded, void* stream, PoolId pool_id
 
 void CachingAllocator::to_pool(void* ptr, size_t size, void* stream, PoolId pool) {
   // a released graph pool's blocks come back to the allocator's own (NOTE [graph pools])
-  if (pool != 0 && std::find(open_pools_.begin(), open_pools_.end(), pool) == open_pools_.end()) pool = 0;
+  if (!pool_open(pool)) pool = 0;
   pools_[pool][stream].emplace(size, ptr);
   pooled_ += static_cast<int64_t>(size);
 }
@@ -110,8 +114,7 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   // Freed during a capture: the graph's (NOTE [graph pools]), unless another graph's pool that is
   // still open holds it (that graph writes it at its replays: it stays that graph's).
   const PoolId own = it->second.pool;
-  const bool own_open = own != 0 && std::find(open_pools_.begin(), open_pools_.end(), own) != open_pools_.end();
-  const PoolId pool = capturing_ != 0 && !own_open ? capturing_ : own;
+  const PoolId pool = capturing_ != 0 && !(own != 0 && pool_open(own)) ? capturing_ : own;
   Pending wait{ptr, it->second.size, it->second.stream, pool, {}};
   if (capturing_ != 0 && !it->second.uses.empty()) {  // not reused within the capture; no event
     current_ -= static_cast<int64_t>(it->second.requested);
@@ -182,7 +185,7 @@ void CachingAllocator::begin_allocate_to_pool(PoolId pool) {
   KILN_CHECK(pool != 0, name_, " caching allocator: graph pool id 0 is the allocator's own");
   KILN_CHECK(capturing_ == 0, name_, " caching allocator: allocating to graph pool ", pool, " while pool ",
              capturing_, " is being allocated to (one capture at a time per device)");
-  if (std::find(open_pools_.begin(), open_pools_.end(), pool) == open_pools_.end()) open_pools_.push_back(pool);
+  if (!pool_open(pool)) open_pools_.push_back(pool);
   capturing_ = pool;
 }
 

@@ -127,6 +127,7 @@ class CachingAllocator final : public Allocator {
   void collect_pending(bool wait);  // moves the blocks whose events completed to their pools
   void release_cache();             // caller holds mu_; pending blocks are waited for first
   void free_pool(StreamPools& pools);  // caller holds mu_: every cached block to the system
+  bool pool_open(PoolId pool) const;   // caller holds mu_: pool 0, or a graph pool not yet released
 
   DeviceMemoryApi* api_;
   std::string name_;

@@ -47,7 +47,6 @@ class CudaGraph {
   // Runs the captured work on `device`'s current stream (queued, no host wait).
   virtual void replay();
   virtual bool ready() const;
-  virtual bool capturing() const;
   // How many kernel and copy nodes the graph holds (0 before a capture).
   virtual int64_t num_nodes() const;
 

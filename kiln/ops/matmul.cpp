@@ -1,7 +1,6 @@
 // matmul (numpy semantics, broadcast batch dims), linear and swiglu_linear (ops/fused.h), with
 // autograd. Operands whose last two dims are a transposed contiguous matrix go to the gemm
 // kernel without a copy.
-#include "kiln/autograd/grad_mode.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/matmul.h"
 #include "kiln/kernels/nn.h"
@@ -154,25 +153,20 @@ Tensor swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& weight)
   out_shape.back() = weight.size(0);
   const int64_t rows = shape_numel(Shape(in_shape.begin(), in_shape.end() - 1));
   const int64_t in = weight.size(1), out = weight.size(0);
-  // The product, as swiglu computes it, held only until the product with the weight is done.
-  auto product = [](const Tensor& g, const Tensor& u) {
-    Tensor p = Tensor::empty(g.shape(), g.dtype(), g.device());
-    if (p.numel() > 0) KILN_DEVICE_CALL(g.device(), swiglu_forward, p, g, u);
-    return p;
-  };
-  Tensor y = matmul_raw(product(gc, uc).reshape({rows, in}), weight.detach().t()).reshape(out_shape);
+  // The product (swiglu of the detached inputs: no node), held only until the product with the
+  // weight is done.
+  Tensor y = matmul_raw(swiglu(gc, uc).reshape({rows, in}), weight.detach().t()).reshape(out_shape);
   if (any_requires_grad({gate, up, weight})) {
     SavedTensor sg(gc), su(uc), sw(weight.detach());
     const bool gw = weight.requires_grad();
     record("swiglu_linear", {gate, up, weight}, y, [=](const std::vector<Tensor>& g) {
-      NoGradGuard no_grad;
       const Tensor gg = sg.get("swiglu_linear"), uu = su.get("swiglu_linear");
       const Tensor g2 = g[0].reshape({rows, out});
       // linear's backward (ops/matmul.cpp: linear), then swiglu's (ops/nn.cpp: swiglu), in the
       // order the engine runs the unfused pair: the same products, the same bits.
       const Tensor dprod = matmul(g2, sw.get("swiglu_linear")).reshape(in_shape).contiguous();
       Tensor dw;
-      if (gw) dw = matmul(g2.t(), product(gg, uu).reshape({rows, in}));
+      if (gw) dw = matmul(g2.t(), swiglu(gg, uu).reshape({rows, in}));
       Tensor dg = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
       Tensor du = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
       if (gg.numel() > 0) KILN_DEVICE_CALL(gg.device(), swiglu_backward, dg, du, dprod, gg, uu);

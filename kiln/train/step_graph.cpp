@@ -166,17 +166,17 @@ Tensor StepGraph::run(const data::Batch& b, double divisor, const ForwardBackwar
       note_once("a micro-batch with the gradient of " + which + " already set (not by the graph) runs without it");
     return fb(b);
   }
-  // A later micro-batch is captured only in the first one's shape (another one could rebuild
-  // tables the first graph reads).
-  if (!c->ready() && (c == &first_ || fits(first_, b, divisor))) return capture(*c, b, divisor, fb);
-  if (!fits(c->ready() ? *c : first_, b, divisor)) {
-    // Off for good: an eager step of another shape may rebuild tables the graphs read (the rotary
-    // tables, the block mask), and the memory they held would be handed out under the graphs.
-    turn_off("a step whose batch (its shape, or document ids) or loss divisor differs from the captured one: "
-             "graphs are off for the rest of the run");
-    return fb(b);
+  if (!c->ready()) {
+    // A later micro-batch is captured only in the first one's shape.
+    if (c == &first_ || fits(first_, b, divisor)) return capture(*c, b, divisor, fb);
+  } else if (fits(*c, b, divisor)) {
+    return replay(*c, b);
   }
-  return replay(*c, b);
+  // Off for good: an eager step of another shape may rebuild tables the graphs read (the rotary
+  // tables, the block mask), and the memory they held would be handed out under the graphs.
+  turn_off("a step whose batch (its shape, or document ids) or loss divisor differs from the captured one: "
+           "graphs are off for the rest of the run");
+  return fb(b);
 }
 
 }  // namespace kiln::train

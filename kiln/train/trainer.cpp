@@ -89,7 +89,6 @@ StepResult Trainer::step() {
     const Tensor ls = s.graph ? s.graph->run(b, divide_by, forward_backward) : forward_backward(b);
     loss_dev = loss_dev.defined() ? add(loss_dev, ls) : ls;
   }
-  if (s.graph) s.sum.graph_replays = s.graph->replays();
   {
     profile::Label label("optimizer:", "step");
     if (s.fsdp) {
@@ -276,7 +275,7 @@ std::string sample_text(nn::LlamaForCausalLM& model, const data::Tokenizer& tok,
 
 // One metrics.jsonl record of a step. `logged`: the profile's phase totals at the last record.
 json::Value step_record(Trainer::State& s, const StepResult& r, double tps, double run_s, double eval_loss,
-                        int64_t mem, PhaseTimes& logged) {
+                        const MemoryStats& mem, PhaseTimes& logged) {
   const TrainConfig& cfg = s.cfg;
   json::Value m = json::Value::object();
   m["step"] = r.step;
@@ -286,8 +285,8 @@ json::Value step_record(Trainer::State& s, const StepResult& r, double tps, doub
   m["tokens_per_s"] = tps;
   m["tokens"] = s.tokens_seen;
   m["elapsed_s"] = s.elapsed_before + run_s;
-  m["memory_bytes"] = mem;
-  m["peak_memory_bytes"] = memory_stats(s.dev).peak_bytes;  // this process's, since the run began
+  m["memory_bytes"] = mem.current_bytes;
+  m["peak_memory_bytes"] = mem.peak_bytes;  // this process's, since the run began
   if (eval_loss >= 0) m["eval_loss"] = eval_loss;
   if (r.skipped) m["skipped"] = true;
   if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops * s.world_size);
@@ -416,7 +415,7 @@ TrainSummary Trainer::run() {
           eval_loss = eval();
           sum.final_eval_loss = eval_loss;
         }
-        const int64_t mem = memory_stats(s.dev).current_bytes;
+        const MemoryStats mem = memory_stats(s.dev);
         if (r.step % cfg.log_every == 0 || eval_loss >= 0 || r.step == cfg.steps) {
           const json::Value m = step_record(s, r, tps, run_s, eval_loss, mem, logged);
           if (metrics) {
@@ -426,7 +425,7 @@ TrainSummary Trainer::run() {
           }
         }
         const double eta = (cfg.steps - r.step) * run_s / std::max<int64_t>(r.step - sum.start_step, 1);
-        progress->update(r.step, r.loss, tps, eta, mem, eval_loss);
+        progress->update(r.step, r.loss, tps, eta, mem.current_bytes, eval_loss);
         if (r.skipped)
           progress->message("warning: non-finite gradient norm at step " + std::to_string(r.step) + ", step skipped");
         non_finite_steps = r.skipped || !std::isfinite(r.loss) ? non_finite_steps + 1 : 0;
@@ -475,6 +474,7 @@ TrainSummary Trainer::run() {
       sum.tokens_per_s =
           sum.seconds > 0 ? (s.step - sum.start_step) * cfg.batch * cfg.seq * s.micro_total / sum.seconds : 0;
       sum.peak_memory_bytes = memory_stats(s.dev).peak_bytes;
+      sum.graph_replays = s.graph ? s.graph->replays() : 0;
       checkpoint(sum.interrupted ? "interrupted" : "end");
       finished = true;
     } catch (const dist::PeerLost& e) {

@@ -55,7 +55,7 @@ struct TrainSummary {
   int rank = 0;                // this process's rank at the end (after a shrink, maybe another)
   int world_size = 1;          // the ranks at the end (fewer after a shrink)
   int shrinks = 0;             // ranks lost and survived (--on-failure shrink)
-  int64_t graph_replays = 0;   // steps run as a replay of the captured CUDA graph (--cuda-graphs)
+  int64_t graph_replays = 0;   // micro-batches run as replays of the captured CUDA graphs (--cuda-graphs)
 };
 
 // What one optimizer step did.

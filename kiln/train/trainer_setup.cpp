@@ -298,7 +298,7 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   resolve_config(cfg_in);
   cfg.validate();
   plan_ranks();
-  plan_cuda_graphs(/*refuse_only=*/true);
+  refuse_cuda_graphs_on();
   for (int r = 0; r < world_size; ++r) members.push_back(r);
   // KILN_TEST_KILL_AT=RANK:STEP[,RANK:STEP...] (tests): on the job's first attempt the rank the
   // launcher numbered RANK kills itself with SIGKILL after STEP (maybe_kill_self).
@@ -335,19 +335,20 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
     return;
   }
   if (is_rank0()) open_run();
-  plan_cuda_graphs(/*refuse_only=*/false);
+  plan_cuda_graphs();
   if (world) world->barrier()->wait();  // rank 0's run folder is in place
   t0 = Clock::now();
 }
 
-void Trainer::State::plan_cuda_graphs(bool refuse_only) {
+void Trainer::State::refuse_cuda_graphs_on() const {
+  if (cfg.cuda_graphs != "on") return;
   const std::string why = cuda_graphs_unavailable(cfg, accum_local, world != nullptr || cfg.fsdp);
-  if (refuse_only) {  // before the run folder exists
-    KILN_CHECK(cfg.cuda_graphs != "on" || why.empty(), "train: --cuda-graphs on: ", why,
-               " (--cuda-graphs auto uses them where a run allows it)");
-    return;
-  }
+  KILN_CHECK(why.empty(), "train: --cuda-graphs on: ", why, " (--cuda-graphs auto uses them where a run allows it)");
+}
+
+void Trainer::State::plan_cuda_graphs() {
   if (cfg.cuda_graphs == "off") return;
+  const std::string why = cuda_graphs_unavailable(cfg, accum_local, world != nullptr || cfg.fsdp);
   if (!why.empty()) {
     if (dev.is_cuda()) progress->message("note: --cuda-graphs: not used: " + why);
     return;

@@ -86,7 +86,10 @@ struct Trainer::State {
   void load_data();
   void plan_ranks(int64_t keep_global = 0);
   void build_model();
-  void plan_cuda_graphs(bool refuse_only);  // --cuda-graphs: refuse `on` where it cannot apply; make the graph
+  // --cuda-graphs (step_graph.h): `on` refused, before the run folder exists, where the run cannot
+  // use graphs; the StepGraph made where it can (else auto's note).
+  void refuse_cuda_graphs_on() const;
+  void plan_cuda_graphs();
   bool is_rank0() const { return rank == 0; }
   std::shared_ptr<const attention::RuntimeMods> compile_runtime_mods(const nn::LlamaConfig& mcfg);
   void load_resume_state();

@@ -87,7 +87,6 @@ class FakeGraph : public CudaGraph {
     ++own_replays;
   }
   bool ready() const override { return ended; }
-  bool capturing() const override { return began && !ended; }
   int64_t num_nodes() const override { return ended ? 1 : 0; }
 };
 

@@ -150,7 +150,6 @@ void CudaGraph::replay() {
 }
 
 bool CudaGraph::ready() const { return impl_->exec != nullptr; }
-bool CudaGraph::capturing() const { return impl_->capturing; }
 
 int64_t CudaGraph::num_nodes() const {
   if (!impl_->graph) return 0;

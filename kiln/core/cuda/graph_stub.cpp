@@ -16,7 +16,6 @@ void CudaGraph::capture_end() { fail("cuda graph: kiln was built without CUDA");
 void CudaGraph::capture_abort() noexcept {}
 void CudaGraph::replay() { fail("cuda graph: kiln was built without CUDA"); }
 bool CudaGraph::ready() const { return false; }
-bool CudaGraph::capturing() const { return false; }
 int64_t CudaGraph::num_nodes() const { return 0; }
 
 }  // namespace kiln

@@ -452,11 +452,10 @@ void requeue_deferred_checks(int device, size_t mark, const std::vector<std::pai
     return;
   // Called before the replay is queued: a synchronisation here reports and clears the checks
   // queued before it (their failures named after their own ops), never the replay's.
-  if (queued.size() > mark) synchronize(device);
-  std::vector<DeviceContext::IndexCheck>& q = context(device).index_checks;
-  while (q.size() < mark) q.push_back({"(no check: a position held for a replayed CUDA graph)", ""});
-  KILN_CHECK(q.size() == mark, "requeue_deferred_checks: ", q.size(), " checks queued, expected ", mark);
-  for (const auto& [what, tail] : checks) q.push_back({what, tail});
+  if (queued.size() > mark) synchronize(device);  // clears `queued`
+  while (queued.size() < mark) queued.push_back({"(no check: a position held for a replayed CUDA graph)", ""});
+  KILN_CHECK(queued.size() == mark, "requeue_deferred_checks: ", queued.size(), " checks queued, expected ", mark);
+  for (const auto& [what, tail] : checks) queued.push_back({what, tail});
 }
 
 void embedding_forward(const Tensor& out, const Tensor& weight, const Tensor& ids) {
