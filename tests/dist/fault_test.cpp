@@ -4,7 +4,10 @@
 // kiln comms analyze on the folder names it); a dead TCP peer (a rank killed while the others
 // wait, with a long timeout) detected by every survivor within 2 s; a rank killed with SIGKILL
 // mid-job under abort (the survivors exit non-zero naming the op, within timeout + 2 s) and under
-// shrink (the survivors go on as a smaller communicator whose collectives are correct).
+// shrink (the survivors go on as a smaller communicator whose collectives are correct). The
+// sleeper, the dead peer and the killed rank each run twice: in all_reduce's TCP path (the direct
+// exchange of the tiny tensors) and in the shared-memory segment of ranks on one host
+// (KILN_GLOO_DIRECT_BYTES=0), where a gone peer is seen by its pid, not by a closed connection.
 #include <chrono>
 #include <cstdlib>
 #include <regex>
@@ -19,15 +22,24 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
-TEST(Faults, SleeperTimesOutNamingOpAndRankWithDump) {
+// The parameter: the environment that picks all_reduce's path.
+class FaultsOnAPath : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Paths, FaultsOnAPath, ::testing::Values("KILN_GLOO_SHM=1", "KILN_GLOO_DIRECT_BYTES=0"),
+                         [](const auto& info) { return info.index == 0 ? "tcp" : "shared_memory"; });
+
+TEST_P(FaultsOnAPath, SleeperTimesOutNamingOpAndRankWithDump) {
   KILN_SKIP_WITHOUT_GLOO();
   const std::string dir = fresh_test_dir("fault_sleeper");
   const auto t0 = Clock::now();
-  const auto r = run_ranks(3, "sleeper", "KILN_TEST_TIMEOUT_MS=1500", "--log-dir " + dir);
+  const auto r = run_ranks(3, "sleeper", "KILN_TEST_TIMEOUT_MS=1500 " + GetParam(), "--log-dir " + dir);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "all_reduce #3 of 'world' (3 elements of f32) timed out after 1500 ms")) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1 has not joined it (rank 1 last started #2)")) << r.output;
+  if (GetParam() == "KILN_GLOO_DIRECT_BYTES=0") {
+    EXPECT_TRUE(contains(r.output, "shared-memory all_reduce timed out after 1500 ms (inputs) waiting for rank(s) 1"))
+        << r.output;
+  }
   EXPECT_TRUE(contains(r.output, "exit code 70")) << r.output;
   EXPECT_TRUE(contains(r.output, "flight recorder: " + dir + "/kiln_fr_rank0.json")) << r.output;
   // Detected within the timeout + 2 s of the sleeper going quiet (start-up included, generously).
@@ -61,11 +73,12 @@ TEST(Faults, AnalyzerNamesTheSleeperThatLeftNoDump) {
   EXPECT_TRUE(std::regex_search(j.output, std::regex("\"ranks_without_dump\": \\[\\s*1\\s*\\]"))) << j.output;
 }
 
-TEST(Faults, DeadTcpPeerDetectedWithinTwoSeconds) {
+TEST_P(FaultsOnAPath, DeadPeerDetectedWithinTwoSeconds) {
   KILN_SKIP_WITHOUT_GLOO();
-  // A 20 s timeout: only the closed connections can end the survivors' all_reduce in time.
+  // A 20 s timeout: only the closed connections (or the gone pid) can end the survivors'
+  // all_reduce in time.
   const auto t0 = Clock::now();
-  const auto r = run_ranks(3, "dead_peer", "KILN_TEST_TIMEOUT_MS=20000");
+  const auto r = run_ranks(3, "dead_peer", "KILN_TEST_TIMEOUT_MS=20000 " + GetParam());
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_TRUE(contains(r.output, "failed first: signal 9 (SIGKILL)")) << r.output;
   std::smatch k;
@@ -81,13 +94,16 @@ TEST(Faults, DeadTcpPeerDetectedWithinTwoSeconds) {
     EXPECT_FALSE(contains(m[3].str(), "timed out")) << m[0];
   }
   EXPECT_LT(secs, 15) << r.output;  // far inside the 20 s timeout, start-up included
+  if (GetParam() == "KILN_GLOO_DIRECT_BYTES=0") {  // the segment saw the pid gone
+    EXPECT_TRUE(contains(r.output, "gloo: shared-memory all_reduce: rank 1 (pid ")) << r.output;
+  }
 }
 
-TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
+TEST_P(FaultsOnAPath, KilledRankUnderAbortExitsNamingTheOp) {
   KILN_SKIP_WITHOUT_GLOO();
   const std::string dir = fresh_test_dir("fault_abort");
   const auto t0 = Clock::now();
-  const auto r = run_ranks(3, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--log-dir " + dir);
+  const auto r = run_ranks(3, "killed", "KILN_TEST_TIMEOUT_MS=5000 " + GetParam(), "--log-dir " + dir);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(r.status, 1) << r.output;
   // Within the timeout + 2 s of the kill (start-up and the launcher's stop included, generously).
@@ -103,11 +119,11 @@ TEST(Faults, KilledRankUnderAbortExitsNamingTheOp) {
   EXPECT_TRUE(contains(r.output, "kiln launch: the job failed")) << r.output;
 }
 
-TEST(Faults, KilledRankUnderShrinkSurvivorsContinue) {
+TEST_P(FaultsOnAPath, KilledRankUnderShrinkSurvivorsContinue) {
   KILN_SKIP_WITHOUT_GLOO();
   const std::string dir = fresh_test_dir("fault_shrink");
   const auto t0 = Clock::now();
-  const auto r = run_ranks(4, "killed", "KILN_TEST_TIMEOUT_MS=5000", "--policy shrink --log-dir " + dir);
+  const auto r = run_ranks(4, "killed", "KILN_TEST_TIMEOUT_MS=5000 " + GetParam(), "--policy shrink --log-dir " + dir);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "policy shrink: continuing without rank(s) 1 as 'world' generation 1 of 3 ranks"))

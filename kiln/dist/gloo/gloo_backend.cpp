@@ -3,7 +3,8 @@
 // calls block), each with its timeout starting when it starts, unless the thread waiting for the
 // next one runs it itself (run_inline; a world of one runs each op as it is issued, when nothing
 // is ahead of it); a watchdog publishes progress. all_reduce of a small
-// tensor is one direct exchange (direct_allreduce), else Gloo's ring. reduce_scatter_single is an
+// tensor is one direct exchange (direct_allreduce), else, where every rank runs on this host, one
+// shared-memory segment (shm_allreduce.h), else Gloo's ring. reduce_scatter_single is an
 // all-to-all of the chunks then a local reduction in rank order (bandwidth-optimal: each rank
 // receives only its chunk from every peer); avg divides a sum.
 // On a failure the context is destroyed at once (its peers see "connection closed" and fail
@@ -41,6 +42,7 @@
 #include "kiln/dist/flight_recorder.h"
 #include "kiln/dist/gloo/gloo_store.h"
 #include "kiln/dist/progress.h"
+#include "kiln/dist/shm_allreduce.h"
 #include "kiln/dist/survivors.h"
 #include "kiln/dist/watchdog.h"
 
@@ -48,7 +50,6 @@ namespace kiln::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
 
 template <class T, class F>
 void reduce_loop(void* out, const void* a, const void* b, size_t n, F f) {
@@ -165,6 +166,7 @@ struct Context {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   int rank, size;
   Scratch* scratch;
+  ShmAllReduce* shm;  // null unless every rank runs on this host
 };
 
 // A size in bytes from the environment (a tuning knob), else `dflt`.
@@ -176,7 +178,9 @@ size_t env_bytes(const char* name, size_t dflt) {
 // sent per rank ((size - 1) x the tensor), every rank sends its whole tensor to every peer at once
 // and reduces the size inputs in rank order itself (one round of messages instead of the ring's
 // 2(size - 1) x segments, which on a loaded machine each wait on a thread wake-up); above it, Gloo's
-// ring with segments of KILN_GLOO_SEGMENT_BYTES. Every rank computes the same bits either way.
+// ring with segments of KILN_GLOO_SEGMENT_BYTES, or, where every rank runs on this host, the
+// shared-memory segment (chunks of KILN_GLOO_SHM_CHUNK_BYTES; KILN_GLOO_SHM=0 keeps the ring).
+// Every rank computes the same bits either way.
 size_t direct_allreduce_bytes() {
   static const size_t v = env_bytes("KILN_GLOO_DIRECT_BYTES", size_t{256} << 10);
   return v;
@@ -185,6 +189,7 @@ size_t ring_segment_bytes() {
   static const size_t v = env_bytes("KILN_GLOO_SEGMENT_BYTES", 0);  // 0: Gloo's own (1 MiB)
   return v;
 }
+size_t shm_chunk_bytes() { return env_bytes("KILN_GLOO_SHM_CHUNK_BYTES", size_t{1} << 20); }
 constexpr uint8_t kDirectSlotPrefix = 0x4b;  // apart from Gloo's own collectives' prefixes (0x01-0x08)
 
 void direct_allreduce(Context& c, void* data, size_t n, size_t item, const ReduceFn& fn, Millis tmo, uint32_t tag) {
@@ -241,6 +246,9 @@ class GlooCommunicator : public Communicator {
              e.what());
       }
       ctx_ = std::move(ctx);
+      ShmAllReduce::Options so;
+      so.chunk_bytes = shm_chunk_bytes();
+      shm_ = ShmAllReduce::connect(*scoped_, rank_, size_, so, system_shm_api(), &shm_off_);
     }
     json::Value ev = json::Value::object();
     ev["event"] = "init";
@@ -249,6 +257,7 @@ class GlooCommunicator : public Communicator {
     ev["comm_rank"] = rank_;
     ev["comm_size"] = size_;
     ev["generation"] = generation_;
+    ev["shared_memory"] = shm_ ? std::string("on") : "off: " + (shm_off_.empty() ? "a world of one" : shm_off_);
     ev["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
     rank_event(ev);
     FlightRecorder::instance().joined({name_, generation_, rank_, size_, members_});
@@ -286,6 +295,8 @@ class GlooCommunicator : public Communicator {
       const size_t n = static_cast<size_t>(t.numel());
       if (c.size > 1 && n > 0 && n * itemsize(dt) * static_cast<size_t>(c.size - 1) <= direct_allreduce_bytes()) {
         direct_allreduce(c, t.data_ptr(), n, itemsize(dt), fn, tmo, tag);
+      } else if (c.shm && n > 0) {
+        c.shm->all_reduce(t.data_ptr(), n, itemsize(dt), fn, tmo);
       } else if (c.size > 1 && n > 0) {
         gloo::AllreduceOptions opts(c.ctx);
         if (const size_t seg = ring_segment_bytes()) opts.setMaxSegmentSize(seg);
@@ -624,7 +635,7 @@ class GlooCommunicator : public Communicator {
         std::lock_guard<std::mutex> lock(mu_);
         ctx = ctx_;
       }
-      Context c{ctx, rank_, size_, &scratch_};
+      Context c{ctx, rank_, size_, &scratch_, shm_.get()};
       p.body(c, p.work->timeout(), static_cast<uint32_t>(p.seq));
       scratch_.trim();
       progress_->completed(p.seq);
@@ -666,11 +677,13 @@ class GlooCommunicator : public Communicator {
     std::transform(low.begin(), low.end(), low.begin(), ::tolower);
     const bool timed_out = low.find("timed out") != std::string::npos;
     const WorkState st = timed_out ? WorkState::timed_out : WorkState::error;
-    // Destroying the context closes every pair, so the peers fail now rather than at their timeout.
+    // Destroying the context closes every pair, so the peers fail now rather than at their timeout;
+    // the peers waiting in the shared-memory segment are told.
     {
       std::lock_guard<std::mutex> lock(mu_);
       ctx_.reset();
     }
+    if (shm_) shm_->abort_peers(detail::str_cat("rank ", rank_, ": ", p.what, timed_out ? " timed out" : " failed"));
     try {
       publish_progress();
     } catch (...) {
@@ -799,6 +812,8 @@ class GlooCommunicator : public Communicator {
   std::vector<int> members_;  // the job's rank of each rank (flight_recorder.h)
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;  // guarded by mu_ after construction
+  std::unique_ptr<ShmAllReduce> shm_;                // the running op's (one at a time: busy_)
+  std::string shm_off_;                              // why there is none
   int p2p_running_ = 0;                              // send / recv threads not yet finished
   Scratch scratch_;                                  // the running op's (one at a time: busy_)
   bool busy_ = false;                                // an op is running (guarded by mu_)

@@ -1,0 +1,393 @@
+// ShmAllReduce (shm_allreduce.h): the segment's setup through the store, the chunked
+// all_reduce over it, the waits (spin, then a futex with a deadline, peers' liveness checked),
+// and the POSIX shared-memory calls behind ShmApi.
+//
+// NOTE [shared-memory all_reduce]
+// Gloo's ring sends 2(n-1)/n of the tensor through loopback TCP per rank, each byte copied into
+// and out of the kernel. Ranks of one host can instead meet in one segment: per chunk of C
+// bytes (KILN_GLOO_SHM_CHUNK_BYTES, default 1 MiB), (1) each rank copies its chunk into its
+// input slot and posts `arrived`; (2) once all have arrived, rank r reduces the r-th 1/n of the
+// chunk over every input slot in rank order into the output slot, and posts `reduced`; (3) once
+// all have reduced, each copies the output slot back. The slots come in two sets used by
+// alternate chunks: a rank that starts chunk s+2 has seen every rank's `reduced` of chunk s+1,
+// so every rank is done reading the set of chunk s; and a rank that reduces chunk s has seen
+// every rank's `arrived` of chunk s, so every rank has copied out chunk s-2. The flags are
+// 32-bit sequence numbers (compared by difference, so they wrap). A waiter spins briefly, then
+// sleeps on the flag's futex (shared across processes) in slices of at most 50 ms, checking
+// between them the deadline, the peers' abort flags (abort_peers) and, every 100 ms, that the
+// peers it waits for still run (their pids, written in the segment). Posters wake the futex
+// only when someone sleeps (a shared waiter count; flag and count are sequentially consistent,
+// so a sleeper either sees the new flag or is woken). The segment is unlinked as soon as every
+// rank has it mapped, so nothing is left in /dev/shm when processes die.
+#include "kiln/dist/shm_allreduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "kiln/core/env.h"
+#include "kiln/core/error.h"
+
+namespace kiln::dist {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+namespace {
+
+constexpr uint64_t kMagic = 0x6b696c6e73686d31;  // "kilnshm1"
+constexpr size_t kSlotsOffset = 64;
+constexpr size_t kReasonBytes = 112;
+
+struct RankSlot {
+  uint32_t arrived;
+  uint32_t reduced;
+  int32_t pid;
+  uint32_t aborted;
+  char reason[kReasonBytes];
+};
+static_assert(sizeof(RankSlot) == 128);
+
+size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+size_t data_offset(int size) { return round_up(kSlotsOffset + sizeof(RankSlot) * static_cast<size_t>(size), 4096); }
+size_t segment_bytes(int size, size_t chunk) {
+  return data_offset(size) + 2 * (static_cast<size_t>(size) + 1) * chunk;
+}
+
+bool reached(uint32_t v, uint32_t seq) { return static_cast<int32_t>(v - seq) >= 0; }
+
+std::string errno_text(const char* call, const std::string& name) {
+  return detail::str_cat(call, "(", name, "): ", std::strerror(errno));
+}
+
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+std::string link_target(const char* path) {
+  char buf[256];
+  const ssize_t n = readlink(path, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+// Ranks share a segment only when they share the host and the namespaces that name it.
+std::string this_host_id() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return detail::str_cat(name, "|", read_line("/proc/sys/kernel/random/boot_id"), "|",
+                         link_target("/proc/self/ns/ipc"), "|", link_target("/proc/self/ns/mnt"), "|",
+                         link_target("/proc/self/ns/pid"));
+}
+
+void futex_wait(uint32_t* addr, uint32_t expected, Millis for_at_most) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(for_at_most.count() / 1000);
+  ts.tv_nsec = static_cast<long>((for_at_most.count() % 1000) * 1000000);
+  if (syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, nullptr, 0) == -1 && errno == ENOSYS)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));  // no futex: poll
+}
+
+void futex_wake(uint32_t* addr) { syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+class PosixShm : public ShmApi {
+ public:
+  void* create(const std::string& name, size_t bytes) override {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) fail(errno_text("shm_open", name));
+    auto undo = [&](const std::string& why) {
+      close(fd);
+      shm_unlink(name.c_str());
+      fail(why);
+    };
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) undo(errno_text("ftruncate", name));
+    // Reserve the pages now: a full /dev/shm fails here rather than as SIGBUS at first touch.
+    if (const int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0 && e != EOPNOTSUPP && e != ENOSYS) {
+      errno = e;
+      undo(detail::str_cat(errno_text("posix_fallocate", name), " (", bytes, " bytes; /dev/shm too small?)"));
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) undo(errno_text("mmap", name));
+    close(fd);
+    return p;
+  }
+  void* open(const std::string& name, size_t bytes) override {
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) fail(errno_text("shm_open", name));
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
+      close(fd);
+      fail("shm segment ", name, " holds ", st.st_size, " bytes, expected ", bytes);
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) fail(errno_text("mmap", name));
+    return p;
+  }
+  void unmap(void* p, size_t bytes) override { munmap(p, bytes); }
+  void unlink(const std::string& name) override {
+    if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) fail(errno_text("shm_unlink", name));
+  }
+  bool alive(int pid) override {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+    // An exited process stays until its parent reaps it: a zombie is dead too.
+    const std::string stat = read_line(("/proc/" + std::to_string(pid) + "/stat").c_str());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) return true;  // no /proc: kill's word
+    const char state = stat[paren + 2];
+    return state != 'Z' && state != 'X';
+  }
+};
+
+}  // namespace
+
+ShmApi& system_shm_api() {
+  static PosixShm api;  // stateless
+  return api;
+}
+
+struct ShmAllReduce::Header {
+  uint64_t magic;
+  uint64_t nonce;
+  uint32_t size;
+  uint32_t waiters;  // ranks asleep on a flag's futex
+  uint64_t chunk;
+};
+
+ShmAllReduce::ShmAllReduce(ShmApi& api, void* base, size_t bytes, int rank, int size, size_t chunk)
+    : api_(api), base_(base), bytes_(bytes), rank_(rank), size_(size), chunk_(chunk) {
+  static_assert(sizeof(Header) <= kSlotsOffset);
+  // Spin before sleeping only where every rank can have a core of its own.
+  spins_ = std::thread::hardware_concurrency() >= static_cast<unsigned>(2 * size) ? 20000 : 200;
+}
+
+ShmAllReduce::~ShmAllReduce() { api_.unmap(base_, bytes_); }
+
+ShmAllReduce::Header* ShmAllReduce::header() const { return static_cast<Header*>(base_); }
+
+namespace {
+RankSlot* slot_of(void* base, int rank) {
+  return reinterpret_cast<RankSlot*>(static_cast<uint8_t*>(base) + kSlotsOffset + sizeof(RankSlot) * rank);
+}
+}  // namespace
+
+uint32_t* ShmAllReduce::flag(int rank, int which) const {
+  RankSlot* s = slot_of(base_, rank);
+  return which == 0 ? &s->arrived : &s->reduced;
+}
+
+uint8_t* ShmAllReduce::in_slot(uint32_t parity, int rank) const {
+  return static_cast<uint8_t*>(base_) + data_offset(size_) + (parity * (size_ + 1) + rank) * chunk_;
+}
+
+uint8_t* ShmAllReduce::out_slot(uint32_t parity) const { return in_slot(parity, size_); }
+
+std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(Store& store, int rank, int size, const Options& options,
+                                                    ShmApi& api, std::string* why_not) {
+  auto no = [&](const std::string& why) -> std::unique_ptr<ShmAllReduce> {
+    if (why_not) *why_not = why;
+    return nullptr;
+  };
+  if (size < 2) return no("a world of one");
+  store.set("shm/host/" + std::to_string(rank), options.host_id.empty() ? this_host_id() : options.host_id);
+  std::string decision;
+  void* base = nullptr;
+  const size_t chunk = round_up(std::max<size_t>(options.chunk_bytes, 64), 64);
+  if (rank == 0) {
+    const std::string mine = store.get("shm/host/0");
+    for (int r = 1; r < size && decision.empty(); ++r)
+      if (store.get("shm/host/" + std::to_string(r)) != mine)
+        decision = detail::str_cat("none:rank ", r, " runs on another host (or in other namespaces) than rank 0");
+    if (decision.empty() && env_integer("KILN_GLOO_SHM", 0, 1, 1) == 0) decision = "none:KILN_GLOO_SHM=0";
+    if (decision.empty()) {
+      std::random_device rd;
+      const uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
+      std::ostringstream name;
+      name << "/kiln-" << getpid() << "-" << std::hex << nonce;
+      try {
+        base = api.create(name.str(), segment_bytes(size, chunk));
+        auto* h = static_cast<Header*>(base);
+        h->nonce = nonce;
+        h->size = static_cast<uint32_t>(size);
+        h->chunk = chunk;
+        h->magic = kMagic;
+        slot_of(base, 0)->pid = static_cast<int32_t>(getpid());
+        decision = detail::str_cat("seg:", chunk, ":", nonce, ":", name.str());
+      } catch (const Error& e) {
+        decision = detail::str_cat("none:rank 0 could not create the segment: ", e.what());
+      }
+    }
+    store.set("shm/decision", decision);
+  } else {
+    decision = store.get("shm/decision");
+  }
+  if (decision.rfind("none:", 0) == 0) return no(decision.substr(5));
+  // "seg:<chunk>:<nonce>:<name>"
+  std::istringstream in(decision.substr(4));
+  size_t seg_chunk = 0;
+  uint64_t nonce = 0;
+  char colon = 0;
+  std::string name;
+  in >> seg_chunk >> colon >> nonce >> colon;
+  std::getline(in, name);
+  const size_t bytes = segment_bytes(size, seg_chunk);
+  std::string ok = "1";
+  if (rank != 0) {
+    try {
+      base = api.open(name, bytes);
+      const auto* h = static_cast<const Header*>(base);
+      if (h->magic != kMagic || h->nonce != nonce || h->size != static_cast<uint32_t>(size) || h->chunk != seg_chunk) {
+        api.unmap(base, bytes);
+        base = nullptr;
+        ok = detail::str_cat("0:segment ", name, " is not the one rank 0 made");
+      } else {
+        slot_of(base, rank)->pid = static_cast<int32_t>(getpid());
+      }
+    } catch (const Error& e) {
+      ok = detail::str_cat("0:", e.what());
+    }
+  }
+  store.set("shm/ok/" + std::to_string(rank), ok);
+  std::string failed;
+  for (int r = 0; r < size; ++r) {
+    const std::string v = store.get("shm/ok/" + std::to_string(r));
+    if (v != "1" && failed.empty()) failed = detail::str_cat("rank ", r, " could not map it: ", v.substr(2));
+  }
+  if (rank == 0) {
+    try {
+      api.unlink(name);  // every rank has it mapped (or gave up): nothing left behind in /dev/shm
+    } catch (const Error&) {
+    }
+  }
+  if (!failed.empty()) {
+    if (base) api.unmap(base, bytes);
+    return no(failed);
+  }
+  std::unique_ptr<ShmAllReduce> s(new ShmAllReduce(api, base, bytes, rank, size, seg_chunk));
+  for (int r = 0; r < size; ++r) s->pids_.push_back(slot_of(base, r)->pid);
+  return s;
+}
+
+void ShmAllReduce::broken(const std::string& why) {
+  broken_ = why;
+  fail(why);
+}
+
+void ShmAllReduce::post(int which, uint32_t seq) {
+  std::atomic_ref<uint32_t>(*flag(rank_, which)).store(seq, std::memory_order_seq_cst);
+  if (std::atomic_ref<uint32_t>(header()->waiters).load(std::memory_order_seq_cst) > 0) futex_wake(flag(rank_, which));
+}
+
+void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline, Millis timeout, const char* phase) {
+  const char* step = which == 0 ? "arrive" : "reduce";
+  auto next_liveness = Clock::now() + Millis(100);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    std::atomic_ref<uint32_t> f(*flag(r, which));
+    bool done = false;
+    for (int i = 0; i < spins_ && !done; ++i) {
+      done = reached(f.load(std::memory_order_acquire), seq);
+      if (!done) cpu_relax();
+    }
+    while (!done) {
+      for (int k = 0; k < size_; ++k) {
+        RankSlot* s = slot_of(base_, k);
+        if (k != rank_ && std::atomic_ref<uint32_t>(s->aborted).load(std::memory_order_acquire))
+          broken(detail::str_cat("shared-memory all_reduce: rank ", k, " failed: ",
+                                 std::string(s->reason, strnlen(s->reason, kReasonBytes))));
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        std::string late;
+        for (int k = 0; k < size_; ++k)
+          if (k != rank_ && !reached(std::atomic_ref<uint32_t>(*flag(k, which)).load(), seq))
+            late += (late.empty() ? "" : ", ") + std::to_string(k);
+        broken(detail::str_cat("shared-memory all_reduce timed out after ", timeout.count(), " ms (", phase,
+                               ") waiting for rank(s) ", late, " to ", step));
+      }
+      if (now >= next_liveness) {
+        next_liveness = now + Millis(100);
+        for (int k = 0; k < size_; ++k)
+          if (k != rank_ && !reached(std::atomic_ref<uint32_t>(*flag(k, which)).load(), seq) && !api_.alive(pids_[k]))
+            broken(detail::str_cat("shared-memory all_reduce: rank ", k, " (pid ", pids_[k], ") is gone (", phase,
+                                   ")"));
+      }
+      std::atomic_ref<uint32_t> waiters(header()->waiters);
+      waiters.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t v = f.load(std::memory_order_seq_cst);
+      done = reached(v, seq);
+      if (!done) {
+        const auto left = std::chrono::duration_cast<Millis>(deadline - now) + Millis(1);
+        futex_wait(flag(r, which), v, std::min(left, Millis(50)));
+        done = reached(f.load(std::memory_order_acquire), seq);
+      }
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+}
+
+void ShmAllReduce::all_reduce(void* data, size_t n, size_t item, const ReduceFn& fn, Millis timeout) {
+  KILN_CHECK(broken_.empty(), "shared-memory all_reduce: unusable after an earlier failure: ", broken_);
+  KILN_CHECK(item > 0 && chunk_ % item == 0, "shared-memory all_reduce: element size ", item,
+             " does not divide the chunk of ", chunk_, " bytes");
+  const auto deadline = Clock::now() + timeout;
+  const size_t per_chunk = chunk_ / item;
+  auto* bytes = static_cast<uint8_t*>(data);
+  for (size_t off = 0; off < n; off += per_chunk) {
+    const size_t m = std::min(per_chunk, n - off);
+    const uint32_t s = ++seq_;
+    const uint32_t p = s & 1;
+    std::memcpy(in_slot(p, rank_), bytes + off * item, m * item);
+    post(0, s);
+    wait_all(0, s, deadline, timeout, "inputs");
+    // This rank's part of the chunk, over every input in rank order.
+    const size_t lo = m * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+    const size_t hi = m * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+    if (hi > lo) {
+      uint8_t* out = out_slot(p) + lo * item;
+      fn(out, in_slot(p, 0) + lo * item, in_slot(p, 1) + lo * item, hi - lo);
+      for (int r = 2; r < size_; ++r) fn(out, out, in_slot(p, r) + lo * item, hi - lo);
+    }
+    post(1, s);
+    wait_all(1, s, deadline, timeout, "results");
+    std::memcpy(bytes + off * item, out_slot(p), m * item);
+  }
+}
+
+void ShmAllReduce::abort_peers(const std::string& why) {
+  RankSlot* s = slot_of(base_, rank_);
+  const size_t len = std::min(why.size(), kReasonBytes - 1);
+  std::memcpy(s->reason, why.data(), len);
+  s->reason[len] = '\0';
+  std::atomic_ref<uint32_t>(s->aborted).store(1, std::memory_order_seq_cst);
+  for (int k = 0; k < size_; ++k) {
+    futex_wake(flag(k, 0));
+    futex_wake(flag(k, 1));
+  }
+}
+
+}  // namespace kiln::dist

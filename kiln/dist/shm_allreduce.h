@@ -1,0 +1,90 @@
+// ShmAllReduce: all_reduce through one shared-memory segment for the ranks of a communicator
+// that all run on one host (the Gloo backend's path for large tensors; NOTE [shared-memory
+// all_reduce] in shm_allreduce.cpp). Set up collectively through the store: every rank gets a
+// segment, or none does (another host, KILN_GLOO_SHM=0, or any rank failing to create, size or
+// map it: the reason is returned and the caller keeps its TCP path). A peer that dies (its
+// process gone), fails (abort_peers) or does not arrive within the timeout ends the operation
+// on the others with an Error naming it; nothing waits without a deadline.
+// The system calls go through ShmApi, so tests make them fail.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/dist/store.h"
+
+namespace kiln::dist {
+
+// out[i] = a[i] op b[i] for n elements (out may be a).
+using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
+
+// The system calls of a segment. Every call but alive() throws kiln::Error naming what failed.
+class ShmApi {
+ public:
+  virtual ~ShmApi() = default;
+  // Creates a new segment `name` (never an existing one) with `bytes` of memory reserved (so a
+  // full /dev/shm fails here, not as SIGBUS on first touch) and maps it shared.
+  virtual void* create(const std::string& name, size_t bytes) = 0;
+  // Maps the existing segment `name`, which must hold `bytes`.
+  virtual void* open(const std::string& name, size_t bytes) = 0;
+  virtual void unmap(void* p, size_t bytes) = 0;
+  virtual void unlink(const std::string& name) = 0;
+  // Whether process `pid` of this host still runs (false once it exited, even unreaped).
+  virtual bool alive(int pid) = 0;
+};
+ShmApi& system_shm_api();
+
+class ShmAllReduce {
+ public:
+  struct Options {
+    size_t chunk_bytes = size_t{1} << 20;  // per rank and step (KILN_GLOO_SHM_CHUNK_BYTES)
+    std::string host_id;                   // empty: this host's (hostname, boot id, namespaces)
+  };
+  // Collective over the `size` ranks that share `store`'s prefix: returns this rank's segment,
+  // or null on every rank with the reason in *why_not. Throws only when the store does (a peer
+  // that never arrives: the store's timeout).
+  static std::unique_ptr<ShmAllReduce> connect(Store& store, int rank, int size, const Options& options,
+                                               ShmApi& api, std::string* why_not);
+  ~ShmAllReduce();
+  ShmAllReduce(const ShmAllReduce&) = delete;
+  ShmAllReduce& operator=(const ShmAllReduce&) = delete;
+
+  // Reduces `data` (n elements of `item` bytes) over the ranks in rank order, ((r0 op r1) op r2)
+  // ..., the same bits on every rank, written back into `data`. Every rank calls it in the same
+  // order with the same n. Throws kiln::Error ("... timed out ...") when `timeout` passes first,
+  // naming the ranks not arrived, or at once when a peer's process is gone or it called
+  // abort_peers; the segment is then unusable (every later call throws).
+  void all_reduce(void* data, size_t n, size_t item, const ReduceFn& fn, std::chrono::milliseconds timeout);
+  // Ends the peers' waits in this segment with `why` (this rank failed elsewhere).
+  void abort_peers(const std::string& why);
+  size_t chunk_bytes() const { return chunk_; }
+
+ private:
+  ShmAllReduce(ShmApi& api, void* base, size_t bytes, int rank, int size, size_t chunk);
+  struct Header;
+  Header* header() const;
+  uint32_t* flag(int rank, int which) const;  // which: 0 arrived, 1 reduced
+  uint8_t* in_slot(uint32_t parity, int rank) const;
+  uint8_t* out_slot(uint32_t parity) const;
+  // Waits until every rank's flag `which` reached `seq`.
+  void wait_all(int which, uint32_t seq, std::chrono::steady_clock::time_point deadline,
+                std::chrono::milliseconds timeout, const char* phase);
+  void post(int which, uint32_t seq);
+  [[noreturn]] void broken(const std::string& why);
+
+  ShmApi& api_;
+  void* base_;
+  size_t bytes_;
+  int rank_, size_;
+  size_t chunk_;
+  uint32_t seq_ = 0;
+  std::string broken_;
+  std::vector<int> pids_;
+  int spins_;
+};
+
+}  // namespace kiln::dist

@@ -1,0 +1,210 @@
+// ShmAllReduce with threads as ranks of one process (each maps the segment on its own, as
+// processes do): the result against the rank-order reduction, bit for bit, over chunk counts,
+// uneven parts and world sizes 2 to 4; and its fault paths through a ShmApi whose calls fail or
+// whose peers are gone: every rank left without a segment (with the reason) when one cannot
+// create, map or share it, a gone peer ending a wait at once, a late one timing out naming it,
+// abort_peers ending the others' waits, and nothing left in /dev/shm.
+#include "kiln/dist/shm_allreduce.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "tests/dist/dist_test_util.h"
+
+namespace kiln::dist {
+namespace {
+
+using test::contains;
+using Clock = std::chrono::steady_clock;
+
+// The system's calls, each replaceable.
+struct FakeShm : ShmApi {
+  std::function<void(const std::string&)> before_create, before_open;
+  std::function<bool(int)> alive_fn;
+  void* create(const std::string& name, size_t bytes) override {
+    if (before_create) before_create(name);
+    return system_shm_api().create(name, bytes);
+  }
+  void* open(const std::string& name, size_t bytes) override {
+    if (before_open) before_open(name);
+    return system_shm_api().open(name, bytes);
+  }
+  void unmap(void* p, size_t bytes) override { system_shm_api().unmap(p, bytes); }
+  void unlink(const std::string& name) override { system_shm_api().unlink(name); }
+  bool alive(int pid) override { return alive_fn ? alive_fn(pid) : system_shm_api().alive(pid); }
+};
+
+struct World {
+  test::LocalStore local{"shm-test"};
+  std::vector<std::unique_ptr<ShmAllReduce>> ranks;
+  std::vector<std::string> why;
+  // Connects `size` ranks (one thread each) under a fresh prefix; host_of(r) as their host ids.
+  World(int size, ShmApi& api, size_t chunk, const std::function<std::string(int)>& host_of = nullptr) {
+    ranks.resize(static_cast<size_t>(size));
+    why.resize(static_cast<size_t>(size));
+    static int prefix = 0;
+    const std::string p = "w" + std::to_string(prefix++);
+    std::vector<std::thread> th;
+    for (int r = 0; r < size; ++r)
+      th.emplace_back([&, r] {
+        // A client per rank: a client's blocking get holds its connection.
+        PrefixStore store(p, std::make_shared<TcpStore>("127.0.0.1", local.server->port(), "shm-test"));
+        ShmAllReduce::Options o;
+        o.chunk_bytes = chunk;
+        o.host_id = host_of ? host_of(r) : "one host";
+        ranks[static_cast<size_t>(r)] = ShmAllReduce::connect(store, r, size, o, api, &why[static_cast<size_t>(r)]);
+      });
+    for (auto& t : th) t.join();
+  }
+};
+
+void sum_f32(void* o, const void* a, const void* b, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    static_cast<float*>(o)[i] = static_cast<const float*>(a)[i] + static_cast<const float*>(b)[i];
+}
+
+std::vector<std::string> leftover_segments() {
+  std::vector<std::string> out;
+  const std::string mine = "kiln-" + std::to_string(getpid()) + "-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().rfind(mine, 0) == 0) out.push_back(e.path().string());
+  return out;
+}
+
+TEST(ShmAllReduce, ThreadsAsRanksGiveTheRankOrderSumsBits) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1e3f);
+  for (int size : {2, 3, 4}) {
+    // 64-byte chunks: 16 floats, so 1000 elements take 63 chunks with an uneven last one.
+    World w(size, system_shm_api(), 64);
+    for (int r = 0; r < size; ++r) ASSERT_NE(w.ranks[static_cast<size_t>(r)], nullptr) << w.why[static_cast<size_t>(r)];
+    EXPECT_TRUE(leftover_segments().empty());
+    for (size_t n : {size_t{1}, size_t{7}, size_t{16}, size_t{17}, size_t{1000}}) {
+      std::vector<std::vector<float>> data(static_cast<size_t>(size), std::vector<float>(n));
+      for (auto& d : data)
+        for (float& x : d) x = normal(rng);
+      std::vector<float> want = data[0];  // ((r0 + r1) + r2) + r3, elementwise
+      for (int r = 1; r < size; ++r)
+        for (size_t i = 0; i < n; ++i) want[i] = want[i] + data[static_cast<size_t>(r)][i];
+      std::vector<std::thread> th;
+      for (int r = 0; r < size; ++r)
+        th.emplace_back([&, r] {
+          w.ranks[static_cast<size_t>(r)]->all_reduce(data[static_cast<size_t>(r)].data(), n, sizeof(float), sum_f32,
+                                                      std::chrono::seconds(20));
+        });
+      for (auto& t : th) t.join();
+      for (int r = 0; r < size; ++r)
+        EXPECT_EQ(std::memcmp(data[static_cast<size_t>(r)].data(), want.data(), n * sizeof(float)), 0)
+            << "size " << size << " n " << n << " rank " << r;
+    }
+  }
+}
+
+TEST(ShmAllReduce, ARankThatCannotCreateOrMapItLeavesEveryRankWithout) {
+  FakeShm no_create;
+  no_create.before_create = [](const std::string& name) { kiln::fail("shm_open(", name, "): No space left on device"); };
+  World a(3, no_create, 1024);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(a.ranks[static_cast<size_t>(r)], nullptr);
+    EXPECT_TRUE(contains(a.why[static_cast<size_t>(r)], "rank 0 could not create the segment: shm_open(/kiln-"))
+        << a.why[static_cast<size_t>(r)];
+  }
+  FakeShm no_open;
+  std::atomic<int> opens{0};
+  no_open.before_open = [&](const std::string& name) {
+    if (opens++ == 1) kiln::fail("mmap(", name, "): Cannot allocate memory");
+  };
+  World b(3, no_open, 1024);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(b.ranks[static_cast<size_t>(r)], nullptr);
+    EXPECT_TRUE(contains(b.why[static_cast<size_t>(r)], "could not map it: mmap(/kiln-")) << b.why[static_cast<size_t>(r)];
+  }
+  EXPECT_TRUE(leftover_segments().empty());
+}
+
+TEST(ShmAllReduce, RanksOfAnotherHostOrTheSwitchOffKeepTheirTcpPath) {
+  World other(3, system_shm_api(), 1024, [](int r) { return r == 2 ? "host b" : "host a"; });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(other.ranks[static_cast<size_t>(r)], nullptr);
+    EXPECT_EQ(other.why[static_cast<size_t>(r)], "rank 2 runs on another host (or in other namespaces) than rank 0");
+  }
+  setenv("KILN_GLOO_SHM", "0", 1);
+  World off(2, system_shm_api(), 1024);
+  unsetenv("KILN_GLOO_SHM");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(off.ranks[static_cast<size_t>(r)], nullptr);
+    EXPECT_EQ(off.why[static_cast<size_t>(r)], "KILN_GLOO_SHM=0");
+  }
+  World one(1, system_shm_api(), 1024);
+  EXPECT_EQ(one.ranks[0], nullptr);
+}
+
+TEST(ShmAllReduce, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
+  FakeShm gone;
+  std::atomic<bool> peer_alive{true};
+  gone.alive_fn = [&](int) { return peer_alive.load(); };
+  World w(3, gone, 1024);
+  ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
+  std::vector<float> x(100, 1.0f);
+  // Ranks 1 and 2 never come; alive: a timeout of 300 ms names both.
+  auto t0 = Clock::now();
+  try {
+    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), sum_f32, std::chrono::milliseconds(300));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce timed out after 300 ms (inputs) waiting for rank(s) 1, 2 "
+                                   "to arrive")) << e.what();
+  }
+  const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_GE(waited, 0.29);
+  EXPECT_LT(waited, 2.0);
+  try {  // the segment is unusable after a failure
+    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), sum_f32, std::chrono::milliseconds(300));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "unusable after an earlier failure")) << e.what();
+  }
+  // Gone peers: the wait ends at the first liveness check, far inside a 20 s timeout.
+  peer_alive = false;
+  t0 = Clock::now();
+  try {
+    w.ranks[1]->all_reduce(x.data(), x.size(), sizeof(float), sum_f32, std::chrono::seconds(20));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 0 (pid " + std::to_string(getpid()) +
+                                       ") is gone (inputs)") ||
+                contains(e.what(), "rank 2 (pid")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "timed out")) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
+}
+
+TEST(ShmAllReduce, AbortPeersEndsTheOthersWaitWithItsReason) {
+  World w(2, system_shm_api(), 1024);
+  ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    w.ranks[1]->abort_peers("rank 1: all_reduce #4 of 'world' failed");
+  });
+  std::vector<float> x(10, 1.0f);
+  const auto t0 = Clock::now();
+  try {
+    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), sum_f32, std::chrono::seconds(20));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 1 failed: rank 1: all_reduce #4 of 'world' failed"))
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
+  aborter.join();
+}
+
+}  // namespace
+}  // namespace kiln::dist
