@@ -7,7 +7,7 @@
 // shrink (the survivors go on as a smaller communicator whose collectives are correct). The
 // sleeper, the dead peer and the killed rank each run twice: in all_reduce's TCP path (the direct
 // exchange of the tiny tensors) and in the shared-memory segment of ranks on one host
-// (KILN_GLOO_DIRECT_BYTES=0), where a gone peer is seen by its pid, not by a closed connection.
+// (the default), where a gone peer is seen by its pid, not by a closed connection.
 #include <chrono>
 #include <cstdlib>
 #include <regex>
@@ -24,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 
 // The parameter: the environment that picks all_reduce's path.
 class FaultsOnAPath : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Paths, FaultsOnAPath, ::testing::Values("KILN_GLOO_SHM=1", "KILN_GLOO_DIRECT_BYTES=0"),
+INSTANTIATE_TEST_SUITE_P(Paths, FaultsOnAPath, ::testing::Values("KILN_GLOO_SHM=0", "KILN_GLOO_SHM=1"),
                          [](const auto& info) { return info.index == 0 ? "tcp" : "shared_memory"; });
 
 TEST_P(FaultsOnAPath, SleeperTimesOutNamingOpAndRankWithDump) {
@@ -36,7 +36,7 @@ TEST_P(FaultsOnAPath, SleeperTimesOutNamingOpAndRankWithDump) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "all_reduce #3 of 'world' (3 elements of f32) timed out after 1500 ms")) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1 has not joined it (rank 1 last started #2)")) << r.output;
-  if (GetParam() == "KILN_GLOO_DIRECT_BYTES=0") {
+  if (GetParam() == "KILN_GLOO_SHM=1") {
     EXPECT_TRUE(contains(r.output, "shared-memory all_reduce timed out after 1500 ms (inputs) waiting for rank(s) 1"))
         << r.output;
   }
@@ -94,7 +94,7 @@ TEST_P(FaultsOnAPath, DeadPeerDetectedWithinTwoSeconds) {
     EXPECT_FALSE(contains(m[3].str(), "timed out")) << m[0];
   }
   EXPECT_LT(secs, 15) << r.output;  // far inside the 20 s timeout, start-up included
-  if (GetParam() == "KILN_GLOO_DIRECT_BYTES=0") {  // the segment saw the pid gone
+  if (GetParam() == "KILN_GLOO_SHM=1") {  // the segment saw the pid gone
     EXPECT_TRUE(contains(r.output, "gloo: shared-memory all_reduce: rank 1 (pid ")) << r.output;
   }
 }

@@ -28,30 +28,32 @@ TEST_P(GlooWorld, OpsInFlightOnTwoCommunicatorsAndSplit) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
 
-// all_reduce takes the direct exchange up to KILN_GLOO_DIRECT_BYTES (every case above: the
-// tensors are tiny) and above it the shared-memory segment of ranks on one host, else Gloo's
-// ring: both paths checked too, the ring with small segments, the segment in chunks of 16 f32
-// (so the 33-element cases take three chunks of uneven parts). Each run's init event says which.
+// all_reduce among ranks of one host takes the shared-memory segment (every case above); with
+// KILN_GLOO_SHM=0, the direct exchange up to KILN_GLOO_DIRECT_BYTES (the tiny tensors) and Gloo's
+// ring above it. Each path checked here, the ring with small segments, the segment in chunks of
+// 16 f32 (so the 33-element cases take three chunks of uneven parts); each run's init event says
+// whether the segment was on.
+static void check_all_reduce_path(int ranks, const std::string& env, const std::string& shm_event) {
+  const std::string dir = fresh_test_dir("gloo_path");
+  const auto r = run_ranks(ranks, "collectives", env, "--log-dir " + dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  const auto events = run_command("cat " + dir + "/rank" + std::to_string(ranks - 1) + ".jsonl").output;
+  EXPECT_TRUE(contains(events, "\"shared_memory\":\"" + shm_event + "\"")) << events;
+}
+
 TEST(Gloo, RingAllReducePathMatchesSerialReference) {
   KILN_SKIP_WITHOUT_GLOO();
-  const std::string dir = fresh_test_dir("gloo_ring");
-  const auto r = run_ranks(3, "collectives", "KILN_GLOO_SHM=0 KILN_GLOO_DIRECT_BYTES=0 KILN_GLOO_SEGMENT_BYTES=8",
-                           "--log-dir " + dir);
-  EXPECT_EQ(r.status, 0) << r.output;
-  const auto events = run_command("cat " + dir + "/rank1.jsonl").output;
-  EXPECT_TRUE(contains(events, "\"shared_memory\":\"off: KILN_GLOO_SHM=0\"")) << events;
+  check_all_reduce_path(3, "KILN_GLOO_SHM=0 KILN_GLOO_DIRECT_BYTES=0 KILN_GLOO_SEGMENT_BYTES=8", "off: KILN_GLOO_SHM=0");
+}
+
+TEST(Gloo, DirectAllReducePathMatchesSerialReference) {
+  KILN_SKIP_WITHOUT_GLOO();
+  check_all_reduce_path(3, "KILN_GLOO_SHM=0", "off: KILN_GLOO_SHM=0");
 }
 
 TEST(Gloo, SharedMemoryAllReducePathMatchesSerialReference) {
   KILN_SKIP_WITHOUT_GLOO();
-  for (int n : {2, 4}) {
-    const std::string dir = fresh_test_dir("gloo_shm" + std::to_string(n));
-    const auto r = run_ranks(n, "collectives", "KILN_GLOO_DIRECT_BYTES=0 KILN_GLOO_SHM_CHUNK_BYTES=64",
-                             "--log-dir " + dir);
-    EXPECT_EQ(r.status, 0) << r.output;
-    const auto events = run_command("cat " + dir + "/rank" + std::to_string(n - 1) + ".jsonl").output;
-    EXPECT_TRUE(contains(events, "\"shared_memory\":\"on\"")) << events;
-  }
+  for (int n : {2, 4}) check_all_reduce_path(n, "KILN_GLOO_SHM_CHUNK_BYTES=64", "on");
 }
 
 TEST(Gloo, BadInputNamesOpAndValuesAndCommunicatorStaysUsable) {

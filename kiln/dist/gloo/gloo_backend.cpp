@@ -3,8 +3,8 @@
 // calls block), each with its timeout starting when it starts, unless the thread waiting for the
 // next one runs it itself (run_inline; a world of one runs each op as it is issued, when nothing
 // is ahead of it); a watchdog publishes progress. all_reduce of a small
-// tensor is one direct exchange (direct_allreduce), else, where every rank runs on this host, one
-// shared-memory segment (shm_allreduce.h), else Gloo's ring. reduce_scatter_single is an
+// where every rank runs on this host is one shared-memory segment (shm_allreduce.h), else a small
+// tensor is one direct exchange (direct_allreduce), else Gloo's ring. reduce_scatter_single is an
 // all-to-all of the chunks then a local reduction in rank order (bandwidth-optimal: each rank
 // receives only its chunk from every peer); avg divides a sum.
 // On a failure the context is destroyed at once (its peers see "connection closed" and fail
@@ -174,13 +174,14 @@ size_t env_bytes(const char* name, size_t dflt) {
   return static_cast<size_t>(env_integer(name, 0, int64_t{1} << 40, static_cast<int64_t>(dflt)));
 }
 
-// all_reduce tuning (bench comms' figures in BENCHMARKS.md): up to KILN_GLOO_DIRECT_BYTES of data
+// all_reduce tuning (bench comms' figures in BENCHMARKS.md): where every rank runs on this host, the
+// shared-memory segment at every size (chunks of KILN_GLOO_SHM_CHUNK_BYTES; KILN_GLOO_SHM=0 keeps
+// the paths below; 4-15 x the direct exchange at 4-64 KiB, 4 x the ring at 64 MiB on the 2-core
+// VM). Otherwise, up to KILN_GLOO_DIRECT_BYTES of data
 // sent per rank ((size - 1) x the tensor), every rank sends its whole tensor to every peer at once
 // and reduces the size inputs in rank order itself (one round of messages instead of the ring's
 // 2(size - 1) x segments, which on a loaded machine each wait on a thread wake-up); above it, Gloo's
-// ring with segments of KILN_GLOO_SEGMENT_BYTES, or, where every rank runs on this host, the
-// shared-memory segment (chunks of KILN_GLOO_SHM_CHUNK_BYTES; KILN_GLOO_SHM=0 keeps the ring).
-// Every rank computes the same bits either way.
+// ring with segments of KILN_GLOO_SEGMENT_BYTES. Every rank computes the same bits either way.
 size_t direct_allreduce_bytes() {
   static const size_t v = env_bytes("KILN_GLOO_DIRECT_BYTES", size_t{256} << 10);
   return v;
@@ -293,10 +294,10 @@ class GlooCommunicator : public Communicator {
     const DType dt = t.dtype();
     return enqueue("all_reduce", t, t, -1, o, [=, this](Context& c, Millis tmo, uint32_t tag) {
       const size_t n = static_cast<size_t>(t.numel());
-      if (c.size > 1 && n > 0 && n * itemsize(dt) * static_cast<size_t>(c.size - 1) <= direct_allreduce_bytes()) {
-        direct_allreduce(c, t.data_ptr(), n, itemsize(dt), fn, tmo, tag);
-      } else if (c.shm && n > 0) {
+      if (c.shm && n > 0) {
         c.shm->all_reduce(t.data_ptr(), n, itemsize(dt), fn, tmo);
+      } else if (c.size > 1 && n > 0 && n * itemsize(dt) * static_cast<size_t>(c.size - 1) <= direct_allreduce_bytes()) {
+        direct_allreduce(c, t.data_ptr(), n, itemsize(dt), fn, tmo, tag);
       } else if (c.size > 1 && n > 0) {
         gloo::AllreduceOptions opts(c.ctx);
         if (const size_t seg = ring_segment_bytes()) opts.setMaxSegmentSize(seg);
