@@ -8,17 +8,21 @@
 // bytes (KILN_GLOO_SHM_CHUNK_BYTES, default 1 MiB), (1) each rank copies its chunk into its
 // input slot and posts `arrived`; (2) once all have arrived, rank r reduces the r-th 1/n of the
 // chunk over every input slot in rank order into the output slot, and posts `reduced`; (3) once
-// all have reduced, each copies the output slot back. The slots come in two sets used by
-// alternate chunks: a rank that starts chunk s+2 has seen every rank's `reduced` of chunk s+1,
-// so every rank is done reading the set of chunk s; and a rank that reduces chunk s has seen
-// every rank's `arrived` of chunk s, so every rank has copied out chunk s-2. The flags are
-// 32-bit sequence numbers (compared by difference, so they wrap). A waiter spins briefly, then
-// sleeps on the flag's futex (shared across processes) in slices of at most 50 ms, checking
-// between them the deadline, the peers' abort flags (abort_peers) and, every 100 ms, that the
-// peers it waits for still run (their pids, written in the segment). Posters wake the futex
-// only when someone sleeps (a shared waiter count; flag and count are sequentially consistent,
-// so a sleeper either sees the new flag or is woken). The segment is unlinked as soon as every
-// rank has it mapped, so nothing is left in /dev/shm when processes die.
+// all have reduced, each copies the output slot back. One set of slots serves every chunk: a
+// rank writes its input slot for chunk s+1 only after every rank posted `reduced` for chunk s
+// (nobody reads chunk s's inputs any more), and writes into the output slot for chunk s+1 only
+// after every rank posted `arrived` for it (everyone has copied chunk s out). The flags are
+// 32-bit sequence numbers (compared by difference, so they wrap). Each rank also writes its call
+// (element count, size, the caller's kind) before its first `arrived` of an op, and every rank
+// compares them after the first wait: ranks that disagree fail instead of mixing data. A waiter
+// spins briefly, then sleeps on the flag's futex (shared across processes) in slices of at most
+// 50 ms, checking between them the flag, the peers' states (one that failed ends every wait; one
+// that left ends the waits for it), the deadline and, every 100 ms, that the peers it waits for
+// still run (their pids, written in the segment). Posters wake the futex only when someone sleeps
+// (a shared waiter count; flag and count are sequentially consistent, so a sleeper either sees
+// the new flag or is woken). The segment is unlinked as soon as every rank has it mapped, or
+// when the setup fails on rank 0, so nothing is left in /dev/shm but by a process killed inside
+// the setup's few store round trips.
 #include "kiln/dist/shm_allreduce.h"
 
 #include <fcntl.h>
@@ -51,22 +55,24 @@ namespace {
 
 constexpr uint64_t kMagic = 0x6b696c6e73686d31;  // "kilnshm1"
 constexpr size_t kSlotsOffset = 64;
-constexpr size_t kReasonBytes = 112;
+constexpr size_t kReasonBytes = 96;
+constexpr uint32_t kFailed = 1, kLeft = 2;  // RankSlot::state
 
 struct RankSlot {
   uint32_t arrived;
   uint32_t reduced;
   int32_t pid;
-  uint32_t aborted;
+  uint32_t state;  // 0, kFailed (abort_peers) or kLeft (left)
+  uint64_t n;      // the running op's call
+  uint32_t item;
+  uint32_t kind;
   char reason[kReasonBytes];
 };
 static_assert(sizeof(RankSlot) == 128);
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 size_t data_offset(int size) { return round_up(kSlotsOffset + sizeof(RankSlot) * static_cast<size_t>(size), 4096); }
-size_t segment_bytes(int size, size_t chunk) {
-  return data_offset(size) + 2 * (static_cast<size_t>(size) + 1) * chunk;
-}
+size_t segment_bytes(int size, size_t chunk) { return data_offset(size) + (static_cast<size_t>(size) + 1) * chunk; }
 
 bool reached(uint32_t v, uint32_t seq) { return static_cast<int32_t>(v - seq) >= 0; }
 
@@ -143,6 +149,11 @@ class PosixShm : public ShmApi {
       close(fd);
       fail("shm segment ", name, " holds ", st.st_size, " bytes, expected ", bytes);
     }
+    if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+      close(fd);
+      fail("shm segment ", name, " belongs to uid ", st.st_uid, " with mode ", std::oct, (st.st_mode & 0777),
+           ": not this user's alone");
+    }
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) fail(errno_text("mmap", name));
@@ -174,7 +185,7 @@ struct ShmAllReduce::Header {
   uint64_t magic;
   uint64_t nonce;
   uint32_t size;
-  uint32_t waiters;  // ranks asleep on a flag's futex
+  uint32_t waiters;  // threads asleep on a flag's futex
   uint64_t chunk;
 };
 
@@ -200,11 +211,11 @@ uint32_t* ShmAllReduce::flag(int rank, int which) const {
   return which == 0 ? &s->arrived : &s->reduced;
 }
 
-uint8_t* ShmAllReduce::in_slot(uint32_t parity, int rank) const {
-  return static_cast<uint8_t*>(base_) + data_offset(size_) + (parity * (size_ + 1) + rank) * chunk_;
+uint8_t* ShmAllReduce::in_slot(int rank) const {
+  return static_cast<uint8_t*>(base_) + data_offset(size_) + static_cast<size_t>(rank) * chunk_;
 }
 
-uint8_t* ShmAllReduce::out_slot(uint32_t parity) const { return in_slot(parity, size_); }
+uint8_t* ShmAllReduce::out_slot() const { return in_slot(size_); }
 
 std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(Store& store, int rank, int size, const Options& options,
                                                     ShmApi& api, std::string* why_not) {
@@ -213,33 +224,70 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(Store& store, int rank, int 
     return nullptr;
   };
   if (size < 2) return no("a world of one");
-  store.set("shm/host/" + std::to_string(rank), options.host_id.empty() ? this_host_id() : options.host_id);
-  std::string decision;
-  void* base = nullptr;
+  const bool enabled = env_integer("KILN_GLOO_SHM", 0, 1, 1) != 0;  // a malformed value throws before any store traffic
+  const int32_t pid = options.pid != 0 ? options.pid : static_cast<int32_t>(getpid());
   const size_t chunk = round_up(std::max<size_t>(options.chunk_bytes, 64), 64);
-  if (rank == 0) {
-    const std::string mine = store.get("shm/host/0");
-    for (int r = 1; r < size && decision.empty(); ++r)
-      if (store.get("shm/host/" + std::to_string(r)) != mine)
-        decision = detail::str_cat("none:rank ", r, " runs on another host (or in other namespaces) than rank 0");
-    if (decision.empty() && env_integer("KILN_GLOO_SHM", 0, 1, 1) == 0) decision = "none:KILN_GLOO_SHM=0";
-    if (decision.empty()) {
-      std::random_device rd;
-      const uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
-      std::ostringstream name;
-      name << "/kiln-" << getpid() << "-" << std::hex << nonce;
-      try {
-        base = api.create(name.str(), segment_bytes(size, chunk));
-        auto* h = static_cast<Header*>(base);
-        h->nonce = nonce;
-        h->size = static_cast<uint32_t>(size);
-        h->chunk = chunk;
-        h->magic = kMagic;
-        slot_of(base, 0)->pid = static_cast<int32_t>(getpid());
-        decision = detail::str_cat("seg:", chunk, ":", nonce, ":", name.str());
-      } catch (const Error& e) {
-        decision = detail::str_cat("none:rank 0 could not create the segment: ", e.what());
+  store.set("shm/host/" + std::to_string(rank), options.host_id.empty() ? this_host_id() : options.host_id);
+  // The segment as this rank holds it: unmapped, and on rank 0 unlinked, on every way out.
+  std::string name;
+  size_t bytes = 0;
+  void* base = nullptr;
+  struct Release {
+    ShmApi& api;
+    int rank;
+    const std::string& name;
+    void*& base;
+    const size_t& bytes;
+    bool unlinked = false, kept = false;
+    void unlink() {
+      if (rank == 0 && !name.empty() && !unlinked) {
+        unlinked = true;
+        try {
+          api.unlink(name);
+        } catch (const Error&) {
+        }
       }
+    }
+    ~Release() {
+      unlink();
+      if (base && !kept) api.unmap(base, bytes);
+    }
+  } release{api, rank, name, base, bytes};
+
+  std::string decision;
+  if (rank == 0) {
+    try {
+      const std::string mine = store.get("shm/host/0");
+      for (int r = 1; r < size && decision.empty(); ++r)
+        if (store.get("shm/host/" + std::to_string(r)) != mine)
+          decision = detail::str_cat("none:rank ", r, " runs on another host (or in other namespaces) than rank 0");
+      if (decision.empty() && !enabled) decision = "none:KILN_GLOO_SHM=0";
+      if (decision.empty()) {
+        std::random_device rd;
+        const uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
+        std::ostringstream n;
+        n << "/kiln-" << getpid() << "-" << std::hex << nonce;
+        bytes = segment_bytes(size, chunk);
+        try {
+          base = api.create(n.str(), bytes);
+          name = n.str();
+          auto* h = static_cast<Header*>(base);
+          h->nonce = nonce;
+          h->size = static_cast<uint32_t>(size);
+          h->chunk = chunk;
+          h->magic = kMagic;
+          slot_of(base, 0)->pid = pid;
+          decision = detail::str_cat("seg:", chunk, ":", nonce, ":", name);
+        } catch (const Error& e) {
+          decision = detail::str_cat("none:rank 0 could not create the segment: ", e.what());
+        }
+      }
+    } catch (const std::exception& e) {  // the others must not wait for a decision that never comes
+      try {
+        store.set("shm/decision", detail::str_cat("none:rank 0 failed setting it up: ", e.what()));
+      } catch (...) {
+      }
+      throw;
     }
     store.set("shm/decision", decision);
   } else {
@@ -251,22 +299,19 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(Store& store, int rank, int 
   size_t seg_chunk = 0;
   uint64_t nonce = 0;
   char colon = 0;
-  std::string name;
   in >> seg_chunk >> colon >> nonce >> colon;
-  std::getline(in, name);
-  const size_t bytes = segment_bytes(size, seg_chunk);
+  std::string seg_name;
+  std::getline(in, seg_name);
+  bytes = segment_bytes(size, seg_chunk);
   std::string ok = "1";
   if (rank != 0) {
     try {
-      base = api.open(name, bytes);
+      base = api.open(seg_name, bytes);
       const auto* h = static_cast<const Header*>(base);
-      if (h->magic != kMagic || h->nonce != nonce || h->size != static_cast<uint32_t>(size) || h->chunk != seg_chunk) {
-        api.unmap(base, bytes);
-        base = nullptr;
-        ok = detail::str_cat("0:segment ", name, " is not the one rank 0 made");
-      } else {
-        slot_of(base, rank)->pid = static_cast<int32_t>(getpid());
-      }
+      if (h->magic != kMagic || h->nonce != nonce || h->size != static_cast<uint32_t>(size) || h->chunk != seg_chunk)
+        ok = detail::str_cat("0:segment ", seg_name, " is not the one rank 0 made");
+      else
+        slot_of(base, rank)->pid = pid;
     } catch (const Error& e) {
       ok = detail::str_cat("0:", e.what());
     }
@@ -277,23 +322,17 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(Store& store, int rank, int 
     const std::string v = store.get("shm/ok/" + std::to_string(r));
     if (v != "1" && failed.empty()) failed = detail::str_cat("rank ", r, " could not map it: ", v.substr(2));
   }
-  if (rank == 0) {
-    try {
-      api.unlink(name);  // every rank has it mapped (or gave up): nothing left behind in /dev/shm
-    } catch (const Error&) {
-    }
-  }
-  if (!failed.empty()) {
-    if (base) api.unmap(base, bytes);
-    return no(failed);
-  }
+  release.unlink();  // every rank has it mapped (or gave up): nothing left behind in /dev/shm
+  if (!failed.empty() || ok != "1") return no(failed);
   std::unique_ptr<ShmAllReduce> s(new ShmAllReduce(api, base, bytes, rank, size, seg_chunk));
+  release.kept = true;
   for (int r = 0; r < size; ++r) s->pids_.push_back(slot_of(base, r)->pid);
   return s;
 }
 
-void ShmAllReduce::broken(const std::string& why) {
+void ShmAllReduce::broken(const std::string& why, bool peer_failed) {
   broken_ = why;
+  if (peer_failed) throw ShmPeerFailed(why);
   fail(why);
 }
 
@@ -316,9 +355,11 @@ void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline,
     while (!done) {
       for (int k = 0; k < size_; ++k) {
         RankSlot* s = slot_of(base_, k);
-        if (k != rank_ && std::atomic_ref<uint32_t>(s->aborted).load(std::memory_order_acquire))
-          broken(detail::str_cat("shared-memory all_reduce: rank ", k, " failed: ",
-                                 std::string(s->reason, strnlen(s->reason, kReasonBytes))));
+        const uint32_t state = k == rank_ ? 0 : std::atomic_ref<uint32_t>(s->state).load(std::memory_order_acquire);
+        if (state == kFailed || (state == kLeft && k == r))
+          broken(detail::str_cat("shared-memory all_reduce: rank ", k, state == kFailed ? " failed: " : " left: ",
+                                 std::string(s->reason, strnlen(s->reason, kReasonBytes))),
+                 true);
       }
       const auto now = Clock::now();
       if (now >= deadline) {
@@ -327,14 +368,16 @@ void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline,
           if (k != rank_ && !reached(std::atomic_ref<uint32_t>(*flag(k, which)).load(), seq))
             late += (late.empty() ? "" : ", ") + std::to_string(k);
         broken(detail::str_cat("shared-memory all_reduce timed out after ", timeout.count(), " ms (", phase,
-                               ") waiting for rank(s) ", late, " to ", step));
+                               ") waiting for rank(s) ", late, " to ", step),
+               false);
       }
       if (now >= next_liveness) {
         next_liveness = now + Millis(100);
         for (int k = 0; k < size_; ++k)
           if (k != rank_ && !reached(std::atomic_ref<uint32_t>(*flag(k, which)).load(), seq) && !api_.alive(pids_[k]))
             broken(detail::str_cat("shared-memory all_reduce: rank ", k, " (pid ", pids_[k], ") is gone (", phase,
-                                   ")"));
+                                   ")"),
+                   true);
       }
       std::atomic_ref<uint32_t> waiters(header()->waiters);
       waiters.fetch_add(1, std::memory_order_seq_cst);
@@ -350,44 +393,63 @@ void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline,
   }
 }
 
-void ShmAllReduce::all_reduce(void* data, size_t n, size_t item, const ReduceFn& fn, Millis timeout) {
+void ShmAllReduce::all_reduce(void* data, size_t n, size_t item, uint32_t kind, const ReduceFn& fn, Millis timeout) {
   KILN_CHECK(broken_.empty(), "shared-memory all_reduce: unusable after an earlier failure: ", broken_);
   KILN_CHECK(item > 0 && chunk_ % item == 0, "shared-memory all_reduce: element size ", item,
              " does not divide the chunk of ", chunk_, " bytes");
   const auto deadline = Clock::now() + timeout;
+  RankSlot* mine = slot_of(base_, rank_);
+  mine->n = n;
+  mine->item = static_cast<uint32_t>(item);
+  mine->kind = kind;
   const size_t per_chunk = chunk_ / item;
   auto* bytes = static_cast<uint8_t*>(data);
   for (size_t off = 0; off < n; off += per_chunk) {
     const size_t m = std::min(per_chunk, n - off);
     const uint32_t s = ++seq_;
-    const uint32_t p = s & 1;
-    std::memcpy(in_slot(p, rank_), bytes + off * item, m * item);
+    std::memcpy(in_slot(rank_), bytes + off * item, m * item);
     post(0, s);
     wait_all(0, s, deadline, timeout, "inputs");
+    if (off == 0)  // every rank's call is visible now: the same one, or nobody goes on
+      for (int r = 0; r < size_; ++r) {
+        const RankSlot* o = slot_of(base_, r);
+        if (o->n != n || o->item != item || o->kind != kind)
+          broken(detail::str_cat("shared-memory all_reduce: rank ", r, " called it with ", o->n, " elements of ",
+                                 o->item, " bytes (kind ", o->kind, "), rank ", rank_, " with ", n, " of ", item,
+                                 " (kind ", kind, ")"),
+                 false);
+      }
     // This rank's part of the chunk, over every input in rank order.
     const size_t lo = m * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
     const size_t hi = m * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
     if (hi > lo) {
-      uint8_t* out = out_slot(p) + lo * item;
-      fn(out, in_slot(p, 0) + lo * item, in_slot(p, 1) + lo * item, hi - lo);
-      for (int r = 2; r < size_; ++r) fn(out, out, in_slot(p, r) + lo * item, hi - lo);
+      uint8_t* out = out_slot() + lo * item;
+      fn(out, in_slot(0) + lo * item, in_slot(1) + lo * item, hi - lo);
+      for (int r = 2; r < size_; ++r) fn(out, out, in_slot(r) + lo * item, hi - lo);
     }
     post(1, s);
     wait_all(1, s, deadline, timeout, "results");
-    std::memcpy(bytes + off * item, out_slot(p), m * item);
+    std::memcpy(bytes + off * item, out_slot(), m * item);
   }
 }
 
-void ShmAllReduce::abort_peers(const std::string& why) {
+void ShmAllReduce::mark(uint32_t state, const std::string& why) {
   RankSlot* s = slot_of(base_, rank_);
   const size_t len = std::min(why.size(), kReasonBytes - 1);
   std::memcpy(s->reason, why.data(), len);
   s->reason[len] = '\0';
-  std::atomic_ref<uint32_t>(s->aborted).store(1, std::memory_order_seq_cst);
+  std::atomic_ref<uint32_t>(s->state).store(state, std::memory_order_seq_cst);
   for (int k = 0; k < size_; ++k) {
     futex_wake(flag(k, 0));
     futex_wake(flag(k, 1));
   }
+}
+
+void ShmAllReduce::abort_peers(const std::string& why) { mark(kFailed, why); }
+
+void ShmAllReduce::left() {
+  if (std::atomic_ref<uint32_t>(slot_of(base_, rank_)->state).load() == 0)
+    mark(kLeft, detail::str_cat("rank ", rank_, " destroyed its communicator"));
 }
 
 }  // namespace kiln::dist

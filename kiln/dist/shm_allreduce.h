@@ -1,11 +1,12 @@
 // ShmAllReduce: all_reduce through one shared-memory segment for the ranks of a communicator
-// that all run on one host (the Gloo backend's path for large tensors; NOTE [shared-memory
-// all_reduce] in shm_allreduce.cpp). Set up collectively through the store: every rank gets a
-// segment, or none does (another host, KILN_GLOO_SHM=0, or any rank failing to create, size or
-// map it: the reason is returned and the caller keeps its TCP path). A peer that dies (its
-// process gone), fails (abort_peers) or does not arrive within the timeout ends the operation
-// on the others with an Error naming it; nothing waits without a deadline.
-// The system calls go through ShmApi, so tests make them fail.
+// that all run on one host (the Gloo backend's all_reduce at every size there; NOTE
+// [shared-memory all_reduce] in shm_allreduce.cpp). Set up collectively through the store: every
+// rank gets a segment, or none does (another host, KILN_GLOO_SHM=0, or any rank failing to
+// create, size or map it: the reason is returned and the caller keeps its TCP path). A peer that
+// dies (its process gone), fails or leaves (abort_peers, left) or does not arrive within the
+// timeout ends the operation on the others with an Error naming it (ShmPeerFailed when the peer
+// is to blame); ranks that call with another element count or size fail too. Nothing waits
+// without a deadline. The system calls go through ShmApi, so tests make them fail.
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -22,6 +23,12 @@ namespace kiln::dist {
 // out[i] = a[i] op b[i] for n elements (out may be a).
 using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
 
+// A peer died, failed or left: this rank is not to blame (not a timeout).
+class ShmPeerFailed : public Error {
+ public:
+  using Error::Error;
+};
+
 // The system calls of a segment. Every call but alive() throws kiln::Error naming what failed.
 class ShmApi {
  public:
@@ -29,7 +36,7 @@ class ShmApi {
   // Creates a new segment `name` (never an existing one) with `bytes` of memory reserved (so a
   // full /dev/shm fails here, not as SIGBUS on first touch) and maps it shared.
   virtual void* create(const std::string& name, size_t bytes) = 0;
-  // Maps the existing segment `name`, which must hold `bytes`.
+  // Maps the existing segment `name`, which must hold `bytes` and belong to this user alone.
   virtual void* open(const std::string& name, size_t bytes) = 0;
   virtual void unmap(void* p, size_t bytes) = 0;
   virtual void unlink(const std::string& name) = 0;
@@ -43,10 +50,12 @@ class ShmAllReduce {
   struct Options {
     size_t chunk_bytes = size_t{1} << 20;  // per rank and step (KILN_GLOO_SHM_CHUNK_BYTES)
     std::string host_id;                   // empty: this host's (hostname, boot id, namespaces)
+    int pid = 0;                           // the pid peers watch (0: this process's; tests fake it)
   };
   // Collective over the `size` ranks that share `store`'s prefix: returns this rank's segment,
-  // or null on every rank with the reason in *why_not. Throws only when the store does (a peer
-  // that never arrives: the store's timeout).
+  // or null on every rank with the reason in *why_not. Throws when the store does (a peer that
+  // never arrives: the store's timeout) or KILN_GLOO_SHM is malformed; rank 0 then tells the
+  // others (they return null) and leaves nothing in /dev/shm.
   static std::unique_ptr<ShmAllReduce> connect(Store& store, int rank, int size, const Options& options,
                                                ShmApi& api, std::string* why_not);
   ~ShmAllReduce();
@@ -55,26 +64,32 @@ class ShmAllReduce {
 
   // Reduces `data` (n elements of `item` bytes) over the ranks in rank order, ((r0 op r1) op r2)
   // ..., the same bits on every rank, written back into `data`. Every rank calls it in the same
-  // order with the same n. Throws kiln::Error ("... timed out ...") when `timeout` passes first,
-  // naming the ranks not arrived, or at once when a peer's process is gone or it called
-  // abort_peers; the segment is then unusable (every later call throws).
-  void all_reduce(void* data, size_t n, size_t item, const ReduceFn& fn, std::chrono::milliseconds timeout);
+  // order with the same n, item and `kind` (the caller's tag of the reduction and dtype; a rank
+  // whose call differs fails them all, naming both). Throws kiln::Error ("... timed out ...")
+  // when `timeout` passes first, naming the ranks not arrived, or ShmPeerFailed at once when a
+  // peer's process is gone, it failed (abort_peers), or it left (left()) before arriving; the
+  // segment is then unusable (every later call throws).
+  void all_reduce(void* data, size_t n, size_t item, uint32_t kind, const ReduceFn& fn,
+                  std::chrono::milliseconds timeout);
   // Ends the peers' waits in this segment with `why` (this rank failed elsewhere).
   void abort_peers(const std::string& why);
-  size_t chunk_bytes() const { return chunk_; }
+  // This rank will call no more (its communicator is going away): a peer that still waits for it
+  // fails at once; peers waiting only for others are not disturbed.
+  void left();
 
  private:
   ShmAllReduce(ShmApi& api, void* base, size_t bytes, int rank, int size, size_t chunk);
   struct Header;
   Header* header() const;
   uint32_t* flag(int rank, int which) const;  // which: 0 arrived, 1 reduced
-  uint8_t* in_slot(uint32_t parity, int rank) const;
-  uint8_t* out_slot(uint32_t parity) const;
+  uint8_t* in_slot(int rank) const;
+  uint8_t* out_slot() const;
   // Waits until every rank's flag `which` reached `seq`.
   void wait_all(int which, uint32_t seq, std::chrono::steady_clock::time_point deadline,
                 std::chrono::milliseconds timeout, const char* phase);
   void post(int which, uint32_t seq);
-  [[noreturn]] void broken(const std::string& why);
+  [[noreturn]] void broken(const std::string& why, bool peer_failed);
+  void mark(uint32_t state, const std::string& why);
 
   ShmApi& api_;
   void* base_;

@@ -274,7 +274,8 @@ void run_bad_input(Communicator& c) {
 }
 
 // Rank 1 dies by SIGKILL while the others wait in all_reduce #3 with a 20 s timeout: its TCP
-// connections close at once, so each survivor's op must fail (not time out) within 2 s; the
+// connections close at once (in the shared-memory segment, its pid is gone), so each survivor's
+// op must fail (not time out) within 2 s; the
 // victim prints when it dies and the survivors when they saw it (Unix seconds, one clock). abort_process is off (the Work raises) so they can.
 void run_dead_peer(Communicator& world) {
   for (int i = 1; i <= 3; ++i) {

@@ -1,9 +1,12 @@
 // ShmAllReduce with threads as ranks of one process (each maps the segment on its own, as
 // processes do): the result against the rank-order reduction, bit for bit, over chunk counts,
-// uneven parts and world sizes 2 to 4; and its fault paths through a ShmApi whose calls fail or
-// whose peers are gone: every rank left without a segment (with the reason) when one cannot
-// create, map or share it, a gone peer ending a wait at once, a late one timing out naming it,
-// abort_peers ending the others' waits, and nothing left in /dev/shm.
+// uneven parts and world sizes 2 to 4, within a time that a lost futex wake-up would exceed; and
+// its fault paths through a ShmApi whose calls fail or whose peers are gone: every rank left
+// without a segment (with the reason) when one cannot create, map or share it or rank 0 fails
+// setting it up, nothing left in /dev/shm when a peer never answers, a gone peer ending a wait at
+// once (but not one that already arrived), a late one timing out naming it, abort_peers and
+// left() ending the others' waits, and ranks calling with different sizes failing instead of
+// mixing data.
 #include "kiln/dist/shm_allreduce.h"
 
 #include <gtest/gtest.h>
@@ -22,6 +25,7 @@ namespace {
 
 using test::contains;
 using Clock = std::chrono::steady_clock;
+constexpr uint32_t kSum = 1;  // the caller's kind tag
 
 // The system's calls, each replaceable.
 struct FakeShm : ShmApi {
@@ -45,7 +49,8 @@ struct World {
   std::vector<std::unique_ptr<ShmAllReduce>> ranks;
   std::vector<std::string> why;
   // Connects `size` ranks (one thread each) under a fresh prefix; host_of(r) as their host ids.
-  World(int size, ShmApi& api, size_t chunk, const std::function<std::string(int)>& host_of = nullptr) {
+  World(int size, ShmApi& api, size_t chunk, const std::function<std::string(int)>& host_of = nullptr,
+        Millis store_timeout = Millis(20000), const std::function<int(int)>& pid_of = nullptr) {
     ranks.resize(static_cast<size_t>(size));
     why.resize(static_cast<size_t>(size));
     static int prefix = 0;
@@ -55,10 +60,16 @@ struct World {
       th.emplace_back([&, r] {
         // A client per rank: a client's blocking get holds its connection.
         PrefixStore store(p, std::make_shared<TcpStore>("127.0.0.1", local.server->port(), "shm-test"));
+        store.set_timeout(store_timeout);
         ShmAllReduce::Options o;
         o.chunk_bytes = chunk;
         o.host_id = host_of ? host_of(r) : "one host";
-        ranks[static_cast<size_t>(r)] = ShmAllReduce::connect(store, r, size, o, api, &why[static_cast<size_t>(r)]);
+        o.pid = pid_of ? pid_of(r) : 0;
+        try {
+          ranks[static_cast<size_t>(r)] = ShmAllReduce::connect(store, r, size, o, api, &why[static_cast<size_t>(r)]);
+        } catch (const std::exception& e) {
+          why[static_cast<size_t>(r)] = std::string("threw: ") + e.what();
+        }
       });
     for (auto& t : th) t.join();
   }
@@ -94,12 +105,15 @@ TEST(ShmAllReduce, ThreadsAsRanksGiveTheRankOrderSumsBits) {
       for (int r = 1; r < size; ++r)
         for (size_t i = 0; i < n; ++i) want[i] = want[i] + data[static_cast<size_t>(r)][i];
       std::vector<std::thread> th;
+      const auto t0 = Clock::now();
       for (int r = 0; r < size; ++r)
         th.emplace_back([&, r] {
-          w.ranks[static_cast<size_t>(r)]->all_reduce(data[static_cast<size_t>(r)].data(), n, sizeof(float), sum_f32,
-                                                      std::chrono::seconds(20));
+          w.ranks[static_cast<size_t>(r)]->all_reduce(data[static_cast<size_t>(r)].data(), n, sizeof(float), kSum,
+                                                      sum_f32, std::chrono::seconds(20));
         });
       for (auto& t : th) t.join();
+      // 63 chunks of two waits each: a waiter that were never woken would sleep its 50 ms slices.
+      EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0) << "size " << size << " n " << n;
       for (int r = 0; r < size; ++r)
         EXPECT_EQ(std::memcmp(data[static_cast<size_t>(r)].data(), want.data(), n * sizeof(float)), 0)
             << "size " << size << " n " << n << " rank " << r;
@@ -156,7 +170,7 @@ TEST(ShmAllReduce, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
   // Ranks 1 and 2 never come; alive: a timeout of 300 ms names both.
   auto t0 = Clock::now();
   try {
-    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), sum_f32, std::chrono::milliseconds(300));
+    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::milliseconds(300));
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce timed out after 300 ms (inputs) waiting for rank(s) 1, 2 "
@@ -166,24 +180,93 @@ TEST(ShmAllReduce, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
   EXPECT_GE(waited, 0.29);
   EXPECT_LT(waited, 2.0);
   try {  // the segment is unusable after a failure
-    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), sum_f32, std::chrono::milliseconds(300));
+    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::milliseconds(300));
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "unusable after an earlier failure")) << e.what();
   }
-  // Gone peers: the wait ends at the first liveness check, far inside a 20 s timeout.
+  // Gone peers: the wait ends at the first liveness check, far inside a 20 s timeout. Rank 0
+  // already arrived (in the op above), so only rank 2 is named.
   peer_alive = false;
   t0 = Clock::now();
   try {
-    w.ranks[1]->all_reduce(x.data(), x.size(), sizeof(float), sum_f32, std::chrono::seconds(20));
+    w.ranks[1]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
     ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 0 (pid " + std::to_string(getpid()) +
-                                       ") is gone (inputs)") ||
-                contains(e.what(), "rank 2 (pid")) << e.what();
-    EXPECT_FALSE(contains(e.what(), "timed out")) << e.what();
+  } catch (const ShmPeerFailed& e) {
+    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 2 (pid " + std::to_string(getpid()) +
+                                       ") is gone (inputs)")) << e.what();
   }
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
+}
+
+// Each rank announces a pid of its own; rank 1's is gone, but it arrives (and finishes) before a
+// slow rank 2: the others' long wait for rank 2 must not fail on rank 1.
+TEST(ShmAllReduce, APeerGoneAfterItArrivedDoesNotFailTheOthers) {
+  FakeShm api;
+  api.alive_fn = [](int pid) { return pid != 1001; };
+  World w(3, api, 1024, nullptr, Millis(20000), [](int r) { return 1000 + r; });
+  for (int r = 0; r < 3; ++r) ASSERT_NE(w.ranks[static_cast<size_t>(r)], nullptr) << w.why[static_cast<size_t>(r)];
+  std::vector<std::vector<float>> data(3, std::vector<float>(40, 1.0f));
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> th;
+  for (int r = 0; r < 3; ++r)
+    th.emplace_back([&, r] {
+      if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(350));  // past three liveness checks
+      try {
+        w.ranks[static_cast<size_t>(r)]->all_reduce(data[static_cast<size_t>(r)].data(), 40, sizeof(float), kSum,
+                                                    sum_f32, std::chrono::seconds(20));
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : th) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    EXPECT_EQ(data[static_cast<size_t>(r)], std::vector<float>(40, 3.0f)) << "rank " << r;
+  }
+}
+
+TEST(ShmAllReduce, RanksCallingWithDifferentSizesFailInsteadOfMixingData) {
+  World w(2, system_shm_api(), 1024);
+  ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
+  std::vector<float> a(10, 1.0f), b(12, 1.0f);
+  std::string ea, eb;
+  std::thread t1([&] {
+    try {
+      w.ranks[1]->all_reduce(b.data(), b.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
+    } catch (const Error& e) {
+      eb = e.what();
+    }
+  });
+  try {
+    w.ranks[0]->all_reduce(a.data(), a.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
+  } catch (const Error& e) {
+    ea = e.what();
+  }
+  t1.join();
+  EXPECT_TRUE(contains(ea, "rank 1 called it with 12 elements of 4 bytes (kind 1), rank 0 with 10 of 4 (kind 1)")) << ea;
+  EXPECT_TRUE(contains(eb, "rank 0 called it with 10 elements of 4 bytes (kind 1), rank 1 with 12 of 4 (kind 1)")) << eb;
+}
+
+// Rank 0 made the segment; rank 1 answers only after rank 0's store wait gave up: rank 0 throws,
+// and leaves nothing in /dev/shm; rank 1 finds no segment and goes without. A rank 0 that throws
+// while setting it up tells the others, who go without instead of waiting for it.
+TEST(ShmAllReduce, ASetupThatFailsLeavesNothingBehindAndNobodyWaiting) {
+  FakeShm slow;
+  slow.before_open = [](const std::string&) { std::this_thread::sleep_for(std::chrono::milliseconds(900)); };
+  World w(2, slow, 1024, nullptr, Millis(400));
+  EXPECT_TRUE(contains(w.why[0], "threw: ")) << w.why[0];
+  EXPECT_EQ(w.ranks[0], nullptr);
+  EXPECT_EQ(w.ranks[1], nullptr);
+  EXPECT_TRUE(leftover_segments().empty());
+  FakeShm throws;
+  throws.before_create = [](const std::string&) { throw std::runtime_error("random_device: no entropy"); };
+  const auto t0 = Clock::now();
+  World v(3, throws, 1024);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+  EXPECT_EQ(v.why[0], "threw: random_device: no entropy");
+  for (int r = 1; r < 3; ++r)
+    EXPECT_EQ(v.why[static_cast<size_t>(r)], "rank 0 failed setting it up: random_device: no entropy");
 }
 
 TEST(ShmAllReduce, AbortPeersEndsTheOthersWaitWithItsReason) {
@@ -196,7 +279,7 @@ TEST(ShmAllReduce, AbortPeersEndsTheOthersWaitWithItsReason) {
   std::vector<float> x(10, 1.0f);
   const auto t0 = Clock::now();
   try {
-    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), sum_f32, std::chrono::seconds(20));
+    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 1 failed: rank 1: all_reduce #4 of 'world' failed"))
@@ -206,5 +289,25 @@ TEST(ShmAllReduce, AbortPeersEndsTheOthersWaitWithItsReason) {
   aborter.join();
 }
 
+
+TEST(ShmAllReduce, ARankThatLeftEndsOnlyTheWaitsForIt) {
+  World w(2, system_shm_api(), 1024);
+  ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
+  std::thread leaver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    w.ranks[1]->left();
+  });
+  std::vector<float> x(10, 1.0f);
+  try {
+    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
+    ADD_FAILURE() << "no error";
+  } catch (const ShmPeerFailed& e) {
+    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 1 left: rank 1 destroyed its communicator"))
+        << e.what();
+  }
+  leaver.join();
+}
+
 }  // namespace
 }  // namespace kiln::dist
+

@@ -2,13 +2,13 @@
 // mesh through kiln's store (gloo_store.h); one worker thread runs the operations in order (Gloo
 // calls block), each with its timeout starting when it starts, unless the thread waiting for the
 // next one runs it itself (run_inline; a world of one runs each op as it is issued, when nothing
-// is ahead of it); a watchdog publishes progress. all_reduce of a small
-// where every rank runs on this host is one shared-memory segment (shm_allreduce.h), else a small
-// tensor is one direct exchange (direct_allreduce), else Gloo's ring. reduce_scatter_single is an
+// is ahead of it); a watchdog publishes progress. all_reduce among ranks that all run on this host
+// goes through one shared-memory segment (shm_allreduce.h); otherwise a small tensor is one direct
+// exchange (direct_allreduce), a larger one Gloo's ring. reduce_scatter_single is an
 // all-to-all of the chunks then a local reduction in rank order (bandwidth-optimal: each rank
 // receives only its chunk from every peer); avg divides a sum.
 // On a failure the context is destroyed at once (its peers see "connection closed" and fail
-// too), the flight recorder is dumped, a log line names the op and the ranks that never joined,
+// too; those in the segment are told through it), the flight recorder is dumped, a log line names the op and the ranks that never joined,
 // and the policy runs: abort exits the process; shrink has the survivors agree on who is alive
 // (a generation number, a deadline, one compare_set), rebuild a smaller context, and fail the
 // Work with PeerLost carrying it.
@@ -269,6 +269,7 @@ class GlooCommunicator : public Communicator {
 
   ~GlooCommunicator() override {
     watchdog_.reset();
+    if (shm_) shm_->left();  // a peer still waiting for this rank in the segment fails now
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
@@ -295,7 +296,8 @@ class GlooCommunicator : public Communicator {
     return enqueue("all_reduce", t, t, -1, o, [=, this](Context& c, Millis tmo, uint32_t tag) {
       const size_t n = static_cast<size_t>(t.numel());
       if (c.shm && n > 0) {
-        c.shm->all_reduce(t.data_ptr(), n, itemsize(dt), fn, tmo);
+        c.shm->all_reduce(t.data_ptr(), n, itemsize(dt), static_cast<uint32_t>(op) << 8 | static_cast<uint32_t>(dt), fn,
+                          tmo);
       } else if (c.size > 1 && n > 0 && n * itemsize(dt) * static_cast<size_t>(c.size - 1) <= direct_allreduce_bytes()) {
         direct_allreduce(c, t.data_ptr(), n, itemsize(dt), fn, tmo, tag);
       } else if (c.size > 1 && n > 0) {
@@ -644,6 +646,9 @@ class GlooCommunicator : public Communicator {
       if (trace_ops()) trace("op_end", p, std::chrono::duration<double>(Clock::now() - t0).count());
       clear_current();
       p.work->complete();
+    } catch (const ShmPeerFailed& e) {  // a peer died, failed or left: an error here, whatever its words
+      clear_current();
+      on_failure(p, e.what(), /*peer_failed=*/true);
     } catch (const std::exception& e) {
       clear_current();
       on_failure(p, e.what());
@@ -673,10 +678,10 @@ class GlooCommunicator : public Communicator {
 
   void publish_progress() { progress_->publish(); }
 
-  void on_failure(Pending& p, const std::string& cause) {
+  void on_failure(Pending& p, const std::string& cause, bool peer_failed = false) {
     std::string low = cause;
     std::transform(low.begin(), low.end(), low.begin(), ::tolower);
-    const bool timed_out = low.find("timed out") != std::string::npos;
+    const bool timed_out = !peer_failed && low.find("timed out") != std::string::npos;
     const WorkState st = timed_out ? WorkState::timed_out : WorkState::error;
     // Destroying the context closes every pair, so the peers fail now rather than at their timeout;
     // the peers waiting in the shared-memory segment are told.
