@@ -2,11 +2,12 @@
 // mesh through kiln's store (gloo_store.h); one worker thread runs the operations in order (Gloo
 // calls block), each with its timeout starting when it starts, unless the thread waiting for the
 // next one runs it itself (run_inline; a world of one runs each op as it is issued, when nothing
-// is ahead of it); a watchdog publishes progress. all_reduce among ranks that all run on this host
-// goes through one shared-memory segment (shm_allreduce.h); otherwise a small tensor is one direct
-// exchange (direct_allreduce), a larger one Gloo's ring. reduce_scatter_single is an
-// all-to-all of the chunks then a local reduction in rank order (bandwidth-optimal: each rank
-// receives only its chunk from every peer); avg divides a sum.
+// is ahead of it); a watchdog publishes progress. all_reduce, all_gather and reduce_scatter among
+// ranks that all run on this host go through one shared-memory segment (shm_collectives.h).
+// Otherwise, all_reduce of a small tensor is one direct exchange (direct_allreduce), of a larger
+// one Gloo's ring; reduce_scatter_single is an all-to-all of the chunks then a local reduction in
+// rank order (bandwidth-optimal: each rank receives only its chunk from every peer); avg divides a
+// sum.
 // On a failure the context is destroyed at once (its peers see "connection closed" and fail
 // too; those in the segment are told through it), the flight recorder is dumped, a log line names the op and the ranks that never joined,
 // and the policy runs: abort exits the process; shrink has the survivors agree on who is alive
@@ -42,7 +43,7 @@
 #include "kiln/dist/flight_recorder.h"
 #include "kiln/dist/gloo/gloo_store.h"
 #include "kiln/dist/progress.h"
-#include "kiln/dist/shm_allreduce.h"
+#include "kiln/dist/shm_collectives.h"
 #include "kiln/dist/survivors.h"
 #include "kiln/dist/watchdog.h"
 
@@ -166,7 +167,7 @@ struct Context {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   int rank, size;
   Scratch* scratch;
-  ShmAllReduce* shm;  // null unless every rank runs on this host
+  ShmCollectives* shm;  // null unless every rank runs on this host
 };
 
 // A size in bytes from the environment (a tuning knob), else `dflt`.
@@ -191,6 +192,12 @@ size_t ring_segment_bytes() {
   return v;
 }
 size_t shm_chunk_bytes() { return env_bytes("KILN_GLOO_SHM_CHUNK_BYTES", size_t{1} << 20); }
+// The tag every rank of a shared-memory op compares (shm_collectives.h): the op (1 all_reduce,
+// 2 all_gather, 3 reduce_scatter), the reduction and the dtype.
+uint32_t shm_kind(uint32_t which, ReduceOp op, DType dt) {
+  return which << 16 | static_cast<uint32_t>(op) << 8 | static_cast<uint32_t>(dt);
+}
+
 constexpr uint8_t kDirectSlotPrefix = 0x4b;  // apart from Gloo's own collectives' prefixes (0x01-0x08)
 
 void direct_allreduce(Context& c, void* data, size_t n, size_t item, const ReduceFn& fn, Millis tmo, uint32_t tag) {
@@ -247,9 +254,9 @@ class GlooCommunicator : public Communicator {
              e.what());
       }
       ctx_ = std::move(ctx);
-      ShmAllReduce::Options so;
+      ShmCollectives::Options so;
       so.chunk_bytes = shm_chunk_bytes();
-      shm_ = ShmAllReduce::connect(*scoped_, rank_, size_, so, system_shm_api(), &shm_off_);
+      shm_ = ShmCollectives::connect(*scoped_, rank_, size_, so, system_shm_api(), &shm_off_);
     }
     json::Value ev = json::Value::object();
     ev["event"] = "init";
@@ -296,8 +303,7 @@ class GlooCommunicator : public Communicator {
     return enqueue("all_reduce", t, t, -1, o, [=, this](Context& c, Millis tmo, uint32_t tag) {
       const size_t n = static_cast<size_t>(t.numel());
       if (c.shm && n > 0) {
-        c.shm->all_reduce(t.data_ptr(), n, itemsize(dt), static_cast<uint32_t>(op) << 8 | static_cast<uint32_t>(dt), fn,
-                          tmo);
+        c.shm->all_reduce(t.data_ptr(), n, itemsize(dt), shm_kind(1, op, dt), fn, tmo);
       } else if (c.size > 1 && n > 0 && n * itemsize(dt) * static_cast<size_t>(c.size - 1) <= direct_allreduce_bytes()) {
         direct_allreduce(c, t.data_ptr(), n, itemsize(dt), fn, tmo, tag);
       } else if (c.size > 1 && n > 0) {
@@ -325,6 +331,11 @@ class GlooCommunicator : public Communicator {
       const size_t bytes = in.nbytes();
       auto* slot = static_cast<uint8_t*>(out.data_ptr()) + bytes * static_cast<size_t>(c.rank);
       if (bytes == 0) return;
+      if (c.shm) {
+        c.shm->all_gather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), itemsize(in.dtype()),
+                          shm_kind(2, ReduceOp::sum, in.dtype()), tmo);
+        return;
+      }
       if (slot != in.data_ptr()) std::memmove(slot, in.data_ptr(), bytes);
       if (c.size == 1) return;
       gloo::AllgatherOptions opts(c.ctx);
@@ -351,6 +362,8 @@ class GlooCommunicator : public Communicator {
       if (n == 0) return;
       if (c.size == 1) {
         std::memmove(out.data_ptr(), in.data_ptr(), chunk);
+      } else if (c.shm) {
+        c.shm->reduce_scatter(in.data_ptr(), out.data_ptr(), n, itemsize(dt), shm_kind(3, op, dt), fn, tmo);
       } else {
         uint8_t* recv = c.scratch->get(chunk * static_cast<size_t>(c.size));
         gloo::AlltoallOptions opts(c.ctx);
@@ -818,7 +831,7 @@ class GlooCommunicator : public Communicator {
   std::vector<int> members_;  // the job's rank of each rank (flight_recorder.h)
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;  // guarded by mu_ after construction
-  std::unique_ptr<ShmAllReduce> shm_;                // the running op's (one at a time: busy_)
+  std::unique_ptr<ShmCollectives> shm_;                // the running op's (one at a time: busy_)
   std::string shm_off_;                              // why there is none
   int p2p_running_ = 0;                              // send / recv threads not yet finished
   Scratch scratch_;                                  // the running op's (one at a time: busy_)

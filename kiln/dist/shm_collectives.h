@@ -1,12 +1,12 @@
-// ShmAllReduce: all_reduce through one shared-memory segment for the ranks of a communicator
-// that all run on one host (the Gloo backend's all_reduce at every size there; NOTE
-// [shared-memory all_reduce] in shm_allreduce.cpp). Set up collectively through the store: every
-// rank gets a segment, or none does (another host, KILN_GLOO_SHM=0, or any rank failing to
-// create, size or map it: the reason is returned and the caller keeps its TCP path). A peer that
-// dies (its process gone), fails or leaves (abort_peers, left) or does not arrive within the
-// timeout ends the operation on the others with an Error naming it (ShmPeerFailed when the peer
-// is to blame); ranks that call with another element count or size fail too. Nothing waits
-// without a deadline. The system calls go through ShmApi, so tests make them fail.
+// ShmCollectives: all_reduce, all_gather and reduce_scatter through one shared-memory segment
+// for the ranks of a communicator that all run on one host (the Gloo backend's path for them
+// there; NOTE [shared-memory collectives] in shm_collectives.cpp). Set up collectively through
+// the store: every rank gets a segment, or none does (another host, KILN_GLOO_SHM=0, or any rank
+// failing to create, size or map it: the reason is returned and the caller keeps its TCP path).
+// A peer that dies (its process gone), fails or leaves (abort_peers, left) or does not arrive
+// within the timeout ends the operation on the others with an Error naming it (ShmPeerFailed
+// when the peer is to blame); ranks that call another op or size fail too. Nothing waits without
+// a deadline. The system calls go through ShmApi, so tests make them fail.
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -45,7 +45,7 @@ class ShmApi {
 };
 ShmApi& system_shm_api();
 
-class ShmAllReduce {
+class ShmCollectives {
  public:
   struct Options {
     size_t chunk_bytes = size_t{1} << 20;  // per rank and step (KILN_GLOO_SHM_CHUNK_BYTES)
@@ -56,21 +56,30 @@ class ShmAllReduce {
   // or null on every rank with the reason in *why_not. Throws when the store does (a peer that
   // never arrives: the store's timeout) or KILN_GLOO_SHM is malformed; rank 0 then tells the
   // others (they return null) and leaves nothing in /dev/shm.
-  static std::unique_ptr<ShmAllReduce> connect(Store& store, int rank, int size, const Options& options,
+  static std::unique_ptr<ShmCollectives> connect(Store& store, int rank, int size, const Options& options,
                                                ShmApi& api, std::string* why_not);
-  ~ShmAllReduce();
-  ShmAllReduce(const ShmAllReduce&) = delete;
-  ShmAllReduce& operator=(const ShmAllReduce&) = delete;
+  ~ShmCollectives();
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
 
-  // Reduces `data` (n elements of `item` bytes) over the ranks in rank order, ((r0 op r1) op r2)
-  // ..., the same bits on every rank, written back into `data`. Every rank calls it in the same
-  // order with the same n, item and `kind` (the caller's tag of the reduction and dtype; a rank
-  // whose call differs fails them all, naming both). Throws kiln::Error ("... timed out ...")
-  // when `timeout` passes first, naming the ranks not arrived, or ShmPeerFailed at once when a
-  // peer's process is gone, it failed (abort_peers), or it left (left()) before arriving; the
-  // segment is then unusable (every later call throws).
+  // Each op: every rank calls it in the same order with the same n, item and `kind` (the
+  // caller's tag of the op, reduction and dtype; a rank whose call differs fails them all, naming
+  // both). Throws kiln::Error ("... timed out ...") when `timeout` passes first, naming the ranks
+  // not arrived, or ShmPeerFailed at once when a peer's process is gone, it failed (abort_peers),
+  // or it left (left()) before arriving; the segment is then unusable (every later call throws).
+  // Reductions run over the ranks in rank order, ((r0 op r1) op r2) ..., the same bits on every
+  // rank.
+  //
+  // all_reduce: `data` (n elements of `item` bytes) reduced over the ranks, in place.
   void all_reduce(void* data, size_t n, size_t item, uint32_t kind, const ReduceFn& fn,
                   std::chrono::milliseconds timeout);
+  // all_gather: out (size x n elements) = every rank's `in` (n elements) in rank order; `in` may
+  // be this rank's part of `out`.
+  void all_gather(const void* in, void* out, size_t n, size_t item, uint32_t kind, std::chrono::milliseconds timeout);
+  // reduce_scatter: out (n elements) = the reduction over the ranks of part `rank` of their `in`
+  // (size x n elements).
+  void reduce_scatter(const void* in, void* out, size_t n, size_t item, uint32_t kind, const ReduceFn& fn,
+                      std::chrono::milliseconds timeout);
   // Ends the peers' waits in this segment with `why` (this rank failed elsewhere).
   void abort_peers(const std::string& why);
   // This rank will call no more (its communicator is going away): a peer that still waits for it
@@ -78,14 +87,27 @@ class ShmAllReduce {
   void left();
 
  private:
-  ShmAllReduce(ShmApi& api, void* base, size_t bytes, int rank, int size, size_t chunk);
+  ShmCollectives(ShmApi& api, void* base, size_t bytes, int rank, int size, size_t chunk);
   struct Header;
   Header* header() const;
   uint32_t* flag(int rank, int which) const;  // which: 0 arrived, 1 reduced
   uint8_t* in_slot(int rank) const;
   uint8_t* out_slot() const;
+  // The running op: its name in messages, its call, its deadline.
+  struct Call {
+    const char* op;
+    size_t n, item;
+    uint32_t kind;
+    std::chrono::steady_clock::time_point deadline;
+    std::chrono::milliseconds timeout;
+  };
+  Call begin(const char* op, size_t n, size_t item, uint32_t kind, std::chrono::milliseconds timeout);
+  // Posts this rank's input of step s and waits for everyone's (on the first step, then compares
+  // the calls); finish posts that this rank is done with step s's slots and waits for everyone.
+  void arrive(const Call& c, uint32_t s, bool first);
+  void finish(const Call& c, uint32_t s);
   // Waits until every rank's flag `which` reached `seq`.
-  void wait_all(int which, uint32_t seq, std::chrono::steady_clock::time_point deadline,
+  void wait_all(const char* op, int which, uint32_t seq, std::chrono::steady_clock::time_point deadline,
                 std::chrono::milliseconds timeout, const char* phase);
   void post(int which, uint32_t seq);
   [[noreturn]] void broken(const std::string& why, bool peer_failed);

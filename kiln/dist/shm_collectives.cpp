@@ -1,29 +1,33 @@
-// ShmAllReduce (shm_allreduce.h): the segment's setup through the store, the chunked
-// all_reduce over it, the waits (spin, then a futex with a deadline, peers' liveness checked),
-// and the POSIX shared-memory calls behind ShmApi.
+// ShmCollectives (shm_collectives.h): the segment's setup through the store, the chunked
+// all_reduce, all_gather and reduce_scatter over it, the waits (spin, then a futex with a
+// deadline, peers' liveness checked), and the POSIX shared-memory calls behind ShmApi.
 //
-// NOTE [shared-memory all_reduce]
+// NOTE [shared-memory collectives]
 // Gloo's ring sends 2(n-1)/n of the tensor through loopback TCP per rank, each byte copied into
-// and out of the kernel. Ranks of one host can instead meet in one segment: per chunk of C
-// bytes (KILN_GLOO_SHM_CHUNK_BYTES, default 1 MiB), (1) each rank copies its chunk into its
-// input slot and posts `arrived`; (2) once all have arrived, rank r reduces the r-th 1/n of the
-// chunk over every input slot in rank order into the output slot, and posts `reduced`; (3) once
-// all have reduced, each copies the output slot back. One set of slots serves every chunk: a
-// rank writes its input slot for chunk s+1 only after every rank posted `reduced` for chunk s
-// (nobody reads chunk s's inputs any more), and writes into the output slot for chunk s+1 only
-// after every rank posted `arrived` for it (everyone has copied chunk s out). The flags are
-// 32-bit sequence numbers (compared by difference, so they wrap). Each rank also writes its call
-// (element count, size, the caller's kind) before its first `arrived` of an op, and every rank
-// compares them after the first wait: ranks that disagree fail instead of mixing data. A waiter
-// spins briefly, then sleeps on the flag's futex (shared across processes) in slices of at most
-// 50 ms, checking between them the flag, the peers' states (one that failed ends every wait; one
-// that left ends the waits for it), the deadline and, every 100 ms, that the peers it waits for
-// still run (their pids, written in the segment). Posters wake the futex only when someone sleeps
-// (a shared waiter count; flag and count are sequentially consistent, so a sleeper either sees
-// the new flag or is woken). The segment is unlinked as soon as every rank has it mapped, or
-// when the setup fails on rank 0, so nothing is left in /dev/shm but by a process killed inside
-// the setup's few store round trips.
-#include "kiln/dist/shm_allreduce.h"
+// and out of the kernel. Ranks of one host can instead meet in one segment: an input slot of C
+// bytes per rank and an output slot (C = KILN_GLOO_SHM_CHUNK_BYTES, default 1 MiB). Each op runs
+// in steps, each in three phases: (1) every rank copies its step's input into its slot and posts
+// `arrived`; (2) once all have arrived, each rank reads what it needs from every slot (all_reduce:
+// reduces the r-th 1/n of the step over every slot in rank order into the output slot;
+// all_gather: copies every slot to its place in the output; reduce_scatter, whose slots hold one
+// run per destination rank: reduces its own run over every slot into its output) and posts
+// `finished` (the flag named `reduced` below); (3) once all have finished, all_reduce copies the
+// output slot back. One set of slots serves every step: a rank writes its input slot for step
+// s+1 only after every rank posted `finished` for step s (nobody reads step s's slots any more),
+// and writes into the output slot for step s+1 only after every rank posted `arrived` for it
+// (everyone has copied step s out).
+// The flags are 32-bit sequence numbers (compared by difference, so they wrap). Each rank also
+// writes its call (element count, size, the caller's kind, which names the op) before its first
+// `arrived` of an op, and every rank compares them after the first wait: ranks that disagree fail
+// instead of mixing data. A waiter spins briefly, then sleeps on the flag's futex (shared across
+// processes) in slices of at most 50 ms, checking between them the flag, the peers' states (one
+// that failed ends every wait; one that left ends the waits for it), the deadline and, every
+// 100 ms, that the peers it waits for still run (their pids, written in the segment). Posters
+// wake the futex only when someone sleeps (a shared waiter count; flag and count are sequentially
+// consistent, so a sleeper either sees the new flag or is woken). The segment is unlinked as soon
+// as every rank has it mapped, or when the setup fails on rank 0, so nothing is left in /dev/shm
+// but by a process killed inside the setup's few store round trips.
+#include "kiln/dist/shm_collectives.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -181,7 +185,7 @@ ShmApi& system_shm_api() {
   return api;
 }
 
-struct ShmAllReduce::Header {
+struct ShmCollectives::Header {
   uint64_t magic;
   uint64_t nonce;
   uint32_t size;
@@ -189,16 +193,16 @@ struct ShmAllReduce::Header {
   uint64_t chunk;
 };
 
-ShmAllReduce::ShmAllReduce(ShmApi& api, void* base, size_t bytes, int rank, int size, size_t chunk)
+ShmCollectives::ShmCollectives(ShmApi& api, void* base, size_t bytes, int rank, int size, size_t chunk)
     : api_(api), base_(base), bytes_(bytes), rank_(rank), size_(size), chunk_(chunk) {
   static_assert(sizeof(Header) <= kSlotsOffset);
   // Spin before sleeping only where every rank can have a core of its own.
   spins_ = std::thread::hardware_concurrency() >= static_cast<unsigned>(2 * size) ? 20000 : 200;
 }
 
-ShmAllReduce::~ShmAllReduce() { api_.unmap(base_, bytes_); }
+ShmCollectives::~ShmCollectives() { api_.unmap(base_, bytes_); }
 
-ShmAllReduce::Header* ShmAllReduce::header() const { return static_cast<Header*>(base_); }
+ShmCollectives::Header* ShmCollectives::header() const { return static_cast<Header*>(base_); }
 
 namespace {
 RankSlot* slot_of(void* base, int rank) {
@@ -206,27 +210,28 @@ RankSlot* slot_of(void* base, int rank) {
 }
 }  // namespace
 
-uint32_t* ShmAllReduce::flag(int rank, int which) const {
+uint32_t* ShmCollectives::flag(int rank, int which) const {
   RankSlot* s = slot_of(base_, rank);
   return which == 0 ? &s->arrived : &s->reduced;
 }
 
-uint8_t* ShmAllReduce::in_slot(int rank) const {
+uint8_t* ShmCollectives::in_slot(int rank) const {
   return static_cast<uint8_t*>(base_) + data_offset(size_) + static_cast<size_t>(rank) * chunk_;
 }
 
-uint8_t* ShmAllReduce::out_slot() const { return in_slot(size_); }
+uint8_t* ShmCollectives::out_slot() const { return in_slot(size_); }
 
-std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(Store& store, int rank, int size, const Options& options,
+std::unique_ptr<ShmCollectives> ShmCollectives::connect(Store& store, int rank, int size, const Options& options,
                                                     ShmApi& api, std::string* why_not) {
-  auto no = [&](const std::string& why) -> std::unique_ptr<ShmAllReduce> {
+  auto no = [&](const std::string& why) -> std::unique_ptr<ShmCollectives> {
     if (why_not) *why_not = why;
     return nullptr;
   };
   if (size < 2) return no("a world of one");
   const bool enabled = env_integer("KILN_GLOO_SHM", 0, 1, 1) != 0;  // a malformed value throws before any store traffic
   const int32_t pid = options.pid != 0 ? options.pid : static_cast<int32_t>(getpid());
-  const size_t chunk = round_up(std::max<size_t>(options.chunk_bytes, 64), 64);
+  // A multiple of 64 that every rank's run of 8-byte elements divides (reduce_scatter's steps).
+  const size_t chunk = round_up(std::max<size_t>(options.chunk_bytes, 64), 64 * static_cast<size_t>(size));
   store.set("shm/host/" + std::to_string(rank), options.host_id.empty() ? this_host_id() : options.host_id);
   // The segment as this rank holds it: unmapped, and on rank 0 unlinked, on every way out.
   std::string name;
@@ -324,25 +329,26 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::connect(Store& store, int rank, int 
   }
   release.unlink();  // every rank has it mapped (or gave up): nothing left behind in /dev/shm
   if (!failed.empty() || ok != "1") return no(failed);
-  std::unique_ptr<ShmAllReduce> s(new ShmAllReduce(api, base, bytes, rank, size, seg_chunk));
+  std::unique_ptr<ShmCollectives> s(new ShmCollectives(api, base, bytes, rank, size, seg_chunk));
   release.kept = true;
   for (int r = 0; r < size; ++r) s->pids_.push_back(slot_of(base, r)->pid);
   return s;
 }
 
-void ShmAllReduce::broken(const std::string& why, bool peer_failed) {
+void ShmCollectives::broken(const std::string& why, bool peer_failed) {
   broken_ = why;
   if (peer_failed) throw ShmPeerFailed(why);
   fail(why);
 }
 
-void ShmAllReduce::post(int which, uint32_t seq) {
+void ShmCollectives::post(int which, uint32_t seq) {
   std::atomic_ref<uint32_t>(*flag(rank_, which)).store(seq, std::memory_order_seq_cst);
   if (std::atomic_ref<uint32_t>(header()->waiters).load(std::memory_order_seq_cst) > 0) futex_wake(flag(rank_, which));
 }
 
-void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline, Millis timeout, const char* phase) {
-  const char* step = which == 0 ? "arrive" : "reduce";
+void ShmCollectives::wait_all(const char* op, int which, uint32_t seq, Clock::time_point deadline, Millis timeout,
+                              const char* phase) {
+  const char* step = which == 0 ? "arrive" : "finish";
   auto next_liveness = Clock::now() + Millis(100);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
@@ -357,7 +363,7 @@ void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline,
         RankSlot* s = slot_of(base_, k);
         const uint32_t state = k == rank_ ? 0 : std::atomic_ref<uint32_t>(s->state).load(std::memory_order_acquire);
         if (state == kFailed || (state == kLeft && k == r))
-          broken(detail::str_cat("shared-memory all_reduce: rank ", k, state == kFailed ? " failed: " : " left: ",
+          broken(detail::str_cat("shared-memory ", op, ": rank ", k, state == kFailed ? " failed: " : " left: ",
                                  std::string(s->reason, strnlen(s->reason, kReasonBytes))),
                  true);
       }
@@ -367,7 +373,7 @@ void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline,
         for (int k = 0; k < size_; ++k)
           if (k != rank_ && !reached(std::atomic_ref<uint32_t>(*flag(k, which)).load(), seq))
             late += (late.empty() ? "" : ", ") + std::to_string(k);
-        broken(detail::str_cat("shared-memory all_reduce timed out after ", timeout.count(), " ms (", phase,
+        broken(detail::str_cat("shared-memory ", op, " timed out after ", timeout.count(), " ms (", phase,
                                ") waiting for rank(s) ", late, " to ", step),
                false);
       }
@@ -375,8 +381,7 @@ void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline,
         next_liveness = now + Millis(100);
         for (int k = 0; k < size_; ++k)
           if (k != rank_ && !reached(std::atomic_ref<uint32_t>(*flag(k, which)).load(), seq) && !api_.alive(pids_[k]))
-            broken(detail::str_cat("shared-memory all_reduce: rank ", k, " (pid ", pids_[k], ") is gone (", phase,
-                                   ")"),
+            broken(detail::str_cat("shared-memory ", op, ": rank ", k, " (pid ", pids_[k], ") is gone (", phase, ")"),
                    true);
       }
       std::atomic_ref<uint32_t> waiters(header()->waiters);
@@ -393,32 +398,46 @@ void ShmAllReduce::wait_all(int which, uint32_t seq, Clock::time_point deadline,
   }
 }
 
-void ShmAllReduce::all_reduce(void* data, size_t n, size_t item, uint32_t kind, const ReduceFn& fn, Millis timeout) {
-  KILN_CHECK(broken_.empty(), "shared-memory all_reduce: unusable after an earlier failure: ", broken_);
-  KILN_CHECK(item > 0 && chunk_ % item == 0, "shared-memory all_reduce: element size ", item,
-             " does not divide the chunk of ", chunk_, " bytes");
-  const auto deadline = Clock::now() + timeout;
+ShmCollectives::Call ShmCollectives::begin(const char* op, size_t n, size_t item, uint32_t kind, Millis timeout) {
+  KILN_CHECK(broken_.empty(), "shared-memory ", op, ": unusable after an earlier failure: ", broken_);
+  KILN_CHECK(item > 0 && chunk_ % (item * static_cast<size_t>(size_)) == 0, "shared-memory ", op, ": element size ",
+             item, " x ", size_, " ranks does not divide the chunk of ", chunk_, " bytes");
   RankSlot* mine = slot_of(base_, rank_);
   mine->n = n;
   mine->item = static_cast<uint32_t>(item);
   mine->kind = kind;
+  return Call{op, n, item, kind, Clock::now() + timeout, timeout};
+}
+
+void ShmCollectives::arrive(const Call& c, uint32_t s, bool first) {
+  post(0, s);
+  wait_all(c.op, 0, s, c.deadline, c.timeout, "inputs");
+  if (!first) return;
+  // Every rank's call is visible now: the same one, or nobody goes on.
+  for (int r = 0; r < size_; ++r) {
+    const RankSlot* o = slot_of(base_, r);
+    if (o->n != c.n || o->item != c.item || o->kind != c.kind)
+      broken(detail::str_cat("shared-memory ", c.op, ": rank ", r, " called it with ", o->n, " elements of ", o->item,
+                             " bytes (kind ", o->kind, "), rank ", rank_, " with ", c.n, " of ", c.item, " (kind ",
+                             c.kind, ")"),
+             false);
+  }
+}
+
+void ShmCollectives::finish(const Call& c, uint32_t s) {
+  post(1, s);
+  wait_all(c.op, 1, s, c.deadline, c.timeout, "results");
+}
+
+void ShmCollectives::all_reduce(void* data, size_t n, size_t item, uint32_t kind, const ReduceFn& fn, Millis timeout) {
+  const Call c = begin("all_reduce", n, item, kind, timeout);
   const size_t per_chunk = chunk_ / item;
   auto* bytes = static_cast<uint8_t*>(data);
   for (size_t off = 0; off < n; off += per_chunk) {
     const size_t m = std::min(per_chunk, n - off);
     const uint32_t s = ++seq_;
     std::memcpy(in_slot(rank_), bytes + off * item, m * item);
-    post(0, s);
-    wait_all(0, s, deadline, timeout, "inputs");
-    if (off == 0)  // every rank's call is visible now: the same one, or nobody goes on
-      for (int r = 0; r < size_; ++r) {
-        const RankSlot* o = slot_of(base_, r);
-        if (o->n != n || o->item != item || o->kind != kind)
-          broken(detail::str_cat("shared-memory all_reduce: rank ", r, " called it with ", o->n, " elements of ",
-                                 o->item, " bytes (kind ", o->kind, "), rank ", rank_, " with ", n, " of ", item,
-                                 " (kind ", kind, ")"),
-                 false);
-      }
+    arrive(c, s, off == 0);
     // This rank's part of the chunk, over every input in rank order.
     const size_t lo = m * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
     const size_t hi = m * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
@@ -427,13 +446,51 @@ void ShmAllReduce::all_reduce(void* data, size_t n, size_t item, uint32_t kind, 
       fn(out, in_slot(0) + lo * item, in_slot(1) + lo * item, hi - lo);
       for (int r = 2; r < size_; ++r) fn(out, out, in_slot(r) + lo * item, hi - lo);
     }
-    post(1, s);
-    wait_all(1, s, deadline, timeout, "results");
+    finish(c, s);
     std::memcpy(bytes + off * item, out_slot(), m * item);
   }
 }
 
-void ShmAllReduce::mark(uint32_t state, const std::string& why) {
+void ShmCollectives::all_gather(const void* in, void* out, size_t n, size_t item, uint32_t kind, Millis timeout) {
+  const Call c = begin("all_gather", n, item, kind, timeout);
+  const size_t per_chunk = chunk_ / item;
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  for (size_t off = 0; off < n; off += per_chunk) {
+    const size_t m = std::min(per_chunk, n - off);
+    const uint32_t s = ++seq_;
+    std::memcpy(in_slot(rank_), src + off * item, m * item);
+    arrive(c, s, off == 0);
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ || dst + (static_cast<size_t>(r) * n + off) * item != src + off * item)
+        std::memcpy(dst + (static_cast<size_t>(r) * n + off) * item, in_slot(r), m * item);
+    finish(c, s);  // every rank has read the slots: the next chunk may overwrite them
+  }
+}
+
+void ShmCollectives::reduce_scatter(const void* in, void* out, size_t n, size_t item, uint32_t kind,
+                                    const ReduceFn& fn, Millis timeout) {
+  const Call c = begin("reduce_scatter", n, item, kind, timeout);
+  // Per step, k elements of every rank's part: the slot holds size_ runs of k, rank r's run first
+  // for r = 0 (the part rank r keeps).
+  const size_t k = chunk_ / (item * static_cast<size_t>(size_));
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  for (size_t off = 0; off < n; off += k) {
+    const size_t m = std::min(k, n - off);
+    const uint32_t s = ++seq_;
+    for (int r = 0; r < size_; ++r)
+      std::memcpy(in_slot(rank_) + static_cast<size_t>(r) * k * item, src + (static_cast<size_t>(r) * n + off) * item,
+                  m * item);
+    arrive(c, s, off == 0);
+    const size_t mine = static_cast<size_t>(rank_) * k * item;
+    fn(dst + off * item, in_slot(0) + mine, in_slot(1) + mine, m);
+    for (int r = 2; r < size_; ++r) fn(dst + off * item, dst + off * item, in_slot(r) + mine, m);
+    finish(c, s);
+  }
+}
+
+void ShmCollectives::mark(uint32_t state, const std::string& why) {
   RankSlot* s = slot_of(base_, rank_);
   const size_t len = std::min(why.size(), kReasonBytes - 1);
   std::memcpy(s->reason, why.data(), len);
@@ -445,9 +502,9 @@ void ShmAllReduce::mark(uint32_t state, const std::string& why) {
   }
 }
 
-void ShmAllReduce::abort_peers(const std::string& why) { mark(kFailed, why); }
+void ShmCollectives::abort_peers(const std::string& why) { mark(kFailed, why); }
 
-void ShmAllReduce::left() {
+void ShmCollectives::left() {
   if (std::atomic_ref<uint32_t>(slot_of(base_, rank_)->state).load() == 0)
     mark(kLeft, detail::str_cat("rank ", rank_, " destroyed its communicator"));
 }

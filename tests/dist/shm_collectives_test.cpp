@@ -1,13 +1,14 @@
-// ShmAllReduce with threads as ranks of one process (each maps the segment on its own, as
-// processes do): the result against the rank-order reduction, bit for bit, over chunk counts,
+// ShmCollectives with threads as ranks of one process (each maps the segment on its own, as
+// processes do): all_reduce and reduce_scatter against the rank-order reduction, bit for bit, and
+// all_gather (also in place) against the inputs, over step counts,
 // uneven parts and world sizes 2 to 4, within a time that a lost futex wake-up would exceed; and
 // its fault paths through a ShmApi whose calls fail or whose peers are gone: every rank left
 // without a segment (with the reason) when one cannot create, map or share it or rank 0 fails
 // setting it up, nothing left in /dev/shm when a peer never answers, a gone peer ending a wait at
 // once (but not one that already arrived), a late one timing out naming it, abort_peers and
-// left() ending the others' waits, and ranks calling with different sizes failing instead of
-// mixing data.
-#include "kiln/dist/shm_allreduce.h"
+// left() ending the others' waits, and ranks calling with different sizes or ops failing instead
+// of mixing data.
+#include "kiln/dist/shm_collectives.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -46,7 +47,7 @@ struct FakeShm : ShmApi {
 
 struct World {
   test::LocalStore local{"shm-test"};
-  std::vector<std::unique_ptr<ShmAllReduce>> ranks;
+  std::vector<std::unique_ptr<ShmCollectives>> ranks;
   std::vector<std::string> why;
   // Connects `size` ranks (one thread each) under a fresh prefix; host_of(r) as their host ids.
   World(int size, ShmApi& api, size_t chunk, const std::function<std::string(int)>& host_of = nullptr,
@@ -61,12 +62,12 @@ struct World {
         // A client per rank: a client's blocking get holds its connection.
         PrefixStore store(p, std::make_shared<TcpStore>("127.0.0.1", local.server->port(), "shm-test"));
         store.set_timeout(store_timeout);
-        ShmAllReduce::Options o;
+        ShmCollectives::Options o;
         o.chunk_bytes = chunk;
         o.host_id = host_of ? host_of(r) : "one host";
         o.pid = pid_of ? pid_of(r) : 0;
         try {
-          ranks[static_cast<size_t>(r)] = ShmAllReduce::connect(store, r, size, o, api, &why[static_cast<size_t>(r)]);
+          ranks[static_cast<size_t>(r)] = ShmCollectives::connect(store, r, size, o, api, &why[static_cast<size_t>(r)]);
         } catch (const std::exception& e) {
           why[static_cast<size_t>(r)] = std::string("threw: ") + e.what();
         }
@@ -89,7 +90,7 @@ std::vector<std::string> leftover_segments() {
   return out;
 }
 
-TEST(ShmAllReduce, ThreadsAsRanksGiveTheRankOrderSumsBits) {
+TEST(ShmCollectives, ThreadsAsRanksGiveTheRankOrderSumsBits) {
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> normal(0.0f, 1e3f);
   for (int size : {2, 3, 4}) {
@@ -121,7 +122,70 @@ TEST(ShmAllReduce, ThreadsAsRanksGiveTheRankOrderSumsBits) {
   }
 }
 
-TEST(ShmAllReduce, ARankThatCannotCreateOrMapItLeavesEveryRankWithout) {
+// all_gather (in place on odd ranks) and reduce_scatter: exact copies and the rank-order sums' bits.
+TEST(ShmCollectives, ThreadsAsRanksGatherAndScatterTheRankOrderBits) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1e3f);
+  for (int size : {2, 3, 4}) {
+    World w(size, system_shm_api(), 64);  // 64 x size bytes a step: 16 floats a rank's run at most
+    for (int r = 0; r < size; ++r) ASSERT_NE(w.ranks[static_cast<size_t>(r)], nullptr) << w.why[static_cast<size_t>(r)];
+    for (size_t n : {size_t{1}, size_t{5}, size_t{16}, size_t{17}, size_t{300}}) {
+      const size_t total = n * static_cast<size_t>(size);
+      std::vector<std::vector<float>> in(static_cast<size_t>(size), std::vector<float>(total));
+      for (auto& d : in)
+        for (float& x : d) x = normal(rng);
+      // all_gather of each rank's first n values; odd ranks gather in place (their part of out).
+      std::vector<std::vector<float>> gathered(static_cast<size_t>(size), std::vector<float>(total, -1.0f));
+      std::vector<float> want_gather;
+      for (int r = 0; r < size; ++r) want_gather.insert(want_gather.end(), in[r].begin(), in[r].begin() + n);
+      for (int r = 1; r < size; r += 2)
+        std::copy(in[r].begin(), in[r].begin() + n, gathered[r].begin() + static_cast<ptrdiff_t>(r * n));
+      std::vector<std::vector<float>> scattered(static_cast<size_t>(size), std::vector<float>(n, -1.0f));
+      std::vector<std::thread> th;
+      for (int r = 0; r < size; ++r)
+        th.emplace_back([&, r] {
+          auto& me = *w.ranks[static_cast<size_t>(r)];
+          const float* src = r % 2 ? gathered[r].data() + r * n : in[r].data();
+          me.all_gather(src, gathered[r].data(), n, sizeof(float), 2, std::chrono::seconds(20));
+          me.reduce_scatter(in[r].data(), scattered[r].data(), n, sizeof(float), 3, sum_f32, std::chrono::seconds(20));
+        });
+      for (auto& t : th) t.join();
+      for (int r = 0; r < size; ++r) {
+        EXPECT_EQ(gathered[r], want_gather) << "all_gather size " << size << " n " << n << " rank " << r;
+        std::vector<float> want(in[0].begin() + static_cast<ptrdiff_t>(r * n), in[0].begin() + static_cast<ptrdiff_t>((r + 1) * n));
+        for (int q = 1; q < size; ++q)
+          for (size_t i = 0; i < n; ++i) want[i] = want[i] + in[q][r * n + i];
+        EXPECT_EQ(std::memcmp(scattered[r].data(), want.data(), n * sizeof(float)), 0)
+            << "reduce_scatter size " << size << " n " << n << " rank " << r;
+      }
+    }
+  }
+}
+
+// Ranks calling different ops with the same count fail too (the kind names the op).
+TEST(ShmCollectives, RanksCallingDifferentOpsFail) {
+  World w(2, system_shm_api(), 1024);
+  ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
+  std::vector<float> a(8, 1.0f), b(8, 1.0f), g(16);
+  std::string ea, eb;
+  std::thread t1([&] {
+    try {
+      w.ranks[1]->all_gather(b.data(), g.data(), 8, sizeof(float), 2, std::chrono::seconds(20));
+    } catch (const Error& e) {
+      eb = e.what();
+    }
+  });
+  try {
+    w.ranks[0]->all_reduce(a.data(), 8, sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
+  } catch (const Error& e) {
+    ea = e.what();
+  }
+  t1.join();
+  EXPECT_TRUE(contains(ea, "shared-memory all_reduce: rank 1 called it with 8 elements of 4 bytes (kind 2)")) << ea;
+  EXPECT_TRUE(contains(eb, "shared-memory all_gather: rank 0 called it with 8 elements of 4 bytes (kind 1)")) << eb;
+}
+
+TEST(ShmCollectives, ARankThatCannotCreateOrMapItLeavesEveryRankWithout) {
   FakeShm no_create;
   no_create.before_create = [](const std::string& name) { kiln::fail("shm_open(", name, "): No space left on device"); };
   World a(3, no_create, 1024);
@@ -143,7 +207,7 @@ TEST(ShmAllReduce, ARankThatCannotCreateOrMapItLeavesEveryRankWithout) {
   EXPECT_TRUE(leftover_segments().empty());
 }
 
-TEST(ShmAllReduce, RanksOfAnotherHostOrTheSwitchOffKeepTheirTcpPath) {
+TEST(ShmCollectives, RanksOfAnotherHostOrTheSwitchOffKeepTheirTcpPath) {
   World other(3, system_shm_api(), 1024, [](int r) { return r == 2 ? "host b" : "host a"; });
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(other.ranks[static_cast<size_t>(r)], nullptr);
@@ -160,7 +224,7 @@ TEST(ShmAllReduce, RanksOfAnotherHostOrTheSwitchOffKeepTheirTcpPath) {
   EXPECT_EQ(one.ranks[0], nullptr);
 }
 
-TEST(ShmAllReduce, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
+TEST(ShmCollectives, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
   FakeShm gone;
   std::atomic<bool> peer_alive{true};
   gone.alive_fn = [&](int) { return peer_alive.load(); };
@@ -201,7 +265,7 @@ TEST(ShmAllReduce, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
 
 // Each rank announces a pid of its own; rank 1's is gone, but it arrives (and finishes) before a
 // slow rank 2: the others' long wait for rank 2 must not fail on rank 1.
-TEST(ShmAllReduce, APeerGoneAfterItArrivedDoesNotFailTheOthers) {
+TEST(ShmCollectives, APeerGoneAfterItArrivedDoesNotFailTheOthers) {
   FakeShm api;
   api.alive_fn = [](int pid) { return pid != 1001; };
   World w(3, api, 1024, nullptr, Millis(20000), [](int r) { return 1000 + r; });
@@ -226,7 +290,7 @@ TEST(ShmAllReduce, APeerGoneAfterItArrivedDoesNotFailTheOthers) {
   }
 }
 
-TEST(ShmAllReduce, RanksCallingWithDifferentSizesFailInsteadOfMixingData) {
+TEST(ShmCollectives, RanksCallingWithDifferentSizesFailInsteadOfMixingData) {
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::vector<float> a(10, 1.0f), b(12, 1.0f);
@@ -251,7 +315,7 @@ TEST(ShmAllReduce, RanksCallingWithDifferentSizesFailInsteadOfMixingData) {
 // Rank 0 made the segment; rank 1 answers only after rank 0's store wait gave up: rank 0 throws,
 // and leaves nothing in /dev/shm; rank 1 finds no segment and goes without. A rank 0 that throws
 // while setting it up tells the others, who go without instead of waiting for it.
-TEST(ShmAllReduce, ASetupThatFailsLeavesNothingBehindAndNobodyWaiting) {
+TEST(ShmCollectives, ASetupThatFailsLeavesNothingBehindAndNobodyWaiting) {
   FakeShm slow;
   slow.before_open = [](const std::string&) { std::this_thread::sleep_for(std::chrono::milliseconds(900)); };
   World w(2, slow, 1024, nullptr, Millis(400));
@@ -269,7 +333,7 @@ TEST(ShmAllReduce, ASetupThatFailsLeavesNothingBehindAndNobodyWaiting) {
     EXPECT_EQ(v.why[static_cast<size_t>(r)], "rank 0 failed setting it up: random_device: no entropy");
 }
 
-TEST(ShmAllReduce, AbortPeersEndsTheOthersWaitWithItsReason) {
+TEST(ShmCollectives, AbortPeersEndsTheOthersWaitWithItsReason) {
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::thread aborter([&] {
@@ -290,7 +354,7 @@ TEST(ShmAllReduce, AbortPeersEndsTheOthersWaitWithItsReason) {
 }
 
 
-TEST(ShmAllReduce, ARankThatLeftEndsOnlyTheWaitsForIt) {
+TEST(ShmCollectives, ARankThatLeftEndsOnlyTheWaitsForIt) {
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::thread leaver([&] {
