@@ -12,11 +12,8 @@
 
 namespace kiln::train {
 
-std::string cuda_graphs_unavailable(const TrainConfig& cfg, int64_t micro_batches_per_rank, bool sharded) {
+std::string cuda_graphs_unavailable(const TrainConfig& cfg, bool sharded) {
   if (cfg.device.rfind("cuda", 0) != 0) return "a CUDA device is needed (device '" + cfg.device + "')";
-  if (micro_batches_per_rank > 1 && cfg.cuda_graphs != "on")
-    return "a step of " + std::to_string(micro_batches_per_rank) + " micro-batches (--accum or --global-batch) is "
-           "captured with --cuda-graphs on only (its second graph is not yet measured on a GPU)";
   if (sharded) return "FSDP's collectives run on their own streams, outside a graph";
   if (cfg.profile || profile::env_requested()) return "--profile (or KILN_PROFILE) times every kernel of the step";
   if (cfg.document_mask()) return "the document mask is built on the host from each batch";

@@ -40,12 +40,11 @@
 
 namespace kiln::train {
 
-// Why `cfg` cannot use CUDA graphs ("" when it can): not a CUDA run, more than one micro-batch a
-// rank, FSDP (its collectives run on their own streams), --profile (it times every kernel), a
-// document mask (built on the host from each batch), packed sampling (its batches' target counts
-// differ), the reference attention (its mask is copied from the host at every forward).
-// `sharded`: the run is FSDP-sharded.
-std::string cuda_graphs_unavailable(const TrainConfig& cfg, int64_t micro_batches_per_rank, bool sharded);
+// Why `cfg` cannot use CUDA graphs ("" when it can): not a CUDA run, FSDP (its collectives run on
+// their own streams), --profile (it times every kernel), a document mask (built on the host from
+// each batch), packed sampling (its batches' target counts differ), the reference attention (its
+// mask is copied from the host at every forward). `sharded`: the run is FSDP-sharded.
+std::string cuda_graphs_unavailable(const TrainConfig& cfg, bool sharded);
 
 class StepGraph {
  public:

@@ -342,13 +342,13 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
 
 void Trainer::State::refuse_cuda_graphs_on() const {
   if (cfg.cuda_graphs != "on") return;
-  const std::string why = cuda_graphs_unavailable(cfg, accum_local, world != nullptr || cfg.fsdp);
+  const std::string why = cuda_graphs_unavailable(cfg, world != nullptr || cfg.fsdp);
   KILN_CHECK(why.empty(), "train: --cuda-graphs on: ", why, " (--cuda-graphs auto uses them where a run allows it)");
 }
 
 void Trainer::State::plan_cuda_graphs() {
   if (cfg.cuda_graphs == "off") return;
-  const std::string why = cuda_graphs_unavailable(cfg, accum_local, world != nullptr || cfg.fsdp);
+  const std::string why = cuda_graphs_unavailable(cfg, world != nullptr || cfg.fsdp);
   if (!why.empty()) {
     if (dev.is_cuda()) progress->message("note: --cuda-graphs: not used: " + why);
     return;
