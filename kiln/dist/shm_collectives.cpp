@@ -429,6 +429,11 @@ void ShmCollectives::finish(const Call& c, uint32_t s) {
   wait_all(c.op, 1, s, c.deadline, c.timeout, "results");
 }
 
+void ShmCollectives::reduce_slots(uint8_t* out, size_t at, size_t m, const ReduceFn& fn) const {
+  fn(out, in_slot(0) + at, in_slot(1) + at, m);
+  for (int r = 2; r < size_; ++r) fn(out, out, in_slot(r) + at, m);
+}
+
 void ShmCollectives::all_reduce(void* data, size_t n, size_t item, uint32_t kind, const ReduceFn& fn, Millis timeout) {
   const Call c = begin("all_reduce", n, item, kind, timeout);
   const size_t per_chunk = chunk_ / item;
@@ -441,11 +446,7 @@ void ShmCollectives::all_reduce(void* data, size_t n, size_t item, uint32_t kind
     // This rank's part of the chunk, over every input in rank order.
     const size_t lo = m * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
     const size_t hi = m * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
-    if (hi > lo) {
-      uint8_t* out = out_slot() + lo * item;
-      fn(out, in_slot(0) + lo * item, in_slot(1) + lo * item, hi - lo);
-      for (int r = 2; r < size_; ++r) fn(out, out, in_slot(r) + lo * item, hi - lo);
-    }
+    if (hi > lo) reduce_slots(out_slot() + lo * item, lo * item, hi - lo, fn);
     finish(c, s);
     std::memcpy(bytes + off * item, out_slot(), m * item);
   }
@@ -483,9 +484,7 @@ void ShmCollectives::reduce_scatter(const void* in, void* out, size_t n, size_t 
       std::memcpy(in_slot(rank_) + static_cast<size_t>(r) * k * item, src + (static_cast<size_t>(r) * n + off) * item,
                   m * item);
     arrive(c, s, off == 0);
-    const size_t mine = static_cast<size_t>(rank_) * k * item;
-    fn(dst + off * item, in_slot(0) + mine, in_slot(1) + mine, m);
-    for (int r = 2; r < size_; ++r) fn(dst + off * item, dst + off * item, in_slot(r) + mine, m);
+    reduce_slots(dst + off * item, static_cast<size_t>(rank_) * k * item, m, fn);
     finish(c, s);
   }
 }

@@ -106,6 +106,8 @@ class ShmCollectives {
   // the calls); finish posts that this rank is done with step s's slots and waits for everyone.
   void arrive(const Call& c, uint32_t s, bool first);
   void finish(const Call& c, uint32_t s);
+  // out (m elements) = every rank's input slot from byte `at` on, reduced in rank order.
+  void reduce_slots(uint8_t* out, size_t at, size_t m, const ReduceFn& fn) const;
   // Waits until every rank's flag `which` reached `seq`.
   void wait_all(const char* op, int which, uint32_t seq, std::chrono::steady_clock::time_point deadline,
                 std::chrono::milliseconds timeout, const char* phase);
