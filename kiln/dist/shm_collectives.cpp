@@ -359,6 +359,9 @@ void ShmCollectives::wait_all(const char* op, int which, uint32_t seq, Clock::ti
       if (!done) cpu_relax();
     }
     while (!done) {
+      // The flag first: a peer that posted it and then left (or failed later) must not fail a wait
+      // it already ended.
+      if ((done = reached(f.load(std::memory_order_acquire), seq))) break;
       for (int k = 0; k < size_; ++k) {
         RankSlot* s = slot_of(base_, k);
         const uint32_t state = k == rank_ ? 0 : std::atomic_ref<uint32_t>(s->state).load(std::memory_order_acquire);

@@ -74,10 +74,11 @@ class ShmCollectives {
   void all_reduce(void* data, size_t n, size_t item, uint32_t kind, const ReduceFn& fn,
                   std::chrono::milliseconds timeout);
   // all_gather: out (size x n elements) = every rank's `in` (n elements) in rank order; `in` may
-  // be this rank's part of `out`.
+  // be this rank's part of `out`, and must not overlap the rest of it. (n == 0 returns at once,
+  // unchecked: callers skip empty ops on every rank alike.)
   void all_gather(const void* in, void* out, size_t n, size_t item, uint32_t kind, std::chrono::milliseconds timeout);
   // reduce_scatter: out (n elements) = the reduction over the ranks of part `rank` of their `in`
-  // (size x n elements).
+  // (size x n elements); `out` may be this rank's part of `in`, and must not overlap the rest.
   void reduce_scatter(const void* in, void* out, size_t n, size_t item, uint32_t kind, const ReduceFn& fn,
                       std::chrono::milliseconds timeout);
   // Ends the peers' waits in this segment with `why` (this rank failed elsewhere).

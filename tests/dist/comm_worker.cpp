@@ -301,6 +301,24 @@ void run_dead_peer(Communicator& world) {
   ADD_FAILURE() << "no op failed although rank 1 was killed";
 }
 
+// Ranks calling different ops of the same count in the shared-memory segment (rank 0 an
+// all_reduce, the others an all_gather): every rank's op fails naming the other's call, rather
+// than mixing data. abort_process is off, so the Works raise.
+void run_mixed_ops(Communicator& world) {
+  Tensor t = make({1, 2, 3, 4, 5, 6, 7, 8}, DType::f32);
+  Tensor out = Tensor::empty({8 * world.size()}, DType::f32);
+  try {
+    if (world.rank() == 0) world.all_reduce(t, ReduceOp::sum)->wait();
+    else world.all_gather_single(out, t)->wait();
+    ADD_FAILURE() << "rank " << world.rank() << ": mismatched ops did not fail";
+  } catch (const Error& e) {
+    const std::string want = world.rank() == 0 ? "shared-memory all_reduce: rank 1 called it with 8 elements of 4 bytes"
+                                               : "shared-memory all_gather: rank 0 called it with 8 elements of 4 bytes";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    std::printf("mixed ops failed as expected\n");
+  }
+}
+
 }  // namespace
 
 TEST(DistWorker, Run) {
@@ -310,7 +328,7 @@ TEST(DistWorker, Run) {
   CommOptions o;
   o.timeout = Millis(std::atoi(std::getenv("KILN_TEST_TIMEOUT_MS") ? std::getenv("KILN_TEST_TIMEOUT_MS") : "20000"));
   o.shrink_window = Millis(1500);
-  if (mode == "dead_peer") o.abort_process = false;
+  if (mode == "dead_peer" || mode == "mixed_ops") o.abort_process = false;
   auto world = init_world("gloo", "world", o);
   if (mode == "collectives") {
     std::vector<Tensor> p2p;
@@ -321,6 +339,7 @@ TEST(DistWorker, Run) {
   else if (mode == "in_flight") run_in_flight(*world);
   else if (mode == "bad_input") run_bad_input(*world);
   else if (mode == "dead_peer") run_dead_peer(*world);
+  else if (mode == "mixed_ops") run_mixed_ops(*world);
   else if (mode == "sleeper" || mode == "killed") {
     // Rank 1 sleeps past the timeout (or dies by SIGKILL) at the third all_reduce.
     for (int i = 1; i <= 3; ++i) {

@@ -51,9 +51,21 @@ TEST(Gloo, DirectAllReducePathMatchesSerialReference) {
   check_all_reduce_path(3, "KILN_GLOO_SHM=0", "off: KILN_GLOO_SHM=0");
 }
 
-TEST(Gloo, SharedMemoryAllReducePathMatchesSerialReference) {
+// The segment serves all_gather and reduce_scatter too: the collectives case runs each in
+// several steps at this chunk.
+TEST(Gloo, SharedMemoryPathMatchesSerialReference) {
   KILN_SKIP_WITHOUT_GLOO();
   for (int n : {2, 4}) check_all_reduce_path(n, "KILN_GLOO_SHM_CHUNK_BYTES=64", "on");
+}
+
+// Ranks calling different ops of one count fail naming each other's call (the tag every rank
+// compares names the op: a sum all_reduce and an all_gather of one dtype differ).
+TEST(Gloo, RanksCallingDifferentOpsInTheSegmentFail) {
+  KILN_SKIP_WITHOUT_GLOO();
+  const auto r = run_ranks(2, "mixed_ops", "KILN_TEST_TIMEOUT_MS=20000");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 0] mixed ops failed as expected")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 1] mixed ops failed as expected")) << r.output;
 }
 
 TEST(Gloo, BadInputNamesOpAndValuesAndCommunicatorStaysUsable) {

@@ -183,6 +183,26 @@ TEST(ShmCollectives, RanksCallingDifferentOpsFail) {
   t1.join();
   EXPECT_TRUE(contains(ea, "shared-memory all_reduce: rank 1 called it with 8 elements of 4 bytes (kind 2)")) << ea;
   EXPECT_TRUE(contains(eb, "shared-memory all_gather: rank 0 called it with 8 elements of 4 bytes (kind 1)")) << eb;
+  // reduce_scatter compares its call too
+  std::vector<float> in(16, 1.0f), out(8);
+  std::string ec, ed;
+  World v(2, system_shm_api(), 1024);  // a fresh segment: the one above is broken
+  ASSERT_NE(v.ranks[0], nullptr) << v.why[0];
+  std::thread t3([&] {
+    try {
+      v.ranks[1]->all_gather(b.data(), g.data(), 8, sizeof(float), 2, std::chrono::seconds(20));
+    } catch (const Error& e) {
+      ed = e.what();
+    }
+  });
+  try {
+    v.ranks[0]->reduce_scatter(in.data(), out.data(), 8, sizeof(float), 3, sum_f32, std::chrono::seconds(20));
+  } catch (const Error& e) {
+    ec = e.what();
+  }
+  t3.join();
+  EXPECT_TRUE(contains(ec, "shared-memory reduce_scatter: rank 1 called it with 8 elements of 4 bytes (kind 2)")) << ec;
+  EXPECT_TRUE(contains(ed, "shared-memory all_gather: rank 0 called it with 8 elements of 4 bytes (kind 3)")) << ed;
 }
 
 TEST(ShmCollectives, ARankThatCannotCreateOrMapItLeavesEveryRankWithout) {

@@ -331,12 +331,12 @@ class GlooCommunicator : public Communicator {
       const size_t bytes = in.nbytes();
       auto* slot = static_cast<uint8_t*>(out.data_ptr()) + bytes * static_cast<size_t>(c.rank);
       if (bytes == 0) return;
-      if (c.shm) {
-        c.shm->all_gather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), itemsize(in.dtype()),
+      if (slot != in.data_ptr()) std::memmove(slot, in.data_ptr(), bytes);  // (in may overlap out)
+      if (c.shm) {  // in place: this rank's part of out is its input
+        c.shm->all_gather(slot, out.data_ptr(), static_cast<size_t>(in.numel()), itemsize(in.dtype()),
                           shm_kind(2, ReduceOp::sum, in.dtype()), tmo);
         return;
       }
-      if (slot != in.data_ptr()) std::memmove(slot, in.data_ptr(), bytes);
       if (c.size == 1) return;
       gloo::AllgatherOptions opts(c.ctx);
       opts.setOutput(static_cast<uint8_t*>(out.data_ptr()), bytes * static_cast<size_t>(c.size));
@@ -363,7 +363,16 @@ class GlooCommunicator : public Communicator {
       if (c.size == 1) {
         std::memmove(out.data_ptr(), in.data_ptr(), chunk);
       } else if (c.shm) {
-        c.shm->reduce_scatter(in.data_ptr(), out.data_ptr(), n, itemsize(dt), shm_kind(3, op, dt), fn, tmo);
+        // An output that overlaps the input anywhere but this rank's own part reads a copy of it.
+        const auto* ib = static_cast<const uint8_t*>(in.data_ptr());
+        const auto* ob = static_cast<const uint8_t*>(out.data_ptr());
+        const void* src = in.data_ptr();
+        if (ob < ib + in.nbytes() && ib < ob + chunk && ob != ib + chunk * static_cast<size_t>(c.rank)) {
+          uint8_t* copy = c.scratch->get(in.nbytes());
+          std::memcpy(copy, ib, in.nbytes());
+          src = copy;
+        }
+        c.shm->reduce_scatter(src, out.data_ptr(), n, itemsize(dt), shm_kind(3, op, dt), fn, tmo);
       } else {
         uint8_t* recv = c.scratch->get(chunk * static_cast<size_t>(c.size));
         gloo::AlltoallOptions opts(c.ctx);
