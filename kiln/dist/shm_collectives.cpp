@@ -427,6 +427,13 @@ void ShmCollectives::arrive(const Call& c, uint32_t s, bool first) {
   }
 }
 
+uint32_t ShmCollectives::stage(const Call& c, const uint8_t* part, size_t bytes, bool first) {
+  const uint32_t s = ++seq_;
+  std::memcpy(in_slot(rank_), part, bytes);
+  arrive(c, s, first);
+  return s;
+}
+
 void ShmCollectives::finish(const Call& c, uint32_t s) {
   post(1, s);
   wait_all(c.op, 1, s, c.deadline, c.timeout, "results");
@@ -443,9 +450,7 @@ void ShmCollectives::all_reduce(void* data, size_t n, size_t item, uint32_t kind
   auto* bytes = static_cast<uint8_t*>(data);
   for (size_t off = 0; off < n; off += per_chunk) {
     const size_t m = std::min(per_chunk, n - off);
-    const uint32_t s = ++seq_;
-    std::memcpy(in_slot(rank_), bytes + off * item, m * item);
-    arrive(c, s, off == 0);
+    const uint32_t s = stage(c, bytes + off * item, m * item, off == 0);
     // This rank's part of the chunk, over every input in rank order.
     const size_t lo = m * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
     const size_t hi = m * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
@@ -462,9 +467,7 @@ void ShmCollectives::all_gather(const void* in, void* out, size_t n, size_t item
   auto* dst = static_cast<uint8_t*>(out);
   for (size_t off = 0; off < n; off += per_chunk) {
     const size_t m = std::min(per_chunk, n - off);
-    const uint32_t s = ++seq_;
-    std::memcpy(in_slot(rank_), src + off * item, m * item);
-    arrive(c, s, off == 0);
+    const uint32_t s = stage(c, src + off * item, m * item, off == 0);
     for (int r = 0; r < size_; ++r)
       if (r != rank_ || dst + (static_cast<size_t>(r) * n + off) * item != src + off * item)
         std::memcpy(dst + (static_cast<size_t>(r) * n + off) * item, in_slot(r), m * item);

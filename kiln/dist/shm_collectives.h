@@ -106,6 +106,8 @@ class ShmCollectives {
   // Posts this rank's input of step s and waits for everyone's (on the first step, then compares
   // the calls); finish posts that this rank is done with step s's slots and waits for everyone.
   void arrive(const Call& c, uint32_t s, bool first);
+  // A new step with `bytes` of `part` as this rank's input: copied into its slot, then arrive().
+  uint32_t stage(const Call& c, const uint8_t* part, size_t bytes, bool first);
   void finish(const Call& c, uint32_t s);
   // out (m elements) = every rank's input slot from byte `at` on, reduced in rank order.
   void reduce_slots(uint8_t* out, size_t at, size_t m, const ReduceFn& fn) const;
