@@ -28,12 +28,13 @@ TEST_P(GlooWorld, OpsInFlightOnTwoCommunicatorsAndSplit) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
 
-// all_reduce among ranks of one host takes the shared-memory segment (every case above); with
-// KILN_GLOO_SHM=0, the direct exchange up to KILN_GLOO_DIRECT_BYTES (the tiny tensors) and Gloo's
-// ring above it. Each path checked here, the ring with small segments, the segment in chunks of
-// 16 f32 (so the 33-element cases take three chunks of uneven parts); each run's init event says
-// whether the segment was on.
-static void check_all_reduce_path(int ranks, const std::string& env, const std::string& shm_event) {
+// all_reduce, all_gather and reduce_scatter among ranks of one host take the shared-memory segment
+// (every case above); with KILN_GLOO_SHM=0, all_reduce takes the direct exchange up to
+// KILN_GLOO_DIRECT_BYTES (the tiny tensors) and Gloo's ring above it. Each path checked here, the
+// ring with small segments, the segment with its smallest slots (64 bytes x the ranks: the
+// 33-element cases take several steps of uneven parts); each run's init event says whether the
+// segment was on.
+static void check_collectives_path(int ranks, const std::string& env, const std::string& shm_event) {
   const std::string dir = fresh_test_dir("gloo_path");
   const auto r = run_ranks(ranks, "collectives", env, "--log-dir " + dir);
   EXPECT_EQ(r.status, 0) << r.output;
@@ -43,19 +44,19 @@ static void check_all_reduce_path(int ranks, const std::string& env, const std::
 
 TEST(Gloo, RingAllReducePathMatchesSerialReference) {
   KILN_SKIP_WITHOUT_GLOO();
-  check_all_reduce_path(3, "KILN_GLOO_SHM=0 KILN_GLOO_DIRECT_BYTES=0 KILN_GLOO_SEGMENT_BYTES=8", "off: KILN_GLOO_SHM=0");
+  check_collectives_path(3, "KILN_GLOO_SHM=0 KILN_GLOO_DIRECT_BYTES=0 KILN_GLOO_SEGMENT_BYTES=8", "off: KILN_GLOO_SHM=0");
 }
 
 TEST(Gloo, DirectAllReducePathMatchesSerialReference) {
   KILN_SKIP_WITHOUT_GLOO();
-  check_all_reduce_path(3, "KILN_GLOO_SHM=0", "off: KILN_GLOO_SHM=0");
+  check_collectives_path(3, "KILN_GLOO_SHM=0", "off: KILN_GLOO_SHM=0");
 }
 
 // The segment serves all_gather and reduce_scatter too: the collectives case runs each in
 // several steps at this chunk.
 TEST(Gloo, SharedMemoryPathMatchesSerialReference) {
   KILN_SKIP_WITHOUT_GLOO();
-  for (int n : {2, 4}) check_all_reduce_path(n, "KILN_GLOO_SHM_CHUNK_BYTES=64", "on");
+  for (int n : {2, 4}) check_collectives_path(n, "KILN_GLOO_SHM_CHUNK_BYTES=64", "on");
 }
 
 // Ranks calling different ops of one count fail naming each other's call (the tag every rank
