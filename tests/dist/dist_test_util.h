@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kiln/dist/backends.h"
+#include "kiln/dist/shm_collectives.h"
 #include "kiln/dist/store.h"
 #include "kiln/ops/ops.h"
 #include "tests/expect.h"
@@ -84,6 +85,22 @@ inline bool have_gloo() {
     return false;
   }
 }
+// Whether this machine can hold a POSIX shared-memory segment (a container may have no /dev/shm):
+// the shared-memory collectives' tests skip, saying so, where it cannot.
+inline bool have_shm() {
+  const std::string name = "/kiln-probe-" + std::to_string(getpid());
+  try {
+    void* p = kiln::dist::system_shm_api().create(name, 4096);
+    kiln::dist::system_shm_api().unmap(p, 4096);
+    kiln::dist::system_shm_api().unlink(name);
+    return true;
+  } catch (const kiln::Error&) {
+    return false;
+  }
+}
+#define KILN_SKIP_WITHOUT_SHM() \
+  if (!::kiln::dist::test::have_shm()) GTEST_SKIP() << "no POSIX shared memory here (/dev/shm): the segment cannot be made"
+
 #define KILN_SKIP_WITHOUT_GLOO() \
   if (!::kiln::dist::test::have_gloo()) GTEST_SKIP() << "built without Gloo (Debian: libgloo-dev)"
 

@@ -56,6 +56,7 @@ TEST(Gloo, DirectAllReducePathMatchesSerialReference) {
 // several steps at this chunk.
 TEST(Gloo, SharedMemoryPathMatchesSerialReference) {
   KILN_SKIP_WITHOUT_GLOO();
+  KILN_SKIP_WITHOUT_SHM();
   for (int n : {2, 4}) check_collectives_path(n, "KILN_GLOO_SHM_CHUNK_BYTES=64", "on");
 }
 
@@ -63,6 +64,7 @@ TEST(Gloo, SharedMemoryPathMatchesSerialReference) {
 // compares names the op: a sum all_reduce and an all_gather of one dtype differ).
 TEST(Gloo, RanksCallingDifferentOpsInTheSegmentFail) {
   KILN_SKIP_WITHOUT_GLOO();
+  KILN_SKIP_WITHOUT_SHM();
   const auto r = run_ranks(2, "mixed_ops", "KILN_TEST_TIMEOUT_MS=20000");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 0] mixed ops failed as expected")) << r.output;

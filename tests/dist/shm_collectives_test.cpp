@@ -91,6 +91,7 @@ std::vector<std::string> leftover_segments() {
 }
 
 TEST(ShmCollectives, ThreadsAsRanksGiveTheRankOrderSumsBits) {
+  KILN_SKIP_WITHOUT_SHM();
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> normal(0.0f, 1e3f);
   for (int size : {2, 3, 4}) {
@@ -124,6 +125,7 @@ TEST(ShmCollectives, ThreadsAsRanksGiveTheRankOrderSumsBits) {
 
 // all_gather (in place on odd ranks) and reduce_scatter: exact copies and the rank-order sums' bits.
 TEST(ShmCollectives, ThreadsAsRanksGatherAndScatterTheRankOrderBits) {
+  KILN_SKIP_WITHOUT_SHM();
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> normal(0.0f, 1e3f);
   for (int size : {2, 3, 4}) {
@@ -164,6 +166,7 @@ TEST(ShmCollectives, ThreadsAsRanksGatherAndScatterTheRankOrderBits) {
 
 // Ranks calling different ops with the same count fail too (the kind names the op).
 TEST(ShmCollectives, RanksCallingDifferentOpsFail) {
+  KILN_SKIP_WITHOUT_SHM();
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::vector<float> a(8, 1.0f), b(8, 1.0f), g(16);
@@ -206,6 +209,7 @@ TEST(ShmCollectives, RanksCallingDifferentOpsFail) {
 }
 
 TEST(ShmCollectives, ARankThatCannotCreateOrMapItLeavesEveryRankWithout) {
+  KILN_SKIP_WITHOUT_SHM();
   FakeShm no_create;
   no_create.before_create = [](const std::string& name) { kiln::fail("shm_open(", name, "): No space left on device"); };
   World a(3, no_create, 1024);
@@ -228,6 +232,7 @@ TEST(ShmCollectives, ARankThatCannotCreateOrMapItLeavesEveryRankWithout) {
 }
 
 TEST(ShmCollectives, RanksOfAnotherHostOrTheSwitchOffKeepTheirTcpPath) {
+  KILN_SKIP_WITHOUT_SHM();
   World other(3, system_shm_api(), 1024, [](int r) { return r == 2 ? "host b" : "host a"; });
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(other.ranks[static_cast<size_t>(r)], nullptr);
@@ -245,6 +250,7 @@ TEST(ShmCollectives, RanksOfAnotherHostOrTheSwitchOffKeepTheirTcpPath) {
 }
 
 TEST(ShmCollectives, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
+  KILN_SKIP_WITHOUT_SHM();
   FakeShm gone;
   std::atomic<bool> peer_alive{true};
   gone.alive_fn = [&](int) { return peer_alive.load(); };
@@ -286,6 +292,7 @@ TEST(ShmCollectives, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
 // Each rank announces a pid of its own; rank 1's is gone, but it arrives (and finishes) before a
 // slow rank 2: the others' long wait for rank 2 must not fail on rank 1.
 TEST(ShmCollectives, APeerGoneAfterItArrivedDoesNotFailTheOthers) {
+  KILN_SKIP_WITHOUT_SHM();
   FakeShm api;
   api.alive_fn = [](int pid) { return pid != 1001; };
   World w(3, api, 1024, nullptr, Millis(20000), [](int r) { return 1000 + r; });
@@ -311,6 +318,7 @@ TEST(ShmCollectives, APeerGoneAfterItArrivedDoesNotFailTheOthers) {
 }
 
 TEST(ShmCollectives, RanksCallingWithDifferentSizesFailInsteadOfMixingData) {
+  KILN_SKIP_WITHOUT_SHM();
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::vector<float> a(10, 1.0f), b(12, 1.0f);
@@ -336,6 +344,7 @@ TEST(ShmCollectives, RanksCallingWithDifferentSizesFailInsteadOfMixingData) {
 // and leaves nothing in /dev/shm; rank 1 finds no segment and goes without. A rank 0 that throws
 // while setting it up tells the others, who go without instead of waiting for it.
 TEST(ShmCollectives, ASetupThatFailsLeavesNothingBehindAndNobodyWaiting) {
+  KILN_SKIP_WITHOUT_SHM();
   FakeShm slow;
   slow.before_open = [](const std::string&) { std::this_thread::sleep_for(std::chrono::milliseconds(900)); };
   World w(2, slow, 1024, nullptr, Millis(400));
@@ -354,6 +363,7 @@ TEST(ShmCollectives, ASetupThatFailsLeavesNothingBehindAndNobodyWaiting) {
 }
 
 TEST(ShmCollectives, AbortPeersEndsTheOthersWaitWithItsReason) {
+  KILN_SKIP_WITHOUT_SHM();
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::thread aborter([&] {
@@ -375,6 +385,7 @@ TEST(ShmCollectives, AbortPeersEndsTheOthersWaitWithItsReason) {
 
 
 TEST(ShmCollectives, ARankThatLeftEndsOnlyTheWaitsForIt) {
+  KILN_SKIP_WITHOUT_SHM();
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::thread leaver([&] {
