@@ -13,6 +13,8 @@
 //   same_bits(got, expected, what)
 //                            bitwise equality of two tensors (any devices; the same shape and
 //                            dtype) or of two vectors; -0.0 and +0.0 differ, NaN payloads count
+// and error_of(f), the message of the kiln::Error (or the given subclass) `f` throws, for the
+// tests that check what an error says.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "kiln/core/device.h"
+#include "kiln/core/error.h"
 #include "kiln/core/tensor.h"
 
 namespace kiln::test {
@@ -258,6 +261,18 @@ template <class T>
   return expect_detail::compare_bits(
       reinterpret_cast<const uint8_t*>(got.data()), reinterpret_cast<const uint8_t*>(expected.data()),
       static_cast<int64_t>(got.size()), sizeof(T), Shape{static_cast<int64_t>(got.size())}, value, what);
+}
+
+// The message of the E (kiln::Error or a subclass) that `f` throws, or "(no error)"; any other
+// exception goes on (and fails the test).
+template <class E = Error, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace kiln::test

@@ -346,8 +346,8 @@ void ShmCollectives::post(int which, uint32_t seq) {
   if (std::atomic_ref<uint32_t>(header()->waiters).load(std::memory_order_seq_cst) > 0) futex_wake(flag(rank_, which));
 }
 
-void ShmCollectives::wait_all(const char* op, int which, uint32_t seq, Clock::time_point deadline, Millis timeout,
-                              const char* phase) {
+void ShmCollectives::wait_all(const Call& c, int which, uint32_t seq, const char* phase) {
+  const char* op = c.op;
   const char* step = which == 0 ? "arrive" : "finish";
   auto next_liveness = Clock::now() + Millis(100);
   for (int r = 0; r < size_; ++r) {
@@ -371,12 +371,12 @@ void ShmCollectives::wait_all(const char* op, int which, uint32_t seq, Clock::ti
                  true);
       }
       const auto now = Clock::now();
-      if (now >= deadline) {
+      if (now >= c.deadline) {
         std::string late;
         for (int k = 0; k < size_; ++k)
           if (k != rank_ && !reached(std::atomic_ref<uint32_t>(*flag(k, which)).load(), seq))
             late += (late.empty() ? "" : ", ") + std::to_string(k);
-        broken(detail::str_cat("shared-memory ", op, " timed out after ", timeout.count(), " ms (", phase,
+        broken(detail::str_cat("shared-memory ", op, " timed out after ", c.timeout.count(), " ms (", phase,
                                ") waiting for rank(s) ", late, " to ", step),
                false);
       }
@@ -392,7 +392,7 @@ void ShmCollectives::wait_all(const char* op, int which, uint32_t seq, Clock::ti
       const uint32_t v = f.load(std::memory_order_seq_cst);
       done = reached(v, seq);
       if (!done) {
-        const auto left = std::chrono::duration_cast<Millis>(deadline - now) + Millis(1);
+        const auto left = std::chrono::duration_cast<Millis>(c.deadline - now) + Millis(1);
         futex_wait(flag(r, which), v, std::min(left, Millis(50)));
         done = reached(f.load(std::memory_order_acquire), seq);
       }
@@ -414,7 +414,7 @@ ShmCollectives::Call ShmCollectives::begin(const char* op, size_t n, size_t item
 
 void ShmCollectives::arrive(const Call& c, uint32_t s, bool first) {
   post(0, s);
-  wait_all(c.op, 0, s, c.deadline, c.timeout, "inputs");
+  wait_all(c, 0, s, "inputs");
   if (!first) return;
   // Every rank's call is visible now: the same one, or nobody goes on.
   for (int r = 0; r < size_; ++r) {
@@ -436,7 +436,7 @@ uint32_t ShmCollectives::stage(const Call& c, const uint8_t* part, size_t bytes,
 
 void ShmCollectives::finish(const Call& c, uint32_t s) {
   post(1, s);
-  wait_all(c.op, 1, s, c.deadline, c.timeout, "results");
+  wait_all(c, 1, s, "results");
 }
 
 void ShmCollectives::reduce_slots(uint8_t* out, size_t at, size_t m, const ReduceFn& fn) const {

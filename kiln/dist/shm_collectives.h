@@ -111,9 +111,8 @@ class ShmCollectives {
   void finish(const Call& c, uint32_t s);
   // out (m elements) = every rank's input slot from byte `at` on, reduced in rank order.
   void reduce_slots(uint8_t* out, size_t at, size_t m, const ReduceFn& fn) const;
-  // Waits until every rank's flag `which` reached `seq`.
-  void wait_all(const char* op, int which, uint32_t seq, std::chrono::steady_clock::time_point deadline,
-                std::chrono::milliseconds timeout, const char* phase);
+  // Waits until every rank's flag `which` reached `seq` (within the op's deadline).
+  void wait_all(const Call& c, int which, uint32_t seq, const char* phase);
   void post(int which, uint32_t seq);
   [[noreturn]] void broken(const std::string& why, bool peer_failed);
   void mark(uint32_t state, const std::string& why);

@@ -19,7 +19,7 @@ void check_index_range(const Tensor& ids, int64_t lo, int64_t hi, int64_t ignore
                        const std::string& tail);
 
 // CUDA graphs (train/step_graph.h): the deferred checks a capture queued (from `mark` on), to be
-// queued again after each replay at the positions the captured kernels write (kernels/nn.h).
+// queued again before each replay at the positions the captured kernels write (kernels/nn.h).
 // Nothing to do on the CPU, whose checks fail at once.
 struct DeferredChecks {
   size_t mark = 0;

@@ -3,7 +3,6 @@
 // kernel without a copy.
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/matmul.h"
-#include "kiln/kernels/nn.h"
 #include "kiln/ops/backward.h"
 #include "kiln/ops/fused.h"
 #include "kiln/ops/ops.h"
@@ -167,10 +166,9 @@ Tensor swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& weight)
       const Tensor dprod = matmul(g2, sw.get("swiglu_linear")).reshape(in_shape).contiguous();
       Tensor dw;
       if (gw) dw = matmul(g2.t(), swiglu(gg, uu).reshape({rows, in}));
-      Tensor dg = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
-      Tensor du = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
-      if (gg.numel() > 0) KILN_DEVICE_CALL(gg.device(), swiglu_backward, dg, du, dprod, gg, uu);
-      return std::vector<Tensor>{dg, du, dw};
+      std::vector<Tensor> grads = detail::swiglu_grads(dprod, gg, uu);
+      grads.push_back(dw);
+      return grads;
     });
   }
   return y;

@@ -8,6 +8,7 @@
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/nn.h"
 #include "kiln/ops/backward.h"
+#include "kiln/ops/fused.h"
 #include "kiln/ops/index_check.h"
 #include "kiln/ops/ops.h"
 
@@ -132,6 +133,13 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 
 // ---- swiglu ----
 
+std::vector<Tensor> detail::swiglu_grads(const Tensor& dout, const Tensor& gate, const Tensor& up) {
+  Tensor dg = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+  Tensor du = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+  if (gate.numel() > 0) KILN_DEVICE_CALL(gate.device(), swiglu_backward, dg, du, dout, gate, up);
+  return {dg, du};
+}
+
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   check_defined(gate, "swiglu", "gate");
   check_defined(up, "swiglu", "up");
@@ -148,11 +156,7 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
     // composed silu and product keep.
     SavedTensor sg(gc), su(uc);
     record("swiglu", {gate, up}, out, [sg, su](const std::vector<Tensor>& g) {
-      Tensor gg = sg.get("swiglu"), uu = su.get("swiglu");
-      Tensor dg = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
-      Tensor du = Tensor::empty(gg.shape(), gg.dtype(), gg.device());
-      if (gg.numel() > 0) KILN_DEVICE_CALL(gg.device(), swiglu_backward, dg, du, g[0].contiguous(), gg, uu);
-      return std::vector<Tensor>{dg, du};
+      return detail::swiglu_grads(g[0].contiguous(), sg.get("swiglu"), su.get("swiglu"));
     });
   }
   return out;

@@ -79,8 +79,7 @@ std::vector<ConfigField> make_fields() {
           "linear's shape measured once, the faster taken); default: KILN_GEMM_BACKEND, else cublaslt", command),
       row("cuda_graphs", &C::cuda_graphs, "WHEN", "CUDA: capture the step's forward and backward once as a CUDA "
           "graph and replay it (one launch instead of thousands): auto (where the run allows it, else a note says "
-          "why: docs/training.md), on (an error where a run cannot) or off",
-          command),
+          "why: docs/training.md), on (an error where a run cannot) or off", command),
       row("checkpoint_activations", &C::checkpoint_activations, "WHAT", "none, block (recompute each decoder "
           "block's activations in the backward) or mlp (only each MLP's): less memory, more compute"),
       // side work

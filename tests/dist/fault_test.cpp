@@ -29,6 +29,13 @@ class FaultsOnAPath : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "KILN_GLOO_SHM=1" && !have_shm())
       GTEST_SKIP() << "no POSIX shared memory here (/dev/shm): the segment's path cannot run";
   }
+  // Rank 0's init event (in the run's log folder) says the path the parameter asked for ran.
+  void expect_path(const std::string& dir) {
+    const auto events = run_command("cat " + dir + "/rank0.jsonl").output;
+    const std::string want = GetParam() == "KILN_GLOO_SHM=1" ? "\"shared_memory\":\"on\""
+                                                             : "\"shared_memory\":\"off: KILN_GLOO_SHM=0\"";
+    EXPECT_TRUE(contains(events, want)) << events;
+  }
 };
 INSTANTIATE_TEST_SUITE_P(Paths, FaultsOnAPath, ::testing::Values("KILN_GLOO_SHM=0", "KILN_GLOO_SHM=1"),
                          [](const auto& info) { return info.index == 0 ? "tcp" : "shared_memory"; });
@@ -55,6 +62,7 @@ TEST_P(FaultsOnAPath, SleeperTimesOutNamingOpAndRankWithDump) {
   const auto events = run_command("cat " + dir + "/rank0.jsonl").output;
   EXPECT_TRUE(contains(events, "\"event\":\"timeout\"")) << events;
   EXPECT_TRUE(contains(events, "\"event\":\"init\"")) << events;
+  expect_path(dir);
 }
 
 TEST(Faults, AnalyzerNamesTheSleeperThatLeftNoDump) {
@@ -123,6 +131,7 @@ TEST_P(FaultsOnAPath, KilledRankUnderAbortExitsNamingTheOp) {
   EXPECT_TRUE(contains(r.output, "policy abort: exiting with status 70")) << r.output;
   EXPECT_TRUE(contains(r.output, "(flight recorder: " + dir + "/kiln_fr_rank")) << r.output;
   EXPECT_TRUE(contains(r.output, "kiln launch: the job failed")) << r.output;
+  expect_path(dir);
 }
 
 TEST_P(FaultsOnAPath, KilledRankUnderShrinkSurvivorsContinue) {
@@ -143,4 +152,5 @@ TEST_P(FaultsOnAPath, KilledRankUnderShrinkSurvivorsContinue) {
   EXPECT_LT(secs, 20) << r.output;
   const auto events = run_command("cat " + dir + "/rank0.jsonl").output;
   EXPECT_TRUE(contains(events, "\"event\":\"shrink\"")) << events;
+  expect_path(dir);
 }

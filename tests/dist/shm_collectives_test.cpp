@@ -81,6 +81,17 @@ void sum_f32(void* o, const void* a, const void* b, size_t n) {
     static_cast<float*>(o)[i] = static_cast<const float*>(a)[i] + static_cast<const float*>(b)[i];
 }
 
+using kiln::test::error_of;
+
+// Runs `on1` on a thread of its own (rank 1) and `on0` here (rank 0): what each threw.
+std::pair<std::string, std::string> errors_of(const std::function<void()>& on0, const std::function<void()>& on1) {
+  std::string e1;
+  std::thread t([&] { e1 = error_of(on1); });
+  const std::string e0 = error_of(on0);
+  t.join();
+  return {e0, e1};
+}
+
 std::vector<std::string> leftover_segments() {
   std::vector<std::string> out;
   const std::string mine = "kiln-" + std::to_string(getpid()) + "-";
@@ -170,40 +181,18 @@ TEST(ShmCollectives, RanksCallingDifferentOpsFail) {
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::vector<float> a(8, 1.0f), b(8, 1.0f), g(16);
-  std::string ea, eb;
-  std::thread t1([&] {
-    try {
-      w.ranks[1]->all_gather(b.data(), g.data(), 8, sizeof(float), 2, std::chrono::seconds(20));
-    } catch (const Error& e) {
-      eb = e.what();
-    }
-  });
-  try {
-    w.ranks[0]->all_reduce(a.data(), 8, sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
-  } catch (const Error& e) {
-    ea = e.what();
-  }
-  t1.join();
+  const auto [ea, eb] = errors_of(
+      [&] { w.ranks[0]->all_reduce(a.data(), 8, sizeof(float), kSum, sum_f32, std::chrono::seconds(20)); },
+      [&] { w.ranks[1]->all_gather(b.data(), g.data(), 8, sizeof(float), 2, std::chrono::seconds(20)); });
   EXPECT_TRUE(contains(ea, "shared-memory all_reduce: rank 1 called it with 8 elements of 4 bytes (kind 2)")) << ea;
   EXPECT_TRUE(contains(eb, "shared-memory all_gather: rank 0 called it with 8 elements of 4 bytes (kind 1)")) << eb;
   // reduce_scatter compares its call too
   std::vector<float> in(16, 1.0f), out(8);
-  std::string ec, ed;
   World v(2, system_shm_api(), 1024);  // a fresh segment: the one above is broken
   ASSERT_NE(v.ranks[0], nullptr) << v.why[0];
-  std::thread t3([&] {
-    try {
-      v.ranks[1]->all_gather(b.data(), g.data(), 8, sizeof(float), 2, std::chrono::seconds(20));
-    } catch (const Error& e) {
-      ed = e.what();
-    }
-  });
-  try {
-    v.ranks[0]->reduce_scatter(in.data(), out.data(), 8, sizeof(float), 3, sum_f32, std::chrono::seconds(20));
-  } catch (const Error& e) {
-    ec = e.what();
-  }
-  t3.join();
+  const auto [ec, ed] = errors_of(
+      [&] { v.ranks[0]->reduce_scatter(in.data(), out.data(), 8, sizeof(float), 3, sum_f32, std::chrono::seconds(20)); },
+      [&] { v.ranks[1]->all_gather(b.data(), g.data(), 8, sizeof(float), 2, std::chrono::seconds(20)); });
   EXPECT_TRUE(contains(ec, "shared-memory reduce_scatter: rank 1 called it with 8 elements of 4 bytes (kind 2)")) << ec;
   EXPECT_TRUE(contains(ed, "shared-memory all_gather: rank 0 called it with 8 elements of 4 bytes (kind 3)")) << ed;
 }
@@ -259,33 +248,24 @@ TEST(ShmCollectives, AGonePeerEndsTheWaitAtOnceAndALateOneTimesOutNamingIt) {
   std::vector<float> x(100, 1.0f);
   // Ranks 1 and 2 never come; alive: a timeout of 300 ms names both.
   auto t0 = Clock::now();
-  try {
-    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::milliseconds(300));
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce timed out after 300 ms (inputs) waiting for rank(s) 1, 2 "
-                                   "to arrive")) << e.what();
-  }
+  const auto all_reduce_on = [&](int r, std::chrono::milliseconds timeout) {
+    return [&, r, timeout] { w.ranks[r]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, timeout); };
+  };
+  const std::string late = error_of(all_reduce_on(0, std::chrono::milliseconds(300)));
+  EXPECT_TRUE(contains(late, "shared-memory all_reduce timed out after 300 ms (inputs) waiting for rank(s) 1, 2 "
+                             "to arrive")) << late;
   const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_GE(waited, 0.29);
   EXPECT_LT(waited, 2.0);
-  try {  // the segment is unusable after a failure
-    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::milliseconds(300));
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "unusable after an earlier failure")) << e.what();
-  }
+  const std::string again = error_of(all_reduce_on(0, std::chrono::milliseconds(300)));  // unusable after a failure
+  EXPECT_TRUE(contains(again, "unusable after an earlier failure")) << again;
   // Gone peers: the wait ends at the first liveness check, far inside a 20 s timeout. Rank 0
   // already arrived (in the op above), so only rank 2 is named.
   peer_alive = false;
   t0 = Clock::now();
-  try {
-    w.ranks[1]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
-    ADD_FAILURE() << "no error";
-  } catch (const ShmPeerFailed& e) {
-    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 2 (pid " + std::to_string(getpid()) +
-                                       ") is gone (inputs)")) << e.what();
-  }
+  const std::string dead = error_of<ShmPeerFailed>(all_reduce_on(1, std::chrono::seconds(20)));
+  EXPECT_TRUE(contains(dead, "shared-memory all_reduce: rank 2 (pid " + std::to_string(getpid()) + ") is gone (inputs)"))
+      << dead;
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
 }
 
@@ -303,16 +283,14 @@ TEST(ShmCollectives, APeerGoneAfterItArrivedDoesNotFailTheOthers) {
   for (int r = 0; r < 3; ++r)
     th.emplace_back([&, r] {
       if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(350));  // past three liveness checks
-      try {
+      errors[static_cast<size_t>(r)] = error_of([&] {
         w.ranks[static_cast<size_t>(r)]->all_reduce(data[static_cast<size_t>(r)].data(), 40, sizeof(float), kSum,
                                                     sum_f32, std::chrono::seconds(20));
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
+      });
     });
   for (auto& t : th) t.join();
   for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "(no error)") << "rank " << r;
     EXPECT_EQ(data[static_cast<size_t>(r)], std::vector<float>(40, 3.0f)) << "rank " << r;
   }
 }
@@ -322,20 +300,9 @@ TEST(ShmCollectives, RanksCallingWithDifferentSizesFailInsteadOfMixingData) {
   World w(2, system_shm_api(), 1024);
   ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
   std::vector<float> a(10, 1.0f), b(12, 1.0f);
-  std::string ea, eb;
-  std::thread t1([&] {
-    try {
-      w.ranks[1]->all_reduce(b.data(), b.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
-    } catch (const Error& e) {
-      eb = e.what();
-    }
-  });
-  try {
-    w.ranks[0]->all_reduce(a.data(), a.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
-  } catch (const Error& e) {
-    ea = e.what();
-  }
-  t1.join();
+  const auto [ea, eb] = errors_of(
+      [&] { w.ranks[0]->all_reduce(a.data(), a.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20)); },
+      [&] { w.ranks[1]->all_reduce(b.data(), b.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20)); });
   EXPECT_TRUE(contains(ea, "rank 1 called it with 12 elements of 4 bytes (kind 1), rank 0 with 10 of 4 (kind 1)")) << ea;
   EXPECT_TRUE(contains(eb, "rank 0 called it with 10 elements of 4 bytes (kind 1), rank 1 with 12 of 4 (kind 1)")) << eb;
 }
@@ -362,45 +329,29 @@ TEST(ShmCollectives, ASetupThatFailsLeavesNothingBehindAndNobodyWaiting) {
     EXPECT_EQ(v.why[static_cast<size_t>(r)], "rank 0 failed setting it up: random_device: no entropy");
 }
 
-TEST(ShmCollectives, AbortPeersEndsTheOthersWaitWithItsReason) {
+// Rank 1, 150 ms into rank 0's wait for it, fails elsewhere (abort_peers) or destroys its
+// communicator (left): rank 0's wait ends at once, with rank 1's word.
+TEST(ShmCollectives, APeerThatFailsOrLeavesEndsTheWaitForIt) {
   KILN_SKIP_WITHOUT_SHM();
-  World w(2, system_shm_api(), 1024);
-  ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
-  std::thread aborter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    w.ranks[1]->abort_peers("rank 1: all_reduce #4 of 'world' failed");
-  });
-  std::vector<float> x(10, 1.0f);
-  const auto t0 = Clock::now();
-  try {
-    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 1 failed: rank 1: all_reduce #4 of 'world' failed"))
-        << e.what();
+  const std::pair<std::function<void(ShmCollectives&)>, std::string> cases[] = {
+      {[](ShmCollectives& c) { c.abort_peers("rank 1: all_reduce #4 of 'world' failed"); },
+       "shared-memory all_reduce: rank 1 failed: rank 1: all_reduce #4 of 'world' failed"},
+      {[](ShmCollectives& c) { c.left(); }, "shared-memory all_reduce: rank 1 left: rank 1 destroyed its communicator"}};
+  for (const auto& [act, want] : cases) {
+    World w(2, system_shm_api(), 1024);
+    ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
+    std::thread peer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      act(*w.ranks[1]);
+    });
+    std::vector<float> x(10, 1.0f);
+    const auto t0 = Clock::now();
+    const std::string e = error_of<ShmPeerFailed>(
+        [&] { w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20)); });
+    EXPECT_TRUE(contains(e, want)) << e;
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
+    peer.join();
   }
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
-  aborter.join();
-}
-
-
-TEST(ShmCollectives, ARankThatLeftEndsOnlyTheWaitsForIt) {
-  KILN_SKIP_WITHOUT_SHM();
-  World w(2, system_shm_api(), 1024);
-  ASSERT_NE(w.ranks[0], nullptr) << w.why[0];
-  std::thread leaver([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    w.ranks[1]->left();
-  });
-  std::vector<float> x(10, 1.0f);
-  try {
-    w.ranks[0]->all_reduce(x.data(), x.size(), sizeof(float), kSum, sum_f32, std::chrono::seconds(20));
-    ADD_FAILURE() << "no error";
-  } catch (const ShmPeerFailed& e) {
-    EXPECT_TRUE(contains(e.what(), "shared-memory all_reduce: rank 1 left: rank 1 destroyed its communicator"))
-        << e.what();
-  }
-  leaver.join();
 }
 
 }  // namespace

@@ -208,14 +208,7 @@ TEST_F(RuntimeMods, FullyMaskedRowsAndNaNReturningMods) {
   EXPECT_TRUE(std::isnan(n.out.to_vector<float>()[0]));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using kiln::test::error_of;
 
 TEST_F(RuntimeMods, ErrorsNameTheExpressionAndCacheNothing) {
   test::TempDir cache;

@@ -278,7 +278,6 @@ TEST(CudaGraphs, ASecondGraphIsCapturedOnlyInTheFirstsShape) {
   EXPECT_NE(r.notes[1].find("differs from the captured one"), std::string::npos) << r.notes[1];
 }
 
-
 // The second graph's capture fails: the first micro-batch's gradients (the first graph's, already
 // computed) are kept, and the rest of the step adds into them eagerly.
 TEST(CudaGraphs, AFailedSecondCaptureKeepsTheFirstMicroBatchsGradients) {
@@ -359,7 +358,7 @@ TEST(CudaGraphs, CapturedStepsGiveTheEagerBits) {
 }
 
 // A replayed step's range checks report an out-of-range id as an eager step's do: the host side
-// of the captured checks is queued again after each replay (ops/index_check.h).
+// of the captured checks is queued again before each replay (ops/index_check.h).
 TEST(CudaGraphs, AReplayedStepReportsAnOutOfRangeId) {
   KILN_SKIP_WITHOUT_CUDA();
   Tensor w = full({5, 4}, 0.5f, DType::f32, cuda(0)).requires_grad_();

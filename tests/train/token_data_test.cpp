@@ -43,14 +43,7 @@ std::vector<int32_t> random_ids(size_t n, int32_t vocab, uint32_t seed) {
   return v;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 std::vector<int32_t> llmc_header(int version, int32_t count) {
   std::vector<int32_t> h(256, 0);

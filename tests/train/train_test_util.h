@@ -18,6 +18,7 @@
 #include "kiln/nn/llama.h"
 #include "kiln/ops/ops.h"
 #include "kiln/train/trainer.h"
+#include "tests/expect.h"
 #include "tests/temp_dir.h"
 
 namespace kiln::test {
@@ -41,17 +42,6 @@ inline train::TrainConfig tiny_run(const std::filesystem::path& out, int64_t ste
   c.out = out.string();
   c.deterministic = true;
   return c;
-}
-
-// The message of the kiln::Error `f` throws, or "(no error)".
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // Hooks that print nothing (and optionally stop when *stop becomes true).

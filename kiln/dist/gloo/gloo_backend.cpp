@@ -9,10 +9,10 @@
 // rank order (bandwidth-optimal: each rank receives only its chunk from every peer); avg divides a
 // sum.
 // On a failure the context is destroyed at once (its peers see "connection closed" and fail
-// too; those in the segment are told through it), the flight recorder is dumped, a log line names the op and the ranks that never joined,
-// and the policy runs: abort exits the process; shrink has the survivors agree on who is alive
-// (a generation number, a deadline, one compare_set), rebuild a smaller context, and fail the
-// Work with PeerLost carrying it.
+// too; those in the segment are told through it), the flight recorder is dumped, a log line
+// names the op and the ranks that never joined, and the policy runs: abort exits the process;
+// shrink has the survivors agree on who is alive (a generation number, a deadline, one
+// compare_set), rebuild a smaller context, and fail the Work with PeerLost carrying it.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -840,7 +840,7 @@ class GlooCommunicator : public Communicator {
   std::vector<int> members_;  // the job's rank of each rank (flight_recorder.h)
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;  // guarded by mu_ after construction
-  std::unique_ptr<ShmCollectives> shm_;                // the running op's (one at a time: busy_)
+  std::unique_ptr<ShmCollectives> shm_;              // the segment (null: TCP only); the running op's
   std::string shm_off_;                              // why there is none
   int p2p_running_ = 0;                              // send / recv threads not yet finished
   Scratch scratch_;                                  // the running op's (one at a time: busy_)
