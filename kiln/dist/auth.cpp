@@ -17,15 +17,26 @@ std::string random_bytes(size_t n) {
   return out;
 }
 
-std::string random_token() {
+namespace {
+std::string to_hex(std::string_view raw) {
   static constexpr char kHex[] = "0123456789abcdef";
-  const std::string raw = random_bytes(32);
   std::string hex;
   for (unsigned char c : raw) {
     hex.push_back(kHex[c >> 4]);
     hex.push_back(kHex[c & 15]);
   }
   return hex;
+}
+}  // namespace
+
+std::string random_token() { return to_hex(random_bytes(32)); }
+
+std::string sha256_hex(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  KILN_CHECK(EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) == 1 && len == 32,
+             "sha256_hex: OpenSSL's EVP_Digest failed");
+  return to_hex(std::string_view(reinterpret_cast<const char*>(md), len));
 }
 
 std::string hmac_sha256(std::string_view key, std::string_view message) {

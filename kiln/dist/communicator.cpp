@@ -1,7 +1,10 @@
 // The argument checks every backend runs before queueing an operation (communicator.h).
 #include "kiln/dist/communicator.h"
 
+#include <algorithm>
 #include <numeric>
+
+#include "kiln/dist/auth.h"
 
 namespace kiln::dist {
 
@@ -54,6 +57,28 @@ void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
 void check_rank(const char* op, const char* arg, int r, int size, int self, bool self_allowed) {
   KILN_CHECK(r >= 0 && r < size, op, ": ", arg, "=", r, " out of range [0, ", size, ")");
   KILN_CHECK(self_allowed || r != self, op, ": ", arg, "=", r, " is this rank");
+}
+
+int check_split(const std::vector<int>& ranks, const std::string& name, int size, int self) {
+  KILN_CHECK(!name.empty(), "split: the new communicator's name is empty");
+  KILN_CHECK(!ranks.empty(), "split: the rank list is empty");
+  int new_rank = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    check_rank("split", "ranks[i]", ranks[i], size, self, true);
+    KILN_CHECK(std::count(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(i), ranks[i]) == 0,
+               "split: rank ", ranks[i], " appears twice in the list");
+    if (ranks[i] == self) new_rank = static_cast<int>(i);
+  }
+  KILN_CHECK(new_rank >= 0, "split: this rank (", self, ") is not in the list; only the listed ranks call split");
+  return new_rank;
+}
+
+std::string split_store_path(const std::string& name, const std::vector<int>& ranks, int n) {
+  std::string list;
+  for (int r : ranks) list += std::to_string(r) + ",";
+  // A digest, not the list itself: a long list would pass the store's key bound.
+  const std::string hex = sha256_hex(list).substr(0, 16);
+  return "split/" + name + "/" + hex + "/" + std::to_string(n);
 }
 
 std::vector<int64_t> all_to_all_counts(const char* arg, const Tensor& t, const std::vector<int64_t>& splits,

@@ -66,6 +66,12 @@ void check_tensor(const char* op, const char* arg, const Tensor& t, TensorPlace 
 void check_reduce(const char* op, DType dtype, ReduceOp r);
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 void check_rank(const char* op, const char* arg, int r, int size, int self, bool self_allowed);
+// split(ranks, name)'s arguments: a non-empty name, ranks in range, none twice, this rank among
+// them. Returns this rank's place in the new communicator.
+int check_split(const std::vector<int>& ranks, const std::string& name, int size, int self);
+// The store path of a split's n-th communicator of that name and rank list: the name and a digest
+// of the ranks, so disjoint groups that split under one name never meet in the store.
+std::string split_store_path(const std::string& name, const std::vector<int>& ranks, int n);
 // Element counts per rank of an all_to_all_single side (splits given or equal chunks).
 std::vector<int64_t> all_to_all_counts(const char* arg, const Tensor& t, const std::vector<int64_t>& splits,
                                        int size);

@@ -635,15 +635,7 @@ WorkPtr NcclCommunicator::barrier(CallOptions o) {
 }
 
 std::shared_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ranks, const std::string& name) {
-  KILN_CHECK(!name.empty(), "split: the new communicator's name is empty");
-  KILN_CHECK(!ranks.empty(), "split: the rank list is empty");
-  int new_rank = -1;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    check_rank("split", "ranks[i]", ranks[i], p_->size, p_->rank, true);
-    KILN_CHECK(std::count(ranks.begin(), ranks.end(), ranks[i]) == 1, "split: rank ", ranks[i], " appears twice");
-    if (ranks[i] == p_->rank) new_rank = static_cast<int>(i);
-  }
-  KILN_CHECK(new_rank >= 0, "split: this rank (", p_->rank, ") is not in the list; only the listed ranks call split");
+  const int new_rank = check_split(ranks, name, p_->size, p_->rank);
   std::string key = name;
   for (int r : ranks) key += "," + std::to_string(r);
   int n;
@@ -655,7 +647,7 @@ std::shared_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ra
   // A new communicator of the listed ranks through the store (only they call split, so no
   // collective ncclCommSplit over the parent is possible).
   auto child = new_nccl_communicator(p_->nccl, p_->cuda, std::make_shared<PrefixStore>(
-                                         p_->root + "/g" + std::to_string(p_->generation) + "/split/" + std::to_string(n),
+                                         p_->root + "/g" + std::to_string(p_->generation) + "/" + split_store_path(name, ranks, n),
                                          p_->store),
                                      new_rank, static_cast<int>(ranks.size()), name, p_->options, p_->backend);
   child->p_->members = split_members(p_->members, ranks);  // the child noted root_members: correct it

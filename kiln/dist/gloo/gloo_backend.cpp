@@ -459,24 +459,13 @@ class GlooCommunicator : public Communicator {
   }
 
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name) override {
-    KILN_CHECK(!name.empty(), "split: the new communicator's name is empty");
-    KILN_CHECK(!ranks.empty(), "split: the rank list is empty");
-    std::vector<int> seen;
-    int new_rank = -1;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      check_rank("split", "ranks[i]", ranks[i], size_, rank_, true);
-      KILN_CHECK(std::find(seen.begin(), seen.end(), ranks[i]) == seen.end(), "split: rank ", ranks[i],
-                 " appears twice in the list");
-      seen.push_back(ranks[i]);
-      if (ranks[i] == rank_) new_rank = static_cast<int>(i);
-    }
-    KILN_CHECK(new_rank >= 0, "split: this rank (", rank_, ") is not in the list; only the listed ranks call split");
+    const int new_rank = check_split(ranks, name, size_, rank_);
     check_usable("split");
     std::string key = name;
     for (int r : ranks) key += "," + std::to_string(r);
     const int n = split_count_[key]++;
     auto child = std::make_shared<GlooCommunicator>(store_, new_rank, static_cast<int>(ranks.size()), name, options_,
-                                                    0, prefix_ + "/split/" + name + "/" + std::to_string(n) + "/g0",
+                                                    0, prefix_ + "/" + split_store_path(name, ranks, n) + "/g0",
                                                     split_members(members_, ranks));
     json::Value ev = json::Value::object();
     ev["event"] = "split";
