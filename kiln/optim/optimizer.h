@@ -60,6 +60,12 @@ class Optimizer {
   // kernels::clip_scale(total_norm, max_norm) inside the update, as clip_grad_norm_ would have
   // scaled them. A non-finite total_norm skips the step (nothing changes) and returns false.
   bool step_with_norm(double total_norm, double max_norm);
+  // The optimizer step one parameter at a time, as its gradient arrives in the backward (torchtune's
+  // optimizer-in-backward; kiln train --optimizer-in-backward): step_parameter(i) updates parameter i
+  // from its gradient as step() would (nothing when it has none; no clip), end_step() then counts
+  // the step. Calling step_parameter(i) for every parameter and then end_step() gives step()'s bits.
+  void step_parameter(size_t i);  // kiln::Error past the last parameter, or for a bad gradient
+  void end_step() { ++step_count_; }
   // The multi-tensor path (the default) or one kernel per parameter (the reference the tests
   // compare with; clip_and_step then runs clip_grad_norm_ and the per-parameter updates).
   void set_multi_tensor(bool on) { multi_tensor_ = on; }
@@ -136,6 +142,10 @@ class Optimizer {
   };
   // Returns the norm (0 without a clip).
   double run_step(const Clip& clip);
+  // Parameter i's gradient, checked (shape, device, dtype) and contiguous; undefined when it has none.
+  Tensor checked_grad(size_t i) const;
+  // Updates parameter i from `grad` (checked_grad's) with the per-parameter kernel and counts it.
+  void update_one(size_t i, const Tensor& grad);
   double run_step_per_parameter(const std::vector<Tensor>& grads, const Clip& clip);
   double run_step_multi_tensor(const std::vector<Tensor>& grads, const Clip& clip);
   void ensure_buffers(size_t i);

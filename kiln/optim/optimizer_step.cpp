@@ -39,24 +39,45 @@ void Optimizer::ensure_buffers(size_t i) {
   for (size_t k = 0; k < buffer_names_.size(); ++k) st.buffers.push_back(zeros(p.shape(), DType::f32, p.device()));
 }
 
-double Optimizer::run_step(const Clip& clip) {
+Tensor Optimizer::checked_grad(size_t i) const {
   const char* op = kind_.c_str();
+  const auto& [name, p] = params_[i];
+  Tensor g = p.grad();
+  if (!g.defined()) return g;
+  KILN_CHECK(g.shape() == p.shape(), op, ": gradient of '", name, "' has shape ", g.shape(), ", parameter has ",
+             p.shape());
+  KILN_CHECK(g.device() == p.device(), op, ": gradient of '", name, "' is on ", g.device().str(), ", parameter on ",
+             p.device().str());
+  KILN_CHECK(g.dtype() == DType::f32 || g.dtype() == DType::bf16, op, ": gradient of '", name, "' has dtype ",
+             dtype_name(g.dtype()), " (expected f32 or bf16)");
+  return g.is_contiguous() ? g.detach() : g.detach().contiguous();
+}
+
+double Optimizer::run_step(const Clip& clip) {
   NoGradGuard no_grad;
   // Check every gradient before touching anything, so a bad one leaves all parameters as they were.
   std::vector<Tensor> grads(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& [name, p] = params_[i];
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    KILN_CHECK(g.shape() == p.shape(), op, ": gradient of '", name, "' has shape ", g.shape(), ", parameter has ",
-               p.shape());
-    KILN_CHECK(g.device() == p.device(), op, ": gradient of '", name, "' is on ", g.device().str(),
-               ", parameter on ", p.device().str());
-    KILN_CHECK(g.dtype() == DType::f32 || g.dtype() == DType::bf16, op, ": gradient of '", name, "' has dtype ",
-               dtype_name(g.dtype()), " (expected f32 or bf16)");
-    grads[i] = g.is_contiguous() ? g.detach() : g.detach().contiguous();
-  }
+  for (size_t i = 0; i < params_.size(); ++i) grads[i] = checked_grad(i);
   return multi_tensor_ ? run_step_multi_tensor(grads, clip) : run_step_per_parameter(grads, clip);
+}
+
+void Optimizer::step_parameter(size_t i) {
+  KILN_CHECK(i < params_.size(), kind_, " step_parameter: index ", i, " past the last of ", params_.size(),
+             " parameters");
+  NoGradGuard no_grad;
+  if (const Tensor g = checked_grad(i); g.defined()) update_one(i, g);
+}
+
+void Optimizer::update_one(size_t i, const Tensor& grad) {
+  const Tensor& p = params_[i].second;
+  ParamState& st = state_[i];
+  Tensor work = p.is_contiguous() ? p.detach() : p.detach().contiguous();
+  ensure_buffers(i);
+  const int64_t t = st.step + 1;
+  update(work, grad, st.buffers, decay_[i] ? weight_decay_ : 0.0, t);
+  st.step = t;
+  if (p.is_contiguous()) p.bump_version();
+  else p.detach().copy_(work);
 }
 
 double Optimizer::run_step_per_parameter(const std::vector<Tensor>& checked, const Clip& clip) {
@@ -80,18 +101,8 @@ double Optimizer::run_step_per_parameter(const std::vector<Tensor>& checked, con
       if (grads[i].defined() && !params_[i].second.grad().is_contiguous())
         grads[i] = params_[i].second.grad().detach().contiguous();
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    const Tensor& p = params_[i].second;
-    ParamState& st = state_[i];
-    Tensor work = p.is_contiguous() ? p.detach() : p.detach().contiguous();
-    ensure_buffers(i);
-    const int64_t t = st.step + 1;
-    update(work, grads[i], st.buffers, decay_[i] ? weight_decay_ : 0.0, t);
-    st.step = t;
-    if (p.is_contiguous()) p.bump_version();
-    else p.detach().copy_(work);
-  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (grads[i].defined()) update_one(i, grads[i]);
   ++step_count_;
   return norm;
 }

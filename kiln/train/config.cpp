@@ -130,6 +130,14 @@ void TrainConfig::validate() const {
     json::check_utf8(*value, std::string("config: ") + key, "kiln stores a run's settings as JSON, which needs UTF-8");
   KILN_CHECK(attention == "auto" || attention == "reference" || attention == "flex", "config: attention='", attention,
              "' is not one of: auto, reference, flex");
+  if (optimizer_in_backward) {
+    const char* what = "config: optimizer_in_backward updates each parameter in the backward, ";
+    KILN_CHECK(clip == 0, what, "before the gradient norm is known: it needs clip=0 (no clipping), got clip=", clip);
+    KILN_CHECK(accum == 1, what, "using up each micro-batch's gradient: it needs accum=1 (one micro-batch a step), got "
+               "accum=", accum);
+    KILN_CHECK(nproc == 1 && !fsdp, what, "in one process: it cannot run FSDP-sharded (nproc=", nproc,
+               fsdp ? ", fsdp" : "", ")");
+  }
   KILN_CHECK(cuda_graphs == "auto" || cuda_graphs == "on" || cuda_graphs == "off", "config: cuda_graphs='",
              cuda_graphs, "' is not one of: auto, on, off");
   KILN_CHECK(gemm_backend.empty() || gemm_backend == "auto" || gemm_backend == "cublaslt" || gemm_backend == "kiln",

@@ -67,6 +67,9 @@ struct TrainConfig {
   std::string on_failure = "restart";
   int64_t max_restarts = 0;
   double lr = 0, min_lr_ratio = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
+  // Each parameter updated in the backward as soon as its gradient is complete, the gradient then
+  // freed (optim/in_backward.h): needs clip 0, one micro-batch a step and one process.
+  bool optimizer_in_backward = false;
   // schedule of side work
   int64_t eval_every = 0, eval_batches = 8, ckpt_every = 0, keep_ckpts = 2, log_every = 1, telemetry_every = 50;
   double max_time = 0;  // seconds; 0 = no limit (stops early, checkpoints)

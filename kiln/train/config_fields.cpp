@@ -51,6 +51,9 @@ std::vector<ConfigField> make_fields() {
       row("beta2", &C::beta2, "B", "AdamW beta2"),
       row("eps", &C::eps, "E", "AdamW epsilon"),
       row("clip", &C::clip, "NORM", "clip the gradient norm to NORM (0: off)"),
+      row("optimizer_in_backward", &C::optimizer_in_backward, "", "update each parameter in the backward as soon "
+          "as its gradient is complete and free that gradient (torchtune's optimizer_in_bwd): the gradients are never "
+          "all held at once; needs --clip 0, one micro-batch a step and one process, and no step is ever skipped"),
       // model
       row("hidden", &C::hidden, "N", "model width (hidden_size)"),
       row("layers", &C::layers, "N", "decoder layers"),

@@ -51,7 +51,8 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, const nn::LlamaC
   const int64_t params = add(add(mul(V, d), m.tie_word_embeddings ? 0 : mul(V, d)), add(mul(L, per_layer), d));
   MemoryEstimate e;
   e.parameters = mul(params, bf16 ? 6 : 4);  // f32 masters (+ the forward's bf16 copies)
-  e.gradients = mul(params, 4);
+  // --optimizer-in-backward frees each gradient once used: about the largest one is held at a time
+  e.gradients = cfg.optimizer_in_backward ? mul(std::max(mul(V, d), mul(d, I)), 4) : mul(params, 4);
   e.optimizer = mul(params, 8);  // AdamW's two moments
   const int64_t tokens = mul(cfg.batch, cfg.seq);
   const int64_t act = bf16 ? 2 : 4;

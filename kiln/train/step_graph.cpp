@@ -18,6 +18,9 @@ std::string cuda_graphs_unavailable(const TrainConfig& cfg, bool sharded) {
   if (cfg.profile || profile::env_requested()) return "--profile (or KILN_PROFILE) times every kernel of the step";
   if (cfg.document_mask()) return "the document mask is built on the host from each batch";
   if (cfg.sample == "packed") return "packed sampling's batches differ in their count of targets (the loss divisor)";
+  if (cfg.optimizer_in_backward)
+    return "--optimizer-in-backward updates the parameters inside the backward with the learning rate of its step, "
+           "which a graph would freeze";
   if (cfg.attention_backend(true) != "flex")
     return "the reference attention copies its mask from the host at every forward (use --attention flex)";
   return "";

@@ -42,8 +42,9 @@ namespace kiln::train {
 
 // Why `cfg` cannot use CUDA graphs ("" when it can): not a CUDA run, FSDP (its collectives run on
 // their own streams), --profile (it times every kernel), a document mask (built on the host from
-// each batch), packed sampling (its batches' target counts differ), the reference attention (its
-// mask is copied from the host at every forward). `sharded`: the run is FSDP-sharded.
+// each batch), packed sampling (its batches' target counts differ), --optimizer-in-backward (its
+// updates run in the backward with the step's learning rate), the reference attention (its mask
+// is copied from the host at every forward). `sharded`: the run is FSDP-sharded.
 std::string cuda_graphs_unavailable(const TrainConfig& cfg, bool sharded);
 
 class StepGraph {

@@ -67,6 +67,7 @@ StepResult Trainer::step() {
   // The loss stays on the device until the gradient norm has synchronised the host anyway
   // (reading it before the backward would stall the GPU while the backward is enqueued).
   Tensor loss_dev;
+  if (s.in_backward) s.in_backward->begin_step();
   for (size_t a = 0; a < micro.size(); ++a) {
     const data::Batch& b = micro[a];
     if (b.num_targets == 0 && !s.fsdp) continue;
@@ -91,7 +92,11 @@ StepResult Trainer::step() {
   }
   {
     profile::Label label("optimizer:", "step");
-    if (s.fsdp) {
+    if (s.in_backward) {
+      // Every parameter was updated in the backward (optim/in_backward.h): count the step, read
+      // its norm. Nothing can be skipped any more.
+      r.grad_norm = s.in_backward->end_step();
+    } else if (s.fsdp) {
       // The norm over every rank's shards (one all-reduce, parallel/fsdp.h), its clip folded into
       // the multi-tensor update as below; a non-finite norm skips the step.
       r.grad_norm = s.fsdp->grad_norm();
@@ -286,7 +291,7 @@ json::Value step_record(Trainer::State& s, const StepResult& r, double tps, doub
   m["tokens"] = s.tokens_seen;
   m["elapsed_s"] = s.elapsed_before + run_s;
   m["memory_bytes"] = mem.current_bytes;
-  m["peak_memory_bytes"] = mem.peak_bytes;  // this process's, since the run began
+  m["peak_memory_bytes"] = mem.peak_bytes;  // since the run began (reset at its setup)
   if (eval_loss >= 0) m["eval_loss"] = eval_loss;
   if (r.skipped) m["skipped"] = true;
   if (s.peak.tflops > 0) m["mfu"] = mfu(s.flops_per_token, tps, s.peak.tflops * s.world_size);
@@ -428,6 +433,9 @@ TrainSummary Trainer::run() {
         progress->update(r.step, r.loss, tps, eta, mem.current_bytes, eval_loss);
         if (r.skipped)
           progress->message("warning: non-finite gradient norm at step " + std::to_string(r.step) + ", step skipped");
+        else if (s.in_backward && !std::isfinite(r.grad_norm))
+          progress->message("warning: non-finite gradient norm at step " + std::to_string(r.step) +
+                            ": --optimizer-in-backward has applied it (no step can be skipped there)");
         non_finite_steps = r.skipped || !std::isfinite(r.loss) ? non_finite_steps + 1 : 0;
         growth.observe(r.loss);
         if (growth.in_a_row_limit()) {

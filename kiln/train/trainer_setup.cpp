@@ -13,6 +13,7 @@
 
 #include "kiln/attention/runtime_mods_setup.h"
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/core/allocator.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/dist/backends.h"
 #include "kiln/data/token_file.h"
@@ -178,7 +179,9 @@ void Trainer::State::build_model() {
   ao.eps = cfg.eps;
   ao.weight_decay = cfg.weight_decay;
   ao.decay = optim::decay_matrices_only;
+  in_backward.reset();  // its hooks are on the parameters of the model this replaces
   opt = std::make_unique<optim::AdamW>(named, ao);
+  if (cfg.optimizer_in_backward) in_backward = std::make_unique<optim::OptimizerInBackward>(*opt);
   sched.kind = optim::ScheduleKind::cosine;
   sched.max_lr = cfg.lr;
   sched.min_lr = cfg.lr * cfg.min_lr_ratio;
@@ -298,6 +301,10 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   resolve_config(cfg_in);
   cfg.validate();
   plan_ranks();
+  KILN_CHECK(!cfg.optimizer_in_backward || (!world && micro_total == 1),
+             "train: --optimizer-in-backward needs one process and one micro-batch a step (it uses up each gradient "
+             "in the backward); this run has ", world_size, " rank(s) and ", micro_total, " micro-batch(es) a step",
+             cfg.global_batch > 0 ? " (--global-batch)" : "");
   refuse_cuda_graphs_on();
   for (int r = 0; r < world_size; ++r) members.push_back(r);
   // KILN_TEST_KILL_AT=RANK:STEP[,RANK:STEP...] (tests): on the job's first attempt the rank the
@@ -322,6 +329,7 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   dev = Device::parse(cfg.device);
   if (dev.is_cuda() && world) dev = cuda(dist::DistEnv::from_env().local_rank);  // one GPU per rank
   check_device_available(dev, "train");
+  reset_peak_memory_stats(dev);  // the run's peak (metrics.jsonl), not an earlier run's in this process
   bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && dev.is_cuda());
   progress = std::make_unique<Progress>(is_rank0() ? hooks.progress : nullptr, cfg.steps, cfg.log_every);  // rank 0's
   load_data();

@@ -12,6 +12,7 @@
 #include "kiln/data/tokenizer.h"
 #include "kiln/nn/llama.h"
 #include "kiln/optim/adamw.h"
+#include "kiln/optim/in_backward.h"
 #include "kiln/optim/schedule.h"
 #include "kiln/parallel/fsdp.h"
 #include "kiln/train/mfu.h"
@@ -60,6 +61,7 @@ struct Trainer::State {
   std::unique_ptr<nn::LlamaForCausalLM> model;
   std::unique_ptr<ParamCast> cast;
   std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<optim::OptimizerInBackward> in_backward;  // --optimizer-in-backward: opt's steps in the backward
   optim::LrSchedule sched;
   std::unique_ptr<StepGraph> graph;  // --cuda-graphs, where the run allows them (step_graph.h)
   // MFU (mfu.h) and, while run() profiles, the phase times of the steps (step_profile.h)

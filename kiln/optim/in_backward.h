@@ -1,0 +1,58 @@
+// OptimizerInBackward: the optimizer step taken inside the backward, one parameter at a time
+// (torchtune's optimizer_in_bwd; `kiln train --optimizer-in-backward`, docs/training.md). A
+// post-accumulate hook on every parameter (ops/backward.h) updates it with Optimizer::step_parameter
+// as soon as its gradient is complete and then drops that gradient, so the model's gradients are
+// never all held at once: a step's peak memory loses up to the size of every gradient (f32: as
+// much as the parameters). What this gives up, and why:
+//   - no gradient-norm clip: the norm needs every gradient before the first update;
+//   - no gradient accumulation: a micro-batch's gradient is used up before the next one adds to it;
+//   - no skipped steps: the norm of the step (still measured, for the logs) is known only after the
+//     parameters were updated, so a non-finite gradient reaches them (the trainer then stops as it
+//     does for a diverged run).
+// The norm is summed as the fused clip's (per-chunk partials in parameter order, then
+// clip_from_partials), so it has the bits clip_and_step would have returned. A parameter whose
+// gradient arrives twice in one step (a weight used in two graphs that are backpropagated
+// separately) would be updated with a partial gradient: the second arrival is a kiln::Error.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kiln/core/tensor.h"
+#include "kiln/optim/optimizer.h"
+
+namespace kiln {
+class AccumulateGrad;
+}
+
+namespace kiln::optim {
+
+class OptimizerInBackward {
+ public:
+  // Registers the hooks on opt's parameters (all on one device). The optimizer must outlive this.
+  explicit OptimizerInBackward(Optimizer& opt);
+  ~OptimizerInBackward();
+  OptimizerInBackward(const OptimizerInBackward&) = delete;
+  OptimizerInBackward& operator=(const OptimizerInBackward&) = delete;
+
+  // Before a step's backward: forgets the last step's gradients and updates.
+  void begin_step();
+  // After the backward: counts the optimizer step and returns its gradient norm (2-norm of the
+  // gradients that arrived; one read from the device).
+  double end_step();
+  // Parameters updated in the current step so far.
+  int64_t updated() const { return updated_; }
+
+ private:
+  void on_gradient(size_t i);
+
+  Optimizer& opt_;
+  Device device_;
+  std::vector<std::shared_ptr<AccumulateGrad>> accumulators_;  // keep the hooks registered
+  std::vector<int64_t> first_partial_;  // per parameter: its first slot in partials_
+  std::vector<int> updates_;            // per parameter: updates in the current step
+  Tensor partials_;                     // f64, every parameter's per-chunk |g|^2 sums
+  int64_t updated_ = 0;
+};
+
+}  // namespace kiln::optim

@@ -1,0 +1,100 @@
+// kiln train --optimizer-in-backward (optim/in_backward.h): the same bits as the run that steps
+// after the backward (with --clip 0, the one clip it allows), in f32 and in bf16; a lower peak where
+// the gradients are most of the memory; the settings it cannot run with refused before the run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "kiln/train/step_graph.h"
+#include "kiln/train/trainer.h"
+#include "tests/expect.h"
+#include "tests/train/train_test_util.h"
+
+using namespace kiln;
+using kiln::test::error_of;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TrainedRun {
+  train::TrainSummary summary;
+  std::string weights;  // the final checkpoint's safetensors files
+};
+
+TrainedRun train_tiny(const std::string& dtype, bool in_backward, const std::string& name) {
+  const fs::path out = test::temp_dir("oib_" + name) / "run";
+  train::TrainConfig c = test::tiny_run(out, 7);
+  c.dtype = dtype;
+  c.clip = 0;
+  c.optimizer_in_backward = in_backward;
+  TrainedRun r{train::run_training(c, test::quiet()), ""};
+  r.weights = test::checkpoint_bytes(r.summary.checkpoint);
+  fs::remove_all(out.parent_path());
+  return r;
+}
+
+}  // namespace
+
+TEST(OptimizerInBackwardTrain, GivesTheBitsOfTheStepAfterTheBackward) {
+  for (const std::string dtype : {"f32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    const TrainedRun after = train_tiny(dtype, false, dtype + "_after");
+    const TrainedRun inside = train_tiny(dtype, true, dtype + "_inside");
+    ASSERT_EQ(inside.summary.losses.size(), 7u);
+    EXPECT_TRUE(test::same_bits(inside.summary.losses, after.summary.losses, "losses"));
+    EXPECT_EQ(inside.summary.final_eval_loss, after.summary.final_eval_loss);
+    ASSERT_FALSE(after.weights.empty());
+    EXPECT_TRUE(inside.weights == after.weights) << "the final weights and optimizer state differ";
+  }
+}
+
+// Where the gradients are most of a step's memory (a wide MLP, few tokens), freeing each one as it
+// is used lowers the peak by most of their size.
+TEST(OptimizerInBackwardTrain, HoldsLessThanAllTheGradientsAtOnce) {
+  auto peak = [](bool in_backward) {
+    const fs::path out = test::temp_dir(in_backward ? "oib_peak_in" : "oib_peak_after") / "run";
+    train::TrainConfig c = test::tiny_run(out, 2);
+    c.hidden = 128;
+    c.intermediate = 1024;
+    c.batch = 1;
+    c.seq = 8;
+    c.eval_every = 0;
+    c.clip = 0;
+    c.optimizer_in_backward = in_backward;
+    const int64_t bytes = train::run_training(c, test::quiet()).peak_memory_bytes;
+    fs::remove_all(out.parent_path());
+    return bytes;
+  };
+  const int64_t after = peak(false), inside = peak(true);
+  // 2 layers x 3 x 128 x 1024 MLP weights alone are 3 MiB of f32 gradients.
+  EXPECT_LT(inside, after - 2 * (int64_t{1} << 20)) << "peak " << inside << " bytes, " << after << " without";
+}
+
+TEST(OptimizerInBackwardTrain, SettingsItCannotRunWithAreRefused) {
+  const fs::path out = test::temp_dir("oib_refused") / "run";
+  train::TrainConfig c = test::tiny_run(out, 2);
+  c.optimizer_in_backward = true;
+  c.clip = 0;
+  train::TrainConfig clipped = c;
+  clipped.clip = 1.0;
+  EXPECT_NE(error_of([&] { clipped.validate(); }).find("it needs clip=0 (no clipping), got clip=1"),
+            std::string::npos);
+  train::TrainConfig accum = c;
+  accum.accum = 2;
+  EXPECT_NE(error_of([&] { accum.validate(); }).find("it needs accum=1 (one micro-batch a step), got accum=2"),
+            std::string::npos);
+  train::TrainConfig ranks = c;
+  ranks.nproc = 2;
+  EXPECT_NE(error_of([&] { ranks.validate(); }).find("it cannot run FSDP-sharded (nproc=2)"), std::string::npos);
+  train::TrainConfig global = c;
+  global.global_batch = 2 * c.batch;  // two micro-batches a step in one process
+  EXPECT_NE(error_of([&] { train::run_training(global, test::quiet()); })
+                .find("this run has 1 rank(s) and 2 micro-batch(es) a step (--global-batch)"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(out));
+  train::TrainConfig graphs = c;
+  graphs.device = "cuda";
+  EXPECT_NE(train::cuda_graphs_unavailable(graphs, false).find("--optimizer-in-backward"), std::string::npos);
+  fs::remove_all(out.parent_path());
+}
