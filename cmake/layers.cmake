@@ -41,7 +41,7 @@ function(kiln_add_layers sources)
       if(KILN_CUDA)
         target_compile_options(${t} PRIVATE
           $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -gencode=arch=compute_90a,code=sm_90a
-            --expt-relaxed-constexpr --extended-lambda -Xcompiler=-fopenmp -lineinfo>)
+            --expt-relaxed-constexpr --extended-lambda -Xcompiler=-fopenmp ${KILN_CUDA_DEVICE_INFO}>)
         # CUDA sources inherit CXX_STANDARD(_REQUIRED) otherwise, which CMake 3.25 refuses for nvcc 13.
         set_target_properties(${t} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF CUDA_RESOLVE_DEVICE_SYMBOLS ON
                               CUDA_STANDARD_REQUIRED OFF)
