@@ -12,7 +12,9 @@
 # Llama 3 8B's shape (hidden 4096, 32 layers, 32/8 heads, SwiGLU 14336, vocabulary 128256, untied)
 # on random ids; LAYERS=N keeps its width with N layers (the largest that fits one GPU).
 # CKPT=block|mlp: kiln with --checkpoint-activations CKPT, torch with torch.utils.checkpoint per
-# block (for both values: torch has no MLP-only form here). KILN_ARGS: more flags for kiln.
+# block (for both values: torch has no MLP-only form here). KILN_ARGS: more flags for kiln;
+# TORCH_ARGS: more flags for bench_train_torch.py (--clip 0 beside kiln's --optimizer-in-backward);
+# TORCH_MODES: which of torch's runs (default "eager compile").
 # Expects build/cuda/kiln (KILN=path overrides) and python3 with torch on a CUDA machine
 # (PEERS=0: kiln only). FSDP=1 adds kiln_fsdp: the same run FSDP-sharded over a world of one
 # (`kiln train --fsdp`), the sharded path's overhead against the one-process trainer (issue 32).
@@ -69,8 +71,9 @@ kiln_run kiln || true
 if [ "${FUSED:-0}" = 1 ]; then kiln_run kiln_fused --fused-loss || true; fi
 if [ "${FSDP:-0}" = 1 ]; then kiln_run kiln_fsdp --fsdp || true; fi
 if [ "${PEERS:-1}" = 1 ]; then
-  for c in "" --compile; do
+  for mode in ${TORCH_MODES:-eager compile}; do
+    c=""; [ "$mode" = compile ] && c=--compile
     python3 scripts/bench_train_torch.py --device cuda $c --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
-      --seq "$SEQ" "${shape[@]}" ${TORCH_DATA[@]+"${TORCH_DATA[@]}"} ${TORCH_EXTRA[@]+"${TORCH_EXTRA[@]}"} --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
+      --seq "$SEQ" "${shape[@]}" ${TORCH_DATA[@]+"${TORCH_DATA[@]}"} ${TORCH_EXTRA[@]+"${TORCH_EXTRA[@]}"} ${TORCH_ARGS:-} --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
   done
 fi
