@@ -72,7 +72,8 @@ if [ "${FUSED:-0}" = 1 ]; then kiln_run kiln_fused --fused-loss || true; fi
 if [ "${FSDP:-0}" = 1 ]; then kiln_run kiln_fsdp --fsdp || true; fi
 if [ "${PEERS:-1}" = 1 ]; then
   for mode in ${TORCH_MODES:-eager compile}; do
-    c=""; [ "$mode" = compile ] && c=--compile
+    case "$mode" in eager) c="" ;; compile) c=--compile ;;
+      *) echo "bench_train_gpu: TORCH_MODES takes eager and compile, got '$mode'" >&2; exit 2 ;; esac
     python3 scripts/bench_train_torch.py --device cuda $c --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
       --seq "$SEQ" "${shape[@]}" ${TORCH_DATA[@]+"${TORCH_DATA[@]}"} ${TORCH_EXTRA[@]+"${TORCH_EXTRA[@]}"} ${TORCH_ARGS:-} --lr 6e-4 || echo "bench_train_gpu: torch $c failed" >&2
   done

@@ -178,7 +178,7 @@ def main():
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (0: none)")
     p.add_argument("--norm-eps", type=float, default=1e-5)
     p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--init-std", type=float, default=0.02)
@@ -224,7 +224,8 @@ def main():
         loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), targets.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, a.clip)
+        if a.clip > 0:  # 0: no clipping, as kiln's --clip 0 (clip_grad_norm_ at 0 would zero every gradient)
+            torch.nn.utils.clip_grad_norm_(params, a.clip)
         opt.step()
         return loss.item()
 
