@@ -26,9 +26,11 @@ OptimizerInBackward::OptimizerInBackward(Optimizer& opt) : opt_(opt) {
   }
   partials_ = zeros({total}, DType::f64, device_);
   updates_.assign(params.size(), 0);
+  // A graph still holding a parameter's accumulator after this object is gone must not call it.
+  std::weak_ptr<bool> alive = alive_;
   for (size_t i = 0; i < params.size(); ++i)
-    accumulators_.push_back(register_post_accumulate_grad_hook(params[i].second, [this, i](const Tensor&) {
-      on_gradient(i);
+    accumulators_.push_back(register_post_accumulate_grad_hook(params[i].second, [this, alive, i](const Tensor&) {
+      if (alive.lock()) on_gradient(i);
     }));
 }
 
@@ -63,8 +65,24 @@ void OptimizerInBackward::on_gradient(size_t i) {
 double OptimizerInBackward::end_step() {
   opt_.end_step();
   NoGradGuard no_grad;
+  // The partials of the parameters that got a gradient, in parameter order, as clip_and_step lays
+  // them out (on CUDA the reduction's split depends on their count).
+  Tensor partials = partials_;
+  if (updated_ < static_cast<int64_t>(updates_.size())) {
+    int64_t total = 0;
+    for (size_t i = 0; i < updates_.size(); ++i)
+      if (updates_[i]) total += kernels::norm_partials_count(opt_.params()[i].second.numel());
+    partials = Tensor::empty({total}, DType::f64, device_);
+    int64_t at = 0;
+    for (size_t i = 0; i < updates_.size(); ++i) {
+      if (!updates_[i]) continue;
+      const int64_t count = kernels::norm_partials_count(opt_.params()[i].second.numel());
+      if (count > 0) partials.narrow(0, at, count).copy_(partials_.narrow(0, first_partial_[i], count));
+      at += count;
+    }
+  }
   const Tensor clip = Tensor::empty({2}, DType::f64, device_);
-  KILN_DEVICE_CALL(device_, clip_from_partials, partials_, 2.0, INFINITY, clip);
+  KILN_DEVICE_CALL(device_, clip_from_partials, partials, 2.0, INFINITY, clip);
   return clip.to_vector<double>()[0];
 }
 

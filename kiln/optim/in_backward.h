@@ -7,12 +7,14 @@
 //   - no gradient-norm clip: the norm needs every gradient before the first update;
 //   - no gradient accumulation: a micro-batch's gradient is used up before the next one adds to it;
 //   - no skipped steps: the norm of the step (still measured, for the logs) is known only after the
-//     parameters were updated, so a non-finite gradient reaches them (the trainer then stops as it
-//     does for a diverged run).
+//     parameters were updated, so a non-finite gradient reaches them (the trainer then stops at
+//     once, before it saves anything).
 // The norm is summed as the fused clip's (per-chunk partials in parameter order, then
-// clip_from_partials), so it has the bits clip_and_step would have returned. A parameter whose
-// gradient arrives twice in one step (a weight used in two graphs that are backpropagated
-// separately) would be updated with a partial gradient: the second arrival is a kiln::Error.
+// clip_from_partials, those of the parameters that got a gradient in parameter order), so it has
+// the bits clip_and_step would have returned. A parameter whose gradient arrives twice in one step
+// (a weight used in two graphs that are backpropagated separately) was updated with the first part:
+// the second arrival is a kiln::Error, before a second update. The hooks stay on the parameters'
+// accumulators after this object is gone, and then do nothing.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -53,6 +55,7 @@ class OptimizerInBackward {
   std::vector<int> updates_;            // per parameter: updates in the current step
   Tensor partials_;                     // f64, every parameter's per-chunk |g|^2 sums
   int64_t updated_ = 0;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the hooks' guard (weakly held)
 };
 
 }  // namespace kiln::optim

@@ -52,7 +52,8 @@ MemoryEstimate estimate_training_memory(const TrainConfig& cfg, const nn::LlamaC
   MemoryEstimate e;
   e.parameters = mul(params, bf16 ? 6 : 4);  // f32 masters (+ the forward's bf16 copies)
   // --optimizer-in-backward frees each gradient once used: about the largest one is held at a time
-  e.gradients = cfg.optimizer_in_backward ? mul(std::max(mul(V, d), mul(d, I)), 4) : mul(params, 4);
+  // (in bf16 with its bf16 gradient beside it)
+  e.gradients = cfg.optimizer_in_backward ? mul(std::max(mul(V, d), mul(d, I)), bf16 ? 6 : 4) : mul(params, 4);
   e.optimizer = mul(params, 8);  // AdamW's two moments
   const int64_t tokens = mul(cfg.batch, cfg.seq);
   const int64_t act = bf16 ? 2 : 4;

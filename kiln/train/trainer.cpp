@@ -433,9 +433,14 @@ TrainSummary Trainer::run() {
         progress->update(r.step, r.loss, tps, eta, mem.current_bytes, eval_loss);
         if (r.skipped)
           progress->message("warning: non-finite gradient norm at step " + std::to_string(r.step) + ", step skipped");
-        else if (s.in_backward && !std::isfinite(r.grad_norm))
-          progress->message("warning: non-finite gradient norm at step " + std::to_string(r.step) +
-                            ": --optimizer-in-backward has applied it (no step can be skipped there)");
+        if (s.in_backward && !std::isfinite(r.grad_norm)) {
+          // Already applied: the parameters are no longer finite. Stop before anything is saved.
+          progress->finish();
+          fail("train: non-finite gradient norm (", r.grad_norm, ") at step ", r.step, " with --optimizer-in-backward, "
+               "which updated the parameters with it (no step can be skipped there); nothing of this step was saved, "
+               "the last checkpoint is the latest: lower --lr (it is ", cfg.lr, "), check the data, or train without "
+               "--optimizer-in-backward to skip such steps");
+        }
         non_finite_steps = r.skipped || !std::isfinite(r.loss) ? non_finite_steps + 1 : 0;
         growth.observe(r.loss);
         if (growth.in_a_row_limit()) {

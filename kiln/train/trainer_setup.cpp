@@ -301,10 +301,13 @@ void Trainer::State::setup(const TrainConfig& cfg_in) {
   resolve_config(cfg_in);
   cfg.validate();
   plan_ranks();
-  KILN_CHECK(!cfg.optimizer_in_backward || (!world && micro_total == 1),
-             "train: --optimizer-in-backward needs one process and one micro-batch a step (it uses up each gradient "
-             "in the backward); this run has ", world_size, " rank(s) and ", micro_total, " micro-batch(es) a step",
-             cfg.global_batch > 0 ? " (--global-batch)" : "");
+  KILN_CHECK(!cfg.optimizer_in_backward || !world,
+             "train: --optimizer-in-backward runs in one process, unsharded; this is a job of ", world_size,
+             " rank(s) (kiln launch or torchrun), which trains FSDP-sharded and reduces the gradients after the "
+             "backward");
+  KILN_CHECK(!cfg.optimizer_in_backward || micro_total == 1,
+             "train: --optimizer-in-backward needs one micro-batch a step (it uses up each gradient in the backward); "
+             "this run has ", micro_total, " micro-batches a step", cfg.global_batch > 0 ? " (--global-batch)" : "");
   refuse_cuda_graphs_on();
   for (int r = 0; r < world_size; ++r) members.push_back(r);
   // KILN_TEST_KILL_AT=RANK:STEP[,RANK:STEP...] (tests): on the job's first attempt the rank the

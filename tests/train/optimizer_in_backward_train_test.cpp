@@ -22,10 +22,15 @@ struct TrainedRun {
   std::string weights;  // the final checkpoint's safetensors files
 };
 
-TrainedRun train_tiny(const std::string& dtype, bool in_backward, const std::string& name) {
+// A tied embedding (its gradient from the LM head and the embedding summed before its hook runs)
+// and, with `checkpointed`, block checkpointing (each block's parameters reached in a nested
+// backward).
+TrainedRun train_tiny(const std::string& dtype, bool in_backward, const std::string& name, bool checkpointed = false) {
   const fs::path out = test::temp_dir("oib_" + name) / "run";
   train::TrainConfig c = test::tiny_run(out, 7);
   c.dtype = dtype;
+  c.tie_embeddings = true;
+  if (checkpointed) c.checkpoint_activations = "block";
   c.clip = 0;
   c.optimizer_in_backward = in_backward;
   TrainedRun r{train::run_training(c, test::quiet()), ""};
@@ -37,10 +42,11 @@ TrainedRun train_tiny(const std::string& dtype, bool in_backward, const std::str
 }  // namespace
 
 TEST(OptimizerInBackwardTrain, GivesTheBitsOfTheStepAfterTheBackward) {
-  for (const std::string dtype : {"f32", "bf16"}) {
-    SCOPED_TRACE(dtype);
-    const TrainedRun after = train_tiny(dtype, false, dtype + "_after");
-    const TrainedRun inside = train_tiny(dtype, true, dtype + "_inside");
+  for (const auto& [dtype, checkpointed] : {std::pair{"f32", false}, {"bf16", false}, {"bf16", true}}) {
+    SCOPED_TRACE(std::string(dtype) + (checkpointed ? " block checkpointing" : ""));
+    const std::string tag = std::string(dtype) + (checkpointed ? "_ckpt" : "");
+    const TrainedRun after = train_tiny(dtype, false, tag + "_after", checkpointed);
+    const TrainedRun inside = train_tiny(dtype, true, tag + "_inside", checkpointed);
     ASSERT_EQ(inside.summary.losses.size(), 7u);
     EXPECT_TRUE(test::same_bits(inside.summary.losses, after.summary.losses, "losses"));
     EXPECT_EQ(inside.summary.final_eval_loss, after.summary.final_eval_loss);
@@ -71,6 +77,25 @@ TEST(OptimizerInBackwardTrain, HoldsLessThanAllTheGradientsAtOnce) {
   EXPECT_LT(inside, after - 2 * (int64_t{1} << 20)) << "peak " << inside << " bytes, " << after << " without";
 }
 
+// A non-finite gradient norm has been applied when it is known: the run stops at that step with
+// an error, before its interval checkpoint (the last one written stays the latest).
+TEST(OptimizerInBackwardTrain, ANonFiniteNormStopsTheRunBeforeItSaves) {
+  const fs::path out = test::temp_dir("oib_nonfinite") / "run";
+  train::TrainConfig c = test::tiny_run(out, 6);
+  c.clip = 0;
+  c.optimizer_in_backward = true;
+  c.lr = 1e30;  // step 1's update makes the weights ~1e30: step 2's gradients are not finite
+  c.warmup = 0;
+  c.eval_every = 0;
+  c.ckpt_every = 1;
+  const std::string e = error_of([&] { train::run_training(c, test::quiet()); });
+  EXPECT_NE(e.find("non-finite gradient norm"), std::string::npos) << e;
+  EXPECT_NE(e.find("with --optimizer-in-backward"), std::string::npos) << e;
+  EXPECT_TRUE(fs::exists(out / "step-1")) << "step 1's checkpoint (finite weights)";
+  for (int s = 2; s <= 6; ++s) EXPECT_FALSE(fs::exists(out / ("step-" + std::to_string(s)))) << "step " << s;
+  fs::remove_all(out.parent_path());
+}
+
 TEST(OptimizerInBackwardTrain, SettingsItCannotRunWithAreRefused) {
   const fs::path out = test::temp_dir("oib_refused") / "run";
   train::TrainConfig c = test::tiny_run(out, 2);
@@ -90,7 +115,8 @@ TEST(OptimizerInBackwardTrain, SettingsItCannotRunWithAreRefused) {
   train::TrainConfig global = c;
   global.global_batch = 2 * c.batch;  // two micro-batches a step in one process
   EXPECT_NE(error_of([&] { train::run_training(global, test::quiet()); })
-                .find("this run has 1 rank(s) and 2 micro-batch(es) a step (--global-batch)"),
+                .find("needs one micro-batch a step (it uses up each gradient in the backward); this run has 2 "
+                      "micro-batches a step (--global-batch)"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(out));
   train::TrainConfig graphs = c;
