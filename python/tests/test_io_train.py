@@ -139,3 +139,13 @@ def test_a_callback_that_raises_stops_the_run_with_a_checkpoint(tmp_path):
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["step"] == 2
     assert any(p.name.startswith("step-") for p in (tmp_path / "run").iterdir())
+
+
+def test_optimizer_in_backward_from_python_gives_the_same_run(tmp_path):
+    # kiln.train takes every config key; this one updates each parameter in the backward. The same
+    # run (clip 0, the one it allows) with and without it: the same losses, bit for bit.
+    a = kiln.train(tiny(tmp_path / "a", clip=0, deterministic=True), progress=False)
+    b = kiln.train(tiny(tmp_path / "b", clip=0, deterministic=True, optimizer_in_backward=True), progress=False)
+    assert a["losses"] == b["losses"]
+    with pytest.raises(kiln.KilnError, match="needs clip=0"):
+        kiln.train(tiny(tmp_path / "c", optimizer_in_backward=True), progress=False)
