@@ -1,14 +1,18 @@
 // kiln train --optimizer-in-backward (optim/in_backward.h): the same bits as the run that steps
-// after the backward (with --clip 0, the one clip it allows), in f32 and in bf16; a lower peak where
-// the gradients are most of the memory; the settings it cannot run with refused before the run.
+// after the backward (with --clip 0, the one clip it allows), in f32 and in bf16, on the CPU and (the
+// last test) on a GPU; a lower peak where the gradients are most of the memory; a non-finite norm
+// stopping the run before it saves; the settings it cannot run with refused before the run.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "kiln/io/json.h"
 #include "kiln/train/step_graph.h"
 #include "kiln/train/trainer.h"
 #include "tests/expect.h"
+#include "tests/skip.h"
 #include "tests/train/train_test_util.h"
 
 using namespace kiln;
@@ -123,4 +127,44 @@ TEST(OptimizerInBackwardTrain, SettingsItCannotRunWithAreRefused) {
   graphs.device = "cuda";
   EXPECT_NE(train::cuda_graphs_unavailable(graphs, false).find("--optimizer-in-backward"), std::string::npos);
   fs::remove_all(out.parent_path());
+}
+
+// On a GPU, bf16 (graphs off in both runs: only where the update runs differs): every step's loss
+// and gradient norm and the final weights and optimizer state bit for bit, and a lower peak at a
+// shape whose gradients outweigh its activations.
+TEST(OptimizerInBackwardCuda, GivesTheBitsAndALowerPeak) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::vector<std::vector<double>> losses, norms;
+  std::vector<std::string> bytes;
+  std::vector<int64_t> peaks;
+  for (const bool in_backward : {false, true}) {
+    const fs::path out = test::temp_dir(in_backward ? "oib_cuda_in" : "oib_cuda_after") / "run";
+    train::TrainConfig c = test::tiny_run(out, 5);
+    c.device = "cuda";
+    c.hidden = 256;
+    c.intermediate = 2048;
+    c.batch = 1;
+    c.seq = 64;
+    c.eval_every = 0;
+    c.clip = 0;
+    c.cuda_graphs = "off";
+    c.optimizer_in_backward = in_backward;
+    std::vector<double> norm;
+    train::TrainHooks hooks = test::quiet();
+    hooks.on_log = [&](const json::Value& r) { norm.push_back(r.find("grad_norm")->as_double("grad_norm")); };
+    const train::TrainSummary s = train::run_training(c, hooks);
+    losses.push_back(s.losses);
+    norms.push_back(norm);
+    peaks.push_back(s.peak_memory_bytes);
+    bytes.push_back(test::checkpoint_bytes(s.checkpoint));
+    ASSERT_FALSE(bytes.back().empty());
+    fs::remove_all(out.parent_path());
+  }
+  ASSERT_EQ(losses[0].size(), 5u);
+  EXPECT_TRUE(test::same_bits(losses[1], losses[0], "losses"));
+  ASSERT_EQ(norms[0].size(), 5u);
+  EXPECT_TRUE(test::same_bits(norms[1], norms[0], "gradient norms"));
+  EXPECT_TRUE(bytes[1] == bytes[0]) << "the final weights and optimizer state differ";
+  // 2 layers x 3 x 256 x 2048 MLP weights alone are 12 MiB of f32 gradients
+  EXPECT_LT(peaks[1], peaks[0] - 8 * (int64_t{1} << 20)) << peaks[1] << " bytes against " << peaks[0];
 }
