@@ -134,6 +134,21 @@ void check_memory_fits(const TrainConfig& cfg, const nn::LlamaConfig& m, bool bf
   std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   msg << "Use " << parts[0].second << ", or " << parts[1].second;
   if (!dev.is_cuda()) msg << ", or train on a GPU (--device cuda)";
+  // The memory-saving switches that alone would make this run fit.
+  std::vector<std::string> would_fit;
+  if (m.checkpoint_activations == "none") {
+    nn::LlamaConfig block = m;
+    block.checkpoint_activations = "block";
+    if (estimate_training_memory(cfg, block, bf16).total() <= available.bytes)
+      would_fit.push_back("--checkpoint-activations block (each block's activations recomputed in the backward)");
+  }
+  if (!cfg.optimizer_in_backward && cfg.accum == 1 && cfg.global_batch == 0 && cfg.nproc == 1 && !cfg.fsdp) {
+    TrainConfig in_backward = cfg;
+    in_backward.optimizer_in_backward = true;
+    if (estimate_training_memory(in_backward, m, bf16).total() <= available.bytes)
+      would_fit.push_back("--optimizer-in-backward --clip 0 (each gradient freed as soon as it is used)");
+  }
+  for (size_t i = 0; i < would_fit.size(); ++i) msg << (i == 0 ? ". It would fit with " : ", or with ") << would_fit[i];
   fail(msg.str());
 }
 

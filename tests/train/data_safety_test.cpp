@@ -373,6 +373,26 @@ TEST(Train, MemoryEstimateRefusesRunsThatCannotFit) {
   EXPECT_NE(msg.find("more than the 1.00 GiB available (test)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("--layers 100000"), std::string::npos) << msg;
   EXPECT_NE(msg.find("a smaller model (--preset, --layers"), std::string::npos) << msg;
+  // Where one switch alone makes the run fit, the message names it.
+  {
+    train::TrainConfig wide = c;
+    wide.optimizer_in_backward = true;
+    const int64_t with_in_backward = train::estimate_training_memory(wide, m, false).total();
+    const int64_t plain = train::estimate_training_memory(c, m, false).total();
+    ASSERT_LT(with_in_backward, plain);
+    const std::string fits =
+        error_of([&] { train::check_memory_fits(c, m, false, kCPU, {with_in_backward, "test"}); });
+    EXPECT_NE(fits.find("It would fit with "), std::string::npos) << fits;
+    EXPECT_NE(fits.find("--optimizer-in-backward --clip 0 (each gradient freed"), std::string::npos) << fits;
+    nn::LlamaConfig block = m;
+    block.checkpoint_activations = "block";
+    const int64_t checkpointed = train::estimate_training_memory(c, block, false).total();
+    const std::string ck = error_of([&] { train::check_memory_fits(c, m, false, kCPU, {checkpointed, "test"}); });
+    EXPECT_NE(ck.find("--checkpoint-activations block (each block's"), std::string::npos) << ck;
+    // Too little for either: no such advice.
+    const std::string neither = error_of([&] { train::check_memory_fits(c, m, false, kCPU, {1024, "test"}); });
+    EXPECT_EQ(neither.find("It would fit with"), std::string::npos) << neither;
+  }
   train::TrainConfig accum = c;
   accum.accum = 1000000000;
   EXPECT_NE(error_of([&] { train::check_memory_fits(accum, m, false, kCPU, here); }).find("Use a smaller --accum"),
