@@ -116,6 +116,10 @@ TEST(OptimizerInBackwardTrain, SettingsItCannotRunWithAreRefused) {
   train::TrainConfig ranks = c;
   ranks.nproc = 2;
   EXPECT_NE(error_of([&] { ranks.validate(); }).find("it cannot run FSDP-sharded (nproc=2)"), std::string::npos);
+  train::TrainConfig sharded = c;
+  sharded.fsdp = true;  // a world of one, sharded
+  EXPECT_NE(error_of([&] { sharded.validate(); }).find("it cannot run FSDP-sharded (nproc=1, fsdp)"),
+            std::string::npos);
   train::TrainConfig global = c;
   global.global_batch = 2 * c.batch;  // two micro-batches a step in one process
   EXPECT_NE(error_of([&] { train::run_training(global, test::quiet()); })
