@@ -73,12 +73,13 @@ int check_split(const std::vector<int>& ranks, const std::string& name, int size
   return new_rank;
 }
 
-std::string split_store_path(const std::string& name, const std::vector<int>& ranks, int n) {
+std::string next_split_store_path(std::map<std::string, int>& counts, const std::string& name,
+                                  const std::vector<int>& ranks) {
   std::string list;
   for (int r : ranks) list += std::to_string(r) + ",";
   // A digest, not the list itself: a long list would pass the store's key bound.
-  const std::string hex = sha256_hex(list).substr(0, 16);
-  return "split/" + name + "/" + hex + "/" + std::to_string(n);
+  const std::string group = "split/" + name + "/" + sha256_hex(list).substr(0, 16);
+  return group + "/" + std::to_string(counts[group]++);
 }
 
 std::vector<int64_t> all_to_all_counts(const char* arg, const Tensor& t, const std::vector<int64_t>& splits,

@@ -6,6 +6,7 @@
 // here, so a bad call gets the same kiln::Error (naming the op, the argument and the values)
 // from either, and leaves the communicator usable.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,9 +70,11 @@ void check_rank(const char* op, const char* arg, int r, int size, int self, bool
 // split(ranks, name)'s arguments: a non-empty name, ranks in range, none twice, this rank among
 // them. Returns this rank's place in the new communicator.
 int check_split(const std::vector<int>& ranks, const std::string& name, int size, int self);
-// The store path of a split's n-th communicator of that name and rank list: the name and a digest
-// of the ranks, so disjoint groups that split under one name never meet in the store.
-std::string split_store_path(const std::string& name, const std::vector<int>& ranks, int n);
+// The store path of the next split of this name and rank list: the name, a digest of the ranks (so
+// disjoint groups that split under one name never meet in the store) and how many such splits the
+// communicator made before, counted in `counts` (the communicator's, keyed by name and digest).
+std::string next_split_store_path(std::map<std::string, int>& counts, const std::string& name,
+                                  const std::vector<int>& ranks);
 // Element counts per rank of an all_to_all_single side (splits given or equal chunks).
 std::vector<int64_t> all_to_all_counts(const char* arg, const Tensor& t, const std::vector<int64_t>& splits,
                                        int size);

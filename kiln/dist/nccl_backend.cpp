@@ -636,18 +636,16 @@ WorkPtr NcclCommunicator::barrier(CallOptions o) {
 
 std::shared_ptr<Communicator> NcclCommunicator::split(const std::vector<int>& ranks, const std::string& name) {
   const int new_rank = check_split(ranks, name, p_->size, p_->rank);
-  std::string key = name;
-  for (int r : ranks) key += "," + std::to_string(r);
-  int n;
+  std::string path;
   {
     std::lock_guard<std::mutex> lock(p_->mu);
     KILN_CHECK(p_->broken.empty(), "split: communicator '", p_->name, "' is broken: ", p_->broken);
-    n = p_->split_count[key]++;
+    path = next_split_store_path(p_->split_count, name, ranks);
   }
   // A new communicator of the listed ranks through the store (only they call split, so no
   // collective ncclCommSplit over the parent is possible).
   auto child = new_nccl_communicator(p_->nccl, p_->cuda, std::make_shared<PrefixStore>(
-                                         p_->root + "/g" + std::to_string(p_->generation) + "/" + split_store_path(name, ranks, n),
+                                         p_->root + "/g" + std::to_string(p_->generation) + "/" + path,
                                          p_->store),
                                      new_rank, static_cast<int>(ranks.size()), name, p_->options, p_->backend);
   child->p_->members = split_members(p_->members, ranks);  // the child noted root_members: correct it

@@ -43,18 +43,19 @@ class OptimizerInBackward {
   // gradients that arrived; one read from the device).
   double end_step();
   // Parameters updated in the current step so far.
-  int64_t updated() const { return updated_; }
+  int64_t updated() const;
 
  private:
   void on_gradient(size_t i);
+  // Parameter i's count of norm partials (its slice of partials_).
+  int64_t partials_of(size_t i) const { return first_partial_[i + 1] - first_partial_[i]; }
 
   Optimizer& opt_;
   Device device_;
   std::vector<std::shared_ptr<AccumulateGrad>> accumulators_;  // keep the hooks registered
-  std::vector<int64_t> first_partial_;  // per parameter: its first slot in partials_
-  std::vector<int> updates_;            // per parameter: updates in the current step
+  std::vector<int64_t> first_partial_;  // per parameter: its first slot in partials_; then their total
+  std::vector<bool> updated_;           // per parameter: updated in the current step
   Tensor partials_;                     // f64, every parameter's per-chunk |g|^2 sums
-  int64_t updated_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the hooks' guard (weakly held)
 };
 

@@ -83,6 +83,15 @@ std::string TrainConfig::mask_expression() const {
   return "q_idx >= kv_idx";
 }
 
+std::string TrainConfig::optimizer_in_backward_unavailable() const {
+  if (accum != 1)
+    return detail::str_cat("using up each micro-batch's gradient: it needs accum=1 (one micro-batch a step), got accum=",
+                           accum);
+  if (nproc != 1 || fsdp)
+    return detail::str_cat("in one process: it cannot run FSDP-sharded (nproc=", nproc, fsdp ? ", fsdp" : "", ")");
+  return "";
+}
+
 void TrainConfig::validate() const {
   auto pos = [](const char* k, int64_t v) { KILN_CHECK(v > 0, "config: ", k, "=", v, " must be positive"); };
   pos("steps", steps);
@@ -133,10 +142,8 @@ void TrainConfig::validate() const {
   if (optimizer_in_backward) {
     const char* what = "config: optimizer_in_backward updates each parameter in the backward, ";
     KILN_CHECK(clip == 0, what, "before the gradient norm is known: it needs clip=0 (no clipping), got clip=", clip);
-    KILN_CHECK(accum == 1, what, "using up each micro-batch's gradient: it needs accum=1 (one micro-batch a step), got "
-               "accum=", accum);
-    KILN_CHECK(nproc == 1 && !fsdp, what, "in one process: it cannot run FSDP-sharded (nproc=", nproc,
-               fsdp ? ", fsdp" : "", ")");
+    const std::string why = optimizer_in_backward_unavailable();
+    KILN_CHECK(why.empty(), what, why);
   }
   KILN_CHECK(cuda_graphs == "auto" || cuda_graphs == "on" || cuda_graphs == "off", "config: cuda_graphs='",
              cuda_graphs, "' is not one of: auto, on, off");

@@ -94,6 +94,10 @@ struct TrainConfig {
   bool document_mask() const;
   // True when attention_mask is a run-time expression (not auto, causal, window:W or document).
   bool mask_is_expression() const;
+  // Why this run's settings, its clip aside, rule out optimizer_in_backward ("" when they do not):
+  // more than one micro-batch (accum), several ranks or FSDP. validate() refuses them with it;
+  // the memory refusal offers the switch only where it is "".
+  std::string optimizer_in_backward_unavailable() const;
   // True when the run compiles run-time mods (a mask expression or a score_mod).
   bool runtime_mods() const { return mask_is_expression() || !score_mod.empty(); }
   // The mask_mod expression of a run with runtime_mods(): the expression, or causal / window:W spelt as one.

@@ -142,7 +142,7 @@ void check_memory_fits(const TrainConfig& cfg, const nn::LlamaConfig& m, bool bf
     if (estimate_training_memory(cfg, block, bf16).total() <= available.bytes)
       would_fit.push_back("--checkpoint-activations block (each block's activations recomputed in the backward)");
   }
-  if (!cfg.optimizer_in_backward && cfg.accum == 1 && cfg.global_batch == 0 && cfg.nproc == 1 && !cfg.fsdp) {
+  if (!cfg.optimizer_in_backward && cfg.global_batch == 0 && cfg.optimizer_in_backward_unavailable().empty()) {
     TrainConfig in_backward = cfg;
     in_backward.optimizer_in_backward = true;
     if (estimate_training_memory(in_backward, m, bf16).total() <= available.bytes)

@@ -1,6 +1,7 @@
 // The store: every client operation, concurrent clients, a dying client, waits with deadlines,
 // authentication (wrong or missing token refused and logged), and every kind of malformed,
-// oversized or truncated frame refused with an error while the server keeps serving.
+// oversized or truncated frame refused with an error while the server keeps serving; and the
+// store paths split communicators meet under.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -11,11 +12,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "kiln/dist/auth.h"
+#include "kiln/dist/communicator.h"
 #include "kiln/dist/store.h"
 
 using namespace kiln::dist;
@@ -323,4 +327,25 @@ TEST(Store, HmacMatchesRfc4231) {
   EXPECT_EQ(mac, std::string(reinterpret_cast<const char*>(want), 32));
   EXPECT_EQ(random_token().size(), 64u);
   EXPECT_NE(random_token(), random_token());
+}
+
+// A split's store path: one per name and rank list (disjoint groups under one name apart), and a
+// count of the communicator's earlier splits of that group (the same group split twice apart).
+TEST(Store, SplitPathsKeepGroupsAndRepeatedSplitsApart) {
+  std::map<std::string, int> counts;
+  const std::string evens = next_split_store_path(counts, "dp", {0, 2});
+  const std::string odds = next_split_store_path(counts, "dp", {1, 3});
+  const std::string evens_again = next_split_store_path(counts, "dp", {0, 2});
+  const std::string reordered = next_split_store_path(counts, "dp", {2, 0});
+  const std::string other_name = next_split_store_path(counts, "tp", {0, 2});
+  EXPECT_EQ(evens.rfind("split/dp/", 0), 0u) << evens;
+  EXPECT_EQ(evens.substr(evens.size() - 2), "/0") << evens;
+  EXPECT_EQ(evens_again, evens.substr(0, evens.size() - 1) + "1");
+  for (const std::string& p : {odds, reordered, other_name}) {
+    EXPECT_NE(p.substr(0, p.size() - 2), evens.substr(0, evens.size() - 2)) << p;
+    EXPECT_EQ(p.substr(p.size() - 2), "/0") << p;
+  }
+  // Every rank computes the same path for the same call.
+  std::map<std::string, int> elsewhere;
+  EXPECT_EQ(next_split_store_path(elsewhere, "dp", {1, 3}), odds);
 }

@@ -461,11 +461,9 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name) override {
     const int new_rank = check_split(ranks, name, size_, rank_);
     check_usable("split");
-    std::string key = name;
-    for (int r : ranks) key += "," + std::to_string(r);
-    const int n = split_count_[key]++;
+    const std::string path = next_split_store_path(split_count_, name, ranks);
     auto child = std::make_shared<GlooCommunicator>(store_, new_rank, static_cast<int>(ranks.size()), name, options_,
-                                                    0, prefix_ + "/" + split_store_path(name, ranks, n) + "/g0",
+                                                    0, prefix_ + "/" + path + "/g0",
                                                     split_members(members_, ranks));
     json::Value ev = json::Value::object();
     ev["event"] = "split";
